@@ -1,0 +1,28 @@
+"""The `edgeinspect` command: one entry point, one sub-command group per concern.
+
+Sub-command modules import their heavy dependencies (torch, faiss, cv2) inside the commands, so `--help` is fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from edgeinspect.models.cli import app as model_app
+from edgeinspect.models.cli import plan_command
+
+app = typer.Typer(
+    name="edgeinspect",
+    help="On-prem visual inspection: DeepSeek-VL split across edge boxes, grounded in your defect specs.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(model_app, name="model", help="Checkpoints: generate a tiny one, inspect, export the vision tower.")
+app.command("plan")(plan_command)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
