@@ -78,3 +78,56 @@ def write_yaml(settings: BaseModel, path: Path) -> None:
 
     data = settings.model_dump(mode="json", exclude_none=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+# Role settings. Each role's serve(cfg) takes exactly one of these; `edgeinspect serve ROLE --config FILE` loads it.
+
+
+class VisionBackend(StrEnum):
+    torch = "torch"
+    onnxruntime = "onnxruntime"
+    hailo = "hailo"
+
+
+class VisionSettings(RoleSettings):
+    checkpoint: Path = Field(..., description="DeepSeek-VL checkpoint folder (Hugging Face format)")
+    backend: VisionBackend = Field(VisionBackend.onnxruntime, description="torch | onnxruntime | hailo")
+    onnx_path: Path | None = Field(None, description="exported vision tower (onnxruntime); exported on first start if missing")
+    hef_path: Path | None = Field(None, description="compiled Hailo HEF (hailo backend)")
+    weights: WeightsDtype = Field(WeightsDtype.fp32, description="torch backend weight dtype")
+    max_image_bytes: int = Field(20 * 1024 * 1024, description="largest encoded image accepted")
+    max_image_pixels: int = Field(40_000_000, description="largest decoded image (width*height) accepted")
+    cache_entries: int = Field(64, description="visual tokens kept by image hash (0 disables)")
+    threads: int = Field(0, description="intra-op threads (0 = library default)")
+
+
+class StageSettings(RoleSettings):
+    checkpoint: Path = Field(..., description="DeepSeek-VL checkpoint folder (Hugging Face format)")
+    layer_start: int = Field(..., description="first language-model layer this stage serves")
+    layer_end: int = Field(..., description="one past the last layer this stage serves")
+    weights: WeightsDtype = Field(WeightsDtype.fp32, description="weight dtype of the layers held here")
+    next_stage: str | None = Field(None, description="host:port of the next stage when chaining (exo-style)")
+    kv_budget_mb: int = Field(2048, description="KV cache bytes across sessions; oldest idle evicted beyond")
+    session_ttl_s: float = Field(300.0, description="an idle session's cache is dropped after this")
+    threads: int = Field(0, description="intra-op threads (0 = library default)")
+
+
+class RetrievalSettings(RoleSettings):
+    kb_dir: Path = Field(..., description="knowledge-base folder written by `edgeinspect kb index`")
+    max_k: int = Field(20, description="largest k a Search may ask for")
+    reload_interval_s: float = Field(5.0, description="how often to look for a new index version on disk")
+
+
+class GatewaySettings(RoleSettings):
+    checkpoint: Path = Field(..., description="checkpoint folder (tokenizer, processor, fingerprints)")
+    vision: str = Field(..., description="host:port of the vision node")
+    stages: list[str] = Field(..., description="host:port of each decoder stage, in layer order")
+    retrieval: str | None = Field(None, description="host:port of the retrieval node (None: no spec context)")
+    codec: WireCodec = Field(WireCodec.fp16, description="tensor codec between nodes")
+    zstd: bool = Field(False, description="zstd on top of the codec")
+    chained: bool = Field(False, description="stages forward to each other (exo) instead of via the gateway")
+    db_path: Path = Field(Path("var/reports.sqlite"), description="SQLite file every report is stored in")
+    api_tokens: list[str] = Field(default_factory=list, description="bearer tokens accepted on the public API")
+    max_new_tokens: int = Field(128, description="generation budget per report")
+    spec_chunks: int = Field(3, description="spec chunks put into the prompt")
+    upstream_timeout_s: float = Field(120.0, description="deadline for one inspection across all hops")

@@ -1,0 +1,58 @@
+"""Typed errors that cross module boundaries. Each names the gRPC status it maps to (mapped in one place:
+edgeinspect.services.common.errors), so core code (models/, rag/, codec) never imports grpc."""
+
+from __future__ import annotations
+
+
+class EdgeInspectError(Exception):
+    """Base: `status` is the name of a grpc.StatusCode member."""
+
+    status = "INTERNAL"
+
+
+class InvalidInput(EdgeInspectError):
+    status = "INVALID_ARGUMENT"
+
+
+class CodecError(InvalidInput):
+    """A tensor frame that does not decode to what the receiver expects."""
+
+
+class PositionError(InvalidInput):
+    """A step whose position does not continue the session's cache."""
+
+
+class NotFound(EdgeInspectError):
+    status = "NOT_FOUND"
+
+
+class FailedPrecondition(EdgeInspectError):
+    status = "FAILED_PRECONDITION"
+
+
+class PeerMismatch(FailedPrecondition):
+    """A peer that differs in protocol, checkpoint, tokenizer, layer range or codec."""
+
+
+class Unauthenticated(EdgeInspectError):
+    status = "UNAUTHENTICATED"
+
+
+class ResourceExhausted(EdgeInspectError):
+    status = "RESOURCE_EXHAUSTED"
+
+
+class Unavailable(EdgeInspectError):
+    status = "UNAVAILABLE"
+
+
+class PlanInfeasible(EdgeInspectError):
+    """The model does not fit the nodes' memory; the message names the shortfall."""
+
+    status = "FAILED_PRECONDITION"
+
+
+class CheckpointError(EdgeInspectError):
+    """A checkpoint folder that is missing files or does not hold DeepSeek-VL weights."""
+
+    status = "FAILED_PRECONDITION"
