@@ -1,0 +1,66 @@
+"""The one place where exceptions become gRPC status codes (edgeinspect.errors types name theirs)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import NoReturn
+
+import grpc
+
+from edgeinspect.errors import EdgeInspectError
+from edgeinspect.services.common.context import request_id_var
+
+logger = logging.getLogger(__name__)
+
+# Set on an AioRpcError by the client interceptor: the address of the server that answered with it.
+PEER_ATTR = "edgeinspect_peer"
+
+_ADDRESS_IN_DEBUG = re.compile(r"(ipv[46]:[^\s,\"]+)")
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    """The status code a failed RPC reports for `exc`."""
+    if isinstance(exc, EdgeInspectError):
+        return getattr(grpc.StatusCode, exc.status, grpc.StatusCode.INTERNAL)
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code()
+    if isinstance(exc, TimeoutError):  # asyncio.TimeoutError is TimeoutError since 3.11
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.INTERNAL
+
+
+def upstream_peer(exc: grpc.aio.AioRpcError) -> str:
+    """Which server an upstream error came from: tagged by our channel, else parsed from the debug string."""
+    tagged = getattr(exc, PEER_ATTR, None)
+    if tagged:
+        return tagged
+    match = _ADDRESS_IN_DEBUG.search(exc.debug_error_string() or "")
+    return match.group(1) if match else "upstream"
+
+
+def details_for(exc: BaseException) -> str:
+    """Status details a person can act on; never internals of an unexpected exception."""
+    if isinstance(exc, EdgeInspectError):
+        return str(exc) or type(exc).__name__
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{upstream_peer(exc)}: {exc.details() or exc.code().name}"
+    if isinstance(exc, TimeoutError):
+        return f"timed out: {exc}" if str(exc) else "timed out waiting for an upstream step"
+    rid = request_id_var.get()
+    return (
+        f"internal error; see the server log for request id {rid}"
+        if rid
+        else "internal error; see server log"
+    )
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
+    """Ends the RPC with the status for `exc`; logs unexpected exceptions with their traceback."""
+    code = status_for(exc)
+    details = details_for(exc)
+    if code is grpc.StatusCode.INTERNAL and not isinstance(exc, EdgeInspectError | grpc.aio.AioRpcError):
+        logger.error("unhandled %s in handler", type(exc).__name__, exc_info=exc)
+    else:
+        logger.info("rpc failed: %s %s", code.name, details)
+    await context.abort(code, details)

@@ -1,0 +1,174 @@
+"""Server interceptors: request id + deadline context, metrics, the error policy, bearer-token auth."""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from edgeinspect.services.common.context import (
+    REQUEST_ID_KEY,
+    deadline_var,
+    new_request_id,
+    request_id_from,
+    request_id_var,
+)
+from edgeinspect.services.common.errors import abort_with
+from edgeinspect.services.common.metrics import RPC_LATENCY, RPC_REQUESTS
+
+logger = logging.getLogger(__name__)
+
+# Probes and tooling must work without credentials (orchestrators, grpcurl list).
+AUTH_EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+_KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+_FACTORIES = {
+    "unary_unary": grpc.unary_unary_rpc_method_handler,
+    "unary_stream": grpc.unary_stream_rpc_method_handler,
+    "stream_unary": grpc.stream_unary_rpc_method_handler,
+    "stream_stream": grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _kind(handler: grpc.RpcMethodHandler) -> str:
+    return next(kind for kind in _KINDS if getattr(handler, kind) is not None)
+
+
+def _rebuild(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> grpc.RpcMethodHandler:
+    return _FACTORIES[_kind(handler)](
+        behavior,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+class _CallScope:
+    """What ServerInterceptor does around one call: context vars in, metrics and status out."""
+
+    def __init__(self, role: str, method: str, context: grpc.aio.ServicerContext) -> None:
+        self.role, self.method, self.context = role, method, context
+        self.code = grpc.StatusCode.OK
+
+    def __enter__(self) -> _CallScope:
+        rid = request_id_from(self.context.invocation_metadata()) or new_request_id()
+        self._rid_token = request_id_var.set(rid)
+        left = self.context.time_remaining()
+        self._deadline_token = deadline_var.set(None if left is None else time.monotonic() + left)
+        # The caller (or grpcurl) learns the id to grep the logs for.
+        self.context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
+        self._start = time.perf_counter()
+        return self
+
+    async def fail(self, exc: BaseException) -> None:
+        if isinstance(exc, grpc.aio.AbortError):  # the handler chose its status itself
+            raise exc
+        await abort_with(self.context, exc)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        elapsed = time.perf_counter() - self._start
+        code = self.context.code()
+        if code is None:
+            code = grpc.StatusCode.CANCELLED if exc is not None else grpc.StatusCode.OK
+        name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+        RPC_REQUESTS.labels(self.role, self.method, name).inc()
+        RPC_LATENCY.labels(self.role, self.method).observe(elapsed)
+        logger.debug("rpc %s %s in %.1f ms", self.method, name, elapsed * 1e3)
+        request_id_var.reset(self._rid_token)
+        deadline_var.reset(self._deadline_token)
+
+
+class ServerInterceptor(grpc.aio.ServerInterceptor):
+    """Per RPC: sets request id + deadline ContextVars, counts and times it, maps exceptions to status."""
+
+    def __init__(self, role: str) -> None:
+        self._role = role
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        behavior = getattr(handler, _kind(handler))
+        return _rebuild(handler, self._wrap(behavior, handler_call_details.method))
+
+    def _wrap(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+        role = self._role
+        if inspect.isasyncgenfunction(behavior):
+
+            async def wrapped_stream(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+                with _CallScope(role, method, context) as scope:
+                    try:
+                        async for response in behavior(request_or_iterator, context):
+                            yield response
+                    except Exception as exc:
+                        await scope.fail(exc)
+
+            return wrapped_stream
+
+        async def wrapped(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+            with _CallScope(role, method, context) as scope:
+                try:
+                    result = behavior(request_or_iterator, context)
+                    return await result if inspect.isawaitable(result) else result
+                except Exception as exc:
+                    await scope.fail(exc)
+
+        return wrapped
+
+
+def _deny(message: str) -> Callable[..., Any]:
+    async def deny(_request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return deny
+
+
+class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
+    """Requires `authorization: Bearer <token>` except on health and reflection; [] disables auth."""
+
+    def __init__(self, tokens: list[str]) -> None:
+        self._tokens = [t.encode() for t in tokens if t]
+        if not self._tokens:
+            logger.warning("bearer auth disabled: no API tokens configured, every caller is accepted")
+
+    def _accepts(self, presented: str) -> bool:
+        candidate = presented.encode()
+        # Check every token so the time taken does not reveal which (if any) matched a prefix.
+        matched = False
+        for token in self._tokens:
+            matched |= hmac.compare_digest(candidate, token)
+        return matched
+
+    def _rejection(self, metadata: Any) -> str | None:
+        values = [v for k, v in metadata or () if k == "authorization"]
+        if not values:
+            return "missing bearer token: send metadata 'authorization: Bearer <token>'"
+        scheme, _, token = (values[0] if isinstance(values[0], str) else values[0].decode()).partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return "missing bearer token: authorization metadata must be 'Bearer <token>'"
+        return None if self._accepts(token.strip()) else "invalid token"
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if (
+            handler is None
+            or not self._tokens
+            or handler_call_details.method.startswith(AUTH_EXEMPT_PREFIXES)
+        ):
+            return handler
+        reason = self._rejection(handler_call_details.invocation_metadata)
+        if reason is None:
+            return handler
+        return _rebuild(handler, _deny(reason))

@@ -1,0 +1,65 @@
+"""structlog over stdlib logging: every record (ours or a library's) is one line with role + request id."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+import structlog
+
+from edgeinspect.services.common.context import request_id_var
+
+
+class _RoleHandler(logging.StreamHandler):
+    """The handler configure_logging installs; its type marks it so a second call replaces it."""
+
+
+def _context_adder(role: str) -> structlog.types.Processor:
+    def add_context(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        event_dict.setdefault("role", role)
+        event_dict.setdefault("request_id", request_id_var.get() or None)
+        return event_dict
+
+    return add_context
+
+
+def configure_logging(
+    level: str = "INFO", json: bool = True, role: str = "", stream: TextIO | None = None
+) -> None:
+    """Routes stdlib and structlog records to `stream` (stderr) as JSON lines (console text if not json).
+
+    Each line carries timestamp, level, logger, event, role and the current request id. Calling it again
+    replaces the earlier configuration (tests, or a process that hosts several roles, may call it twice).
+    """
+    shared: list[structlog.types.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        _context_adder(role),
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer()
+        if json
+        else structlog.dev.ConsoleRenderer(colors=(stream or sys.stderr).isatty())
+    )
+    final = [structlog.stdlib.ProcessorFormatter.remove_processors_meta]
+    if json:
+        final.append(structlog.processors.format_exc_info)
+    formatter = structlog.stdlib.ProcessorFormatter(foreign_pre_chain=shared, processors=[*final, renderer])
+
+    handler = _RoleHandler(stream or sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _RoleHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
