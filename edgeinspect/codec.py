@@ -117,13 +117,13 @@ def _encode_int8(t: torch.Tensor) -> bytes:
     absmax = np.abs(blocks).max(axis=1) if nb else np.zeros(0, np.float32)  # [nb]
     if not np.isfinite(absmax).all():
         raise CodecError("block-int8 cannot encode NaN or inf values; use the fp16 or fp32 codec")
-    want = absmax / np.float32(127.0)
+    # |x| > 127 * 65504 saturates: the scale stays a finite fp16
+    want = np.minimum(absmax / np.float32(127.0), np.float32(_FP16_MAX))
     scale = want.astype(np.float16)
     # round the fp16 scale up so |x / scale| <= 127: nothing clips and the error stays <= scale / 2
     low = scale.astype(np.float32) < want
     if low.any():
         scale[low] = np.nextafter(scale[low], np.float16(np.inf))
-    np.minimum(scale, np.float16(_FP16_MAX), out=scale)  # |x| > 127 * 65504 saturates
     s = scale.astype(np.float32)[:, None]  # [nb, 1]
     q = np.divide(blocks, s, out=np.zeros_like(blocks), where=s > 0)
     np.rint(q, out=q)
@@ -191,9 +191,7 @@ def _check_header(
         raise CodecError(f"{name}: negative dimension in shape {_fmt_shape(shape)}")
     numel = math.prod(shape)
     if numel > max_numel:
-        raise CodecError(
-            f"{name}: shape {_fmt_shape(shape)} has {numel} values, more than the limit {max_numel}"
-        )
+        raise CodecError(f"{name}: shape {_fmt_shape(shape)} has {numel} values, over the limit {max_numel}")
     if expect_shape is not None and (
         len(expect_shape) != len(shape)
         or any(w is not None and w != d for w, d in zip(expect_shape, shape, strict=True))
@@ -204,8 +202,7 @@ def _check_header(
     want = codec_nbytes(codec, numel)
     if e.raw_nbytes != want:
         raise CodecError(
-            f"{name}: header says {e.raw_nbytes} codec bytes, but {codec} for shape {_fmt_shape(shape)} "
-            f"is {want} bytes"
+            f"{name}: header says {e.raw_nbytes} codec bytes, but {codec} for shape {_fmt_shape(shape)} is {want} bytes"
         )
     return codec, dtype, numel
 
@@ -218,7 +215,7 @@ def _unzstd(payload: bytes, raw_nbytes: int, name: str) -> bytes:
     except zstandard.ZstdError as err:
         raise CodecError(f"{name}: payload is not a zstd frame ({err})") from None
     if declared != raw_nbytes:
-        what = "no size" if declared == zstandard.CONTENTSIZE_UNKNOWN else f"{declared} bytes"
+        what = "no size" if declared < 0 else f"{declared} bytes"
         raise CodecError(f"{name}: zstd frame declares {what}, header says {raw_nbytes} bytes")
     dobj = zstandard.ZstdDecompressor().decompressobj()
     try:
@@ -263,8 +260,7 @@ def decode(
     payload = e.payload
     if not e.zstd and len(payload) != e.raw_nbytes:
         raise CodecError(
-            f"{name}: payload is {len(payload)} bytes, {codec} for shape {_fmt_shape(e.shape)} "
-            f"needs {e.raw_nbytes}"
+            f"{name}: payload is {len(payload)} bytes, {codec} for shape {_fmt_shape(e.shape)} needs {e.raw_nbytes}"
         )
     if zlib.crc32(payload) != e.crc32:
         raise CodecError(f"{name}: checksum mismatch (payload damaged or altered in transit)")
