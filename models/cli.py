@@ -10,7 +10,82 @@ app = typer.Typer(no_args_is_help=True)
 
 
 def plan_command(
-    nodes: Path = typer.Option(..., "--nodes", help="YAML file listing the decoder nodes (see compose/nodes.example.yaml)"),
+    nodes: Path = typer.Option(
+        ..., "--nodes", help="YAML file listing the decoder nodes (see compose/nodes.example.yaml)"
+    ),
 ) -> None:
     """Plan contiguous layer ranges over the decoder nodes and print them as a table."""
     raise typer.Exit(2)
+
+
+@app.command("make-tiny")
+def make_tiny_command(
+    out: Path = typer.Argument(..., help="folder to write the checkpoint into (created if missing)"),
+    preset: str | None = typer.Option(
+        None, help="write random weights at a real model's dimensions instead: deepseek-vl-1.3b (~7.8 GB in fp32)"
+    ),
+    layers: int = typer.Option(5, help="language-model layers"),
+    hidden: int = typer.Option(64, help="language-model width"),
+    heads: int = typer.Option(4, help="attention heads"),
+    kv_heads: int = typer.Option(2, help="key/value heads (< heads: grouped-query attention)"),
+    image_size: int = typer.Option(64, help="input image side in pixels (visual tokens = (size/16)^2)"),
+    seed: int = typer.Option(0, help="weight seed"),
+    weights: str = typer.Option("fp32", help="preset only: dtype written to disk (fp32 or bf16)"),
+) -> None:
+    """Generate a DeepSeek-VL checkpoint with seeded random weights and a locally trained tokenizer.
+
+    The result is an ordinary Hugging Face folder (config, safetensors, tokenizer, processor): every role loads it
+    exactly as it loads deepseek-community/deepseek-vl-1.3b-chat.
+    """
+    import os
+
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    from edgeinspect.models.checkpoint import open_checkpoint, torch_dtype
+    from edgeinspect.models.tiny import PRESETS, TinySpec, make_random_preset, make_tiny
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    console = Console()
+    if preset is not None:
+        if preset not in PRESETS:
+            raise typer.BadParameter(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        dtype = torch_dtype(weights)
+        gb = 7.8 if weights == "fp32" else 3.9
+        console.print(f"Writing random weights at {preset} dimensions to {out}: about {gb} GB on disk.")
+        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                      TimeRemainingColumn(), console=console) as bar:
+            task = bar.add_task("weights", total=None)
+            make_random_preset(out, preset, dtype, progress=lambda done, total: bar.update(task, completed=done,
+                                                                                          total=total))
+    else:
+        spec = TinySpec(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, image_size=image_size,
+                        seed=seed)
+        make_tiny(out, spec)
+    ckpt = open_checkpoint(out)
+    console.print(f"[green]Checkpoint ready[/green] {ckpt.path}  fingerprint {ckpt.fingerprint}")
+
+
+@app.command("info")
+def info_command(checkpoint: Path = typer.Argument(..., help="checkpoint folder")) -> None:
+    """Show a checkpoint's dimensions, fingerprints and weight sizes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from edgeinspect.models.checkpoint import open_checkpoint
+
+    ckpt = open_checkpoint(checkpoint)
+    t, v = ckpt.config.text_config, ckpt.config.vision_config
+    table = Table(title=str(ckpt.path), show_header=False)
+    rows = [
+        ("fingerprint", ckpt.fingerprint),
+        ("tokenizer fingerprint", ckpt.tokenizer_fingerprint),
+        ("language model", f"{t.num_hidden_layers} layers, width {t.hidden_size}, {t.num_attention_heads} heads "
+                           f"({t.num_key_value_heads} kv), vocab {t.vocab_size}"),
+        ("vision tower", f"{v.num_hidden_layers} layers, width {v.hidden_size}, {v.image_size} px / {v.patch_size}"),
+        ("visual tokens", str((v.image_size // v.patch_size) ** 2)),
+        ("weight files", ", ".join(p.name for p in ckpt.weight_files)),
+    ]
+    for k, val in rows:
+        table.add_row(k, val)
+    Console().print(table)
