@@ -9,6 +9,8 @@ import typer
 
 from edgeinspect.models.cli import app as model_app
 from edgeinspect.models.cli import plan_command
+from edgeinspect.services.deploy.cli import app as deploy_app
+from edgeinspect.services.deploy.healthcheck import healthcheck_command
 
 app = typer.Typer(
     name="edgeinspect",
@@ -18,6 +20,8 @@ app = typer.Typer(
 )
 app.add_typer(model_app, name="model", help="Checkpoints: generate a tiny one, inspect, export the vision tower.")
 app.command("plan")(plan_command)
+app.add_typer(deploy_app, name="deploy", help="Plant inventory -> compose files, role settings, k3s manifests.")
+app.command("healthcheck")(healthcheck_command)
 
 
 def main() -> None:

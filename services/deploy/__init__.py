@@ -1,0 +1,1 @@
+"""On-prem deployment: one plant inventory rendered into compose files, role settings and Kubernetes manifests."""

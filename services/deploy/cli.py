@@ -1,0 +1,73 @@
+"""`edgeinspect deploy ...`: turn a plant inventory into compose files, role settings and k3s manifests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from edgeinspect.services.deploy.render import Target
+
+app = typer.Typer(no_args_is_help=True)
+
+
+RENDER_HELP = (
+    "Plan layer ranges over the decoder boxes and write every box's compose file and role settings.\n\n"
+    "Every address, port, layer range and codec is filled in from the inventory: nobody edits layer ranges by "
+    "hand. API tokens are never written: boxes read them from secrets/api_tokens.json (compose) or from the "
+    "Secret made from k8s/secrets.env (Kubernetes). Re-run after any inventory change and copy each box's "
+    "folder to that box (guide: compose/DEPLOY.md)."
+)
+EXAMPLE = "Example: edgeinspect deploy render -i compose/plant.example.yaml -o /tmp/plant --target all"
+
+
+@app.command("render", help=RENDER_HELP, epilog=EXAMPLE)
+def render_command(
+    inventory: Path = typer.Option(
+        ...,
+        "--inventory",
+        "-i",
+        exists=True,
+        dir_okay=False,
+        help="plant inventory YAML: plant-wide settings and every box (see compose/plant.example.yaml)",
+    ),
+    out: Path = typer.Option(
+        ..., "--out", "-o", file_okay=False, help="folder to write into (one sub-folder per box, all-in-one/, k8s/)"
+    ),
+    target: Target = typer.Option(
+        Target.compose,
+        "--target",
+        "-t",
+        help="compose: one compose file per box + all-in-one; k8s: a kustomize base for k3s; all: both",
+    ),
+    checkpoint: Path | None = typer.Option(
+        None,
+        "--checkpoint",
+        exists=True,
+        file_okay=False,
+        help="a local copy of the checkpoint to plan from (default: the inventory's model sizes)",
+    ),
+) -> None:
+    """Plan layer ranges and write every box's files (help text: RENDER_HELP)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from edgeinspect.services.deploy import render
+    from edgeinspect.services.deploy.inventory import load_inventory
+    from edgeinspect.services.deploy.planning import plan_stages
+
+    inv = load_inventory(inventory)
+    cameras = {b.name: (inventory.parent / b.cameras).read_text() for b in inv.boxes if b.cameras is not None}
+    stages = plan_stages(inv, checkpoint)
+    rendering = render.render(inv, stages, target, cameras)
+    written = render.write(rendering, out)
+
+    console = Console()
+    table = Table(title=f"plant {inv.plant.name}: {len(written)} files in {out}")
+    for col in ("service", "box", "address", "layers"):
+        table.add_column(col)
+    for inst in rendering.instances:
+        layers = f"[{inst.stage.layer_start}, {inst.stage.layer_end})" if inst.stage else ""
+        address = f"{inst.box.address}:{inst.port}" if inst.port else "(client)"
+        table.add_row(inst.service, inst.box.name, address, layers)
+    console.print(table)

@@ -1,0 +1,199 @@
+"""The plant inventory: every box once (address, roles, memory, speed, Hailo), plus plant-wide settings."""
+
+from __future__ import annotations
+
+import ipaddress
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from edgeinspect.config import WeightsDtype, WireCodec
+
+GIB = 1024**3
+# Memory a co-located role (and the OS) keeps away from a decoder stage on the same box, in GiB. Measured
+# magnitudes from the design card: the vision tower is ~1.2 GB fp32 plus ONNX Runtime arenas; MiniLM + FAISS for a
+# plant's specs stays under 1 GB; the gateway is a Python process with SQLite.
+ROLE_RESERVE_GIB = {"vision": 1.5, "retrieval": 1.0, "gateway": 0.5, "ingest": 0.5}
+OS_RESERVE_GIB = 1.0
+
+
+class Role(StrEnum):
+    vision = "vision"
+    stage = "stage"
+    retrieval = "retrieval"
+    gateway = "gateway"
+    ingest = "ingest"
+
+
+class Arch(StrEnum):
+    amd64 = "amd64"
+    arm64 = "arm64"
+
+
+class Box(BaseModel):
+    """One edge box: where it is, what it runs, and what it can hold."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(..., pattern=r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$", description="DNS-label name")
+    address: str = Field(..., description="IP address or DNS name the other boxes reach this one at")
+    roles: list[Role] = Field(..., min_length=1, description="roles this box runs")
+    memory_gb: float = Field(..., gt=0, description="RAM (or unified memory on a Jetson) in GiB")
+    stage_memory_gb: float | None = Field(
+        None, gt=0, description="memory a decoder stage may use; default: memory_gb less OS and co-located roles"
+    )
+    speed: float = Field(1.0, gt=0, description="relative decode speed, measured (`edgeinspect plan`) or declared")
+    link_gbps: float = Field(1.0, gt=0, description="network link speed of this box in Gbit/s")
+    hailo: bool = Field(False, description="a Hailo-8/8L accelerator is fitted (vision runs on it)")
+    arch: Arch = Field(Arch.amd64, description="CPU architecture: amd64 or arm64 (Raspberry Pi 5, Jetson)")
+    cameras: str | None = Field(
+        None, description="ingest boxes: cameras YAML for `edgeinspect ingest`, relative to the inventory file"
+    )
+    box_type: str = Field(
+        "generic", pattern=r"^[a-z0-9]([a-z0-9.-]{0,60}[a-z0-9])?$", description="Kubernetes node-selector value"
+    )
+
+    @field_validator("roles")
+    @classmethod
+    def _unique_roles(cls, roles: list[Role]) -> list[Role]:
+        if len(set(roles)) != len(roles):
+            raise ValueError(f"a role is listed twice: {[r.value for r in roles]}")
+        return roles
+
+    def stage_budget_bytes(self) -> int:
+        """Bytes the decoder stage on this box may hold."""
+        if self.stage_memory_gb is not None:
+            return int(self.stage_memory_gb * GIB)
+        reserve = OS_RESERVE_GIB + sum(ROLE_RESERVE_GIB.get(r.value, 0.0) for r in self.roles)
+        left = self.memory_gb - reserve
+        if left <= 0:
+            raise ValueError(f"box {self.name}: {self.memory_gb} GiB leaves nothing for a stage after {reserve} GiB")
+        return int(left * GIB)
+
+
+class Ports(BaseModel):
+    """gRPC ports per role; metrics ports are the gRPC port plus metrics_offset."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gateway: int = Field(50051, ge=1, le=65535, description="public InspectionService port")
+    vision: int = Field(50052, ge=1, le=65535)
+    retrieval: int = Field(50053, ge=1, le=65535)
+    stage_base: int = Field(50060, ge=1, le=65535, description="decoder stage k listens on stage_base + k")
+    metrics_offset: int = Field(1000, ge=0, description="Prometheus port = gRPC port + this (0: no metrics)")
+
+
+class ModelSizes(BaseModel):
+    """Language-model sizes for planning when no checkpoint is at hand where the render runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_layers: int = Field(24, gt=0)
+    hidden_size: int = Field(2048, gt=0)
+    intermediate_size: int = Field(5632, gt=0)
+    vocab_size: int = Field(102400, gt=0)
+    num_attention_heads: int = Field(16, gt=0)
+    num_key_value_heads: int = Field(16, gt=0)
+
+
+class Plant(BaseModel):
+    """Plant-wide settings: what every box shares."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(..., pattern=r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
+    image: str = Field("edgeinspect:0.1.0", description="container image every role runs")
+    hailo_image: str = Field(
+        "edgeinspect:0.1.0-hailo", description="image built with --build-arg HAILO=1, for vision on Hailo boxes"
+    )
+    data_dir: Path = Field(
+        Path("/var/lib/edgeinspect"),
+        description="on every box (and inside the containers, same path): checkpoints/ kb/ reports/ cache/",
+    )
+    checkpoint: str = Field(..., description="checkpoint folder name under data_dir/checkpoints")
+    vision_hef: str | None = Field(None, description="compiled Hailo HEF under data_dir/checkpoints (Hailo boxes)")
+    weights: WeightsDtype = Field(WeightsDtype.bf16, description="decoder weight dtype (fp32 | bf16)")
+    codec: WireCodec = Field(WireCodec.fp16, description="tensor codec between nodes (fp32 | fp16 | int8)")
+    zstd: bool = Field(False, description="zstd on top of the codec")
+    chained: bool = Field(False, description="stages forward to each other instead of via the gateway")
+    max_new_tokens: int = Field(128, gt=0)
+    api_tokens_secret: str = Field(
+        "edgeinspect-api-tokens",
+        pattern=r"^[a-z0-9]([a-z0-9-]{0,60}[a-z0-9])?$",
+        description="compose secret / Kubernetes Secret holding the gateway's API tokens (a JSON list)",
+    )
+    ports: Ports = Field(default_factory=Ports)
+    model: ModelSizes = Field(default_factory=ModelSizes, description="sizes for planning without a checkpoint")
+    log_level: str = Field("INFO")
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.data_dir / "checkpoints" / self.checkpoint
+
+    @property
+    def kb_dir(self) -> Path:
+        return self.data_dir / "kb"
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.data_dir / "reports"
+
+    @property
+    def cache_dir(self) -> Path:
+        """Writable: the vision tower exported to ONNX on first start lives here."""
+        return self.data_dir / "cache"
+
+
+class Inventory(BaseModel):
+    """A plant: its settings and its boxes. Exactly one gateway, one vision, at most one retrieval box."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    plant: Plant
+    boxes: list[Box] = Field(..., min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Inventory:
+        names = [b.name for b in self.boxes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"box names must be unique: {names}")
+        addresses = [b.address for b in self.boxes]
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(f"box addresses must be unique: {addresses}")
+        for role, lo, hi in (("gateway", 1, 1), ("vision", 1, 1), ("retrieval", 0, 1), ("stage", 1, None)):
+            n = sum(1 for b in self.boxes if role in b.roles)
+            if n < lo or (hi is not None and n > hi):
+                want = f"exactly {lo}" if lo == hi else (f"at least {lo}" if hi is None else f"at most {hi}")
+                raise ValueError(f"the inventory needs {want} box(es) with role {role}, found {n}")
+        for b in self.boxes:
+            if (Role.ingest in b.roles) != (b.cameras is not None):
+                raise ValueError(f"box {b.name}: `cameras` is required with role ingest, and only with it")
+            if Role.vision in b.roles and b.hailo and self.plant.vision_hef is None:
+                raise ValueError(f"box {b.name} runs vision on Hailo: set plant.vision_hef")
+        return self
+
+    def boxes_with(self, role: Role) -> list[Box]:
+        return [b for b in self.boxes if role in b.roles]
+
+    def only(self, role: Role) -> Box:
+        (box,) = self.boxes_with(role)
+        return box
+
+
+def is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
+
+
+def load_inventory(path: Path) -> Inventory:
+    """Reads and validates an inventory YAML file."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an inventory is a mapping with `plant` and `boxes`")
+    return Inventory.model_validate(data)

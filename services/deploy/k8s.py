@@ -1,0 +1,158 @@
+"""A kustomize base for k3s: one Deployment per role instance (one per layer range), Services, probes on
+grpc.health.v1, node selectors per box type, hostPath storage, the API tokens from a Secret."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgeinspect.services.deploy.compose import CONFIG_DIR, HAILO_DEVICE, TOKENS_ENV, config_file, image_for
+from edgeinspect.services.deploy.inventory import Inventory, Role
+from edgeinspect.services.deploy.topology import Instance
+
+CONFIGMAP = "edgeinspect-config"
+BOX_TYPE_LABEL = "edgeinspect.io/box-type"
+UID = 10001
+
+
+def _labels(inv: Inventory, inst: Instance) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "edgeinspect",
+        "app.kubernetes.io/instance": inv.plant.name,
+        "app.kubernetes.io/component": inst.service,
+        "edgeinspect.io/role": inst.role.value,
+    }
+
+
+def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
+    return {"name": name, "hostPath": {"path": path, "type": kind}}
+
+
+def _storage(inv: Inventory, inst: Instance) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts): the rendered settings from the ConfigMap, data folders from the box's disk."""
+    plant = inv.plant
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": CONFIGMAP}}]
+    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+    # Checkpoints and the knowledge base are copied onto each box beforehand (they are gigabytes, read at start);
+    # reports and the ONNX export are written where the pod is pinned.
+    wanted = {
+        Role.vision: [("checkpoints", "Directory", True), ("cache", "DirectoryOrCreate", False)],
+        Role.stage: [("checkpoints", "Directory", True)],
+        Role.gateway: [("checkpoints", "Directory", True), ("reports", "DirectoryOrCreate", False)],
+        Role.retrieval: [("kb", "Directory", True)],
+        Role.ingest: [],
+    }[inst.role]
+    for name, kind, ro in wanted:
+        path = str(plant.data_dir / name)
+        volumes.append(_host_path(name, path, kind))
+        mounts.append({"name": name, "mountPath": path, "readOnly": ro})
+    if inst.role is Role.vision and inst.box.hailo:
+        volumes.append(_host_path("hailo", HAILO_DEVICE, "CharDevice"))
+        mounts.append({"name": "hailo", "mountPath": HAILO_DEVICE})
+    return volumes, mounts
+
+
+def _container(inv: Inventory, inst: Instance, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    if inst.role is Role.ingest:
+        args = ["ingest", "--config", f"{CONFIG_DIR}/{config_file(inst)}"]
+    else:
+        args = ["serve", inst.role.value, "--config", f"{CONFIG_DIR}/{config_file(inst)}"]
+    env: list[dict[str, Any]] = [{"name": "HF_HUB_OFFLINE", "value": "1"}]
+    if inst.role in (Role.gateway, Role.ingest):
+        ref = {"name": inv.plant.api_tokens_secret, "key": TOKENS_ENV}
+        env.append({"name": TOKENS_ENV, "valueFrom": {"secretKeyRef": ref}})
+    c: dict[str, Any] = {
+        "name": inst.role.value,
+        "image": image_for(inv, inst.box, inst.role),
+        "args": args,
+        "env": env,
+        "volumeMounts": mounts,
+    }
+    if inst.port:
+        c["ports"] = [{"name": "grpc", "containerPort": inst.port}]
+        if inst.metrics_port:
+            c["ports"].append({"name": "metrics", "containerPort": inst.metrics_port})
+        grpc = {"grpc": {"port": inst.port}}
+        # SERVING only once the model is loaded and a canary inference passed: minutes on a Pi.
+        c["startupProbe"] = {**grpc, "periodSeconds": 10, "failureThreshold": 60}
+        c["readinessProbe"] = {**grpc, "periodSeconds": 10, "timeoutSeconds": 5}
+        c["livenessProbe"] = {**grpc, "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3}
+    if inst.role is Role.stage:
+        c["resources"] = {"requests": {"memory": f"{inst.box.stage_budget_bytes() // 2**20}Mi"}}
+    if inst.role is Role.vision and inst.box.hailo:
+        # The Hailo character device needs the device cgroup opened; without a device plugin that is privileged.
+        c["securityContext"] = {"privileged": True}
+    else:
+        c["securityContext"] = {"allowPrivilegeEscalation": False}
+    return c
+
+
+def deployment(inv: Inventory, inst: Instance) -> dict[str, Any]:
+    labels = _labels(inv, inst)
+    selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
+    volumes, mounts = _storage(inv, inst)
+    # Layer ranges and reserves were planned against this box's memory and speed: pin to it, and to its type.
+    node_selector = {BOX_TYPE_LABEL: inst.box.box_type, "kubernetes.io/hostname": inst.box.name}
+    pod: dict[str, Any] = {
+        "nodeSelector": node_selector,
+        "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID, "runAsNonRoot": True},
+        "terminationGracePeriodSeconds": 10,
+        "containers": [_container(inv, inst, mounts)],
+        "volumes": volumes + [{"name": "tmp", "emptyDir": {}}],
+    }
+    pod["containers"][0]["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
+    annotations = {}
+    if inst.metrics_port:
+        annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(inst.metrics_port)}
+    template_meta: dict[str, Any] = {"labels": labels}
+    if annotations:
+        template_meta["annotations"] = annotations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": inst.service, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            # One model copy per box: never start the new pod beside the old one.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector},
+            "template": {"metadata": template_meta, "spec": pod},
+        },
+    }
+
+
+def service(inv: Inventory, inst: Instance) -> dict[str, Any]:
+    labels = _labels(inv, inst)
+    ports = [{"name": "grpc", "port": inst.port, "targetPort": "grpc", "appProtocol": "grpc"}]
+    if inst.metrics_port:
+        ports.append({"name": "metrics", "port": inst.metrics_port, "targetPort": "metrics"})
+    spec: dict[str, Any] = {
+        "selector": {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")},
+        "ports": ports,
+    }
+    # The public API leaves the cluster through k3s' built-in ServiceLB; everything else stays inside.
+    spec["type"] = "LoadBalancer" if inst.role is Role.gateway else "ClusterIP"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": inst.service, "labels": labels}, "spec": spec}
+
+
+def configmap(inv: Inventory, files: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": CONFIGMAP, "labels": {"app.kubernetes.io/instance": inv.plant.name}},
+        "data": dict(sorted(files.items())),
+    }
+
+
+def kustomization(inv: Inventory, resources: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": f"edgeinspect-{inv.plant.name}",
+        "resources": resources,
+        # secrets.env (not rendered, never committed) holds EDGEINSPECT_API_TOKENS=["...", ...].
+        "secretGenerator": [{"name": inv.plant.api_tokens_secret, "envs": ["secrets.env"]}],
+    }
+
+
+def namespace(inv: Inventory) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"edgeinspect-{inv.plant.name}"}}

@@ -1,0 +1,90 @@
+"""Role settings for every instance, built with the real settings classes so they load with XSettings.load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic_settings import BaseSettings
+
+from edgeinspect.config import (
+    GatewaySettings,
+    RetrievalSettings,
+    RoleSettings,
+    StageSettings,
+    VisionBackend,
+    VisionSettings,
+)
+from edgeinspect.services.deploy.inventory import Inventory, Role
+from edgeinspect.services.deploy.topology import Addressing, Instance
+
+
+def _isolated(cls: type[RoleSettings], data: dict[str, Any]) -> RoleSettings:
+    """Validates `data` with `cls` without reading the renderer's own EDGEINSPECT_* environment or files."""
+
+    def only_init(settings_cls: type[BaseSettings], *sources: Any, **named: Any) -> tuple[Any, ...]:
+        return (named["init_settings"] if "init_settings" in named else sources[0],)
+
+    bound = type(cls.__name__, (cls,), {"settings_customise_sources": classmethod(only_init)})
+    return bound(**data)
+
+
+def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addressing: Addressing) -> RoleSettings:
+    """The settings object one instance is started with. Secrets (API tokens) are left out: they come from the
+    environment at start (compose secrets, Kubernetes Secrets, an env file)."""
+    plant = inv.plant
+    server: dict[str, Any] = {"host": "0.0.0.0", "port": inst.port}
+    if inst.metrics_port:
+        server["metrics_port"] = inst.metrics_port
+    common: dict[str, Any] = {"server": server, "log_level": plant.log_level}
+    stages = sorted((i for i in everyone if i.stage is not None), key=lambda i: i.stage.index)
+
+    if inst.role is Role.vision:
+        data = {**common, "checkpoint": plant.checkpoint_path}
+        if inst.box.hailo:
+            data |= {"backend": VisionBackend.hailo, "hef_path": plant.data_dir / "checkpoints" / plant.vision_hef}
+        else:
+            data |= {
+                "backend": VisionBackend.onnxruntime,
+                "onnx_path": plant.cache_dir / f"{plant.checkpoint}-vision.onnx",
+            }
+        return _isolated(VisionSettings, data)
+    if inst.role is Role.stage:
+        st = inst.stage
+        data = {
+            **common,
+            "checkpoint": plant.checkpoint_path,
+            "layer_start": st.layer_start,
+            "layer_end": st.layer_end,
+            "weights": plant.weights,
+        }
+        if plant.chained and st.index + 1 < len(stages):
+            data["next_stage"] = stages[st.index + 1].address(addressing)
+        return _isolated(StageSettings, data)
+    if inst.role is Role.retrieval:
+        return _isolated(RetrievalSettings, {**common, "kb_dir": plant.kb_dir})
+    if inst.role is Role.gateway:
+        by_role = {i.role: i for i in everyone if i.role in (Role.vision, Role.retrieval)}
+        data = {
+            **common,
+            "checkpoint": plant.checkpoint_path,
+            "vision": by_role[Role.vision].address(addressing),
+            "stages": [s.address(addressing) for s in stages],
+            "codec": plant.codec,
+            "zstd": plant.zstd,
+            "chained": plant.chained,
+            "db_path": plant.reports_dir / "reports.sqlite",
+            "max_new_tokens": plant.max_new_tokens,
+        }
+        if Role.retrieval in by_role:
+            data["retrieval"] = by_role[Role.retrieval].address(addressing)
+        return _isolated(GatewaySettings, data)
+    raise ValueError(f"role {inst.role} has no settings class")
+
+
+def settings_yaml(settings: RoleSettings, header: str) -> str:
+    """YAML of the fields the renderer set (defaults stay defaults), under a comment header."""
+    import yaml
+
+    data = settings.model_dump(mode="json", exclude_unset=True, exclude_none=True)
+    comment = "".join(f"# {line}\n" for line in header.splitlines())
+    return comment + yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,75 @@
+"""Where every role of a plant listens: the one place addresses and ports are decided."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from edgeinspect.services.deploy.inventory import Box, Inventory, Role
+
+
+class Addressing(StrEnum):
+    """How peers name each other: box addresses (one compose per box, bare metal), compose service names
+    (all-in-one), or Kubernetes Service names."""
+
+    box = "box"
+    service = "service"
+
+
+@dataclass(frozen=True)
+class StagePlacement:
+    """Decoder stage `index` serves layers [layer_start, layer_end) on `box`."""
+
+    index: int
+    box: Box
+    layer_start: int
+    layer_end: int
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One role process: its service name, the box it runs on, and the gRPC port it binds."""
+
+    service: str
+    role: Role
+    box: Box
+    port: int
+    metrics_port: int | None
+    stage: StagePlacement | None = None
+
+    def address(self, addressing: Addressing) -> str:
+        host = self.box.address if addressing is Addressing.box else self.service
+        return f"{host}:{self.port}"
+
+
+def instances(inv: Inventory, stages: list[StagePlacement]) -> list[Instance]:
+    """Every role process of the plant, in a stable order: gateway, vision, retrieval, stages, ingest."""
+    ports = inv.plant.ports
+
+    def metrics(port: int) -> int | None:
+        return port + ports.metrics_offset if ports.metrics_offset else None
+
+    out = [Instance("gateway", Role.gateway, inv.only(Role.gateway), ports.gateway, metrics(ports.gateway))]
+    out.append(Instance("vision", Role.vision, inv.only(Role.vision), ports.vision, metrics(ports.vision)))
+    for box in inv.boxes_with(Role.retrieval):
+        out.append(Instance("retrieval", Role.retrieval, box, ports.retrieval, metrics(ports.retrieval)))
+    for st in stages:
+        port = ports.stage_base + st.index
+        out.append(Instance(f"stage-{st.index}", Role.stage, st.box, port, metrics(port), st))
+    # Ingest is a client of the gateway: it binds nothing.
+    for box in inv.boxes_with(Role.ingest):
+        out.append(Instance(f"ingest-{box.name}", Role.ingest, box, 0, None))
+    _check_ports(out)
+    return out
+
+
+def _check_ports(insts: list[Instance]) -> None:
+    used: dict[tuple[str, int], str] = {}
+    for inst in insts:
+        for port in (inst.port, inst.metrics_port):
+            if not port:
+                continue
+            key = (inst.box.name, port)
+            if key in used:
+                raise ValueError(f"port {port} on box {inst.box.name} is used by {used[key]} and {inst.service}")
+            used[key] = inst.service
