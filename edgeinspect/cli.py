@@ -11,6 +11,7 @@ from edgeinspect.models.cli import app as model_app
 from edgeinspect.models.cli import plan_command
 from edgeinspect.services.deploy.cli import app as deploy_app
 from edgeinspect.services.deploy.healthcheck import healthcheck_command
+from edgeinspect.services.ingest.cli import ingest_command
 
 app = typer.Typer(
     name="edgeinspect",
@@ -22,6 +23,7 @@ app.add_typer(model_app, name="model", help="Checkpoints: generate a tiny one, i
 app.command("plan")(plan_command)
 app.add_typer(deploy_app, name="deploy", help="Plant inventory -> compose files, role settings, k3s manifests.")
 app.command("healthcheck")(healthcheck_command)
+app.command("ingest")(ingest_command)
 
 
 def main() -> None:

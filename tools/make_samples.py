@@ -1,5 +1,6 @@
 """Generates the project's sample media into edgeinspect/assets/: four still images of a die-cast housing (OK,
-scratch, dent, missing hole) and a conveyor video with parts passing, gaps of static belt between them.
+scratch, dent, missing hole), a conveyor video with parts passing and gaps of static belt between them, and a
+picture of the empty belt (the change gate's background).
 
 Seeded and deterministic: running it twice gives the same pixels (the JPEG/MPEG-4 encoders are deterministic
 for the same OpenCV build). Run: .venv/bin/python tools/make_samples.py [--out DIR]
@@ -234,6 +235,9 @@ def make_video(out: Path) -> Path:
             writer.write(finish(scene, light, rng))
     finally:
         writer.release()
+    # The empty station, for change gating's background: frames that look like this hold no part.
+    empty = belt[:, belt_len - 2 * w : belt_len - w].copy()
+    cv2.imwrite(str(out / "conveyor_empty.jpg"), finish(empty, light, rng), [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
     return path
 
 
@@ -242,7 +246,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ASSETS, help="output folder (default: the package's)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    for p in [*make_stills(args.out), make_video(args.out)]:
+    for p in [*make_stills(args.out), make_video(args.out), args.out / "conveyor_empty.jpg"]:
         print(f"{p}  {p.stat().st_size / 1024:.0f} kB")
 
 

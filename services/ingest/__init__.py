@@ -1,0 +1,1 @@
+"""Camera ingestion: readers per camera, sampling and change gating, flow control, delivery to the gateway."""

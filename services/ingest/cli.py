@@ -1,0 +1,114 @@
+"""`edgeinspect ingest`: follow the configured cameras and send sampled frames to the gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import typer
+
+from edgeinspect.errors import EdgeInspectError
+
+
+def ingest_command(
+    config: Path = typer.Option(..., "--config", "-c", help="cameras.yaml: cameras, gateway, token, frames dir"),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="no gateway: read the sources (files as fast as they decode, once) and show per camera which "
+        "frames would be inspected and why",
+    ),
+    max_reports: int | None = typer.Option(
+        None, "--max-reports", min=1, help="stop after this many reports (dry run: frames that would be inspected)"
+    ),
+    print_reports: bool = typer.Option(
+        False, "--print", help="print one line per report as it arrives: camera, verdict, part, report id"
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="dry run: also list every skipped frame"),
+) -> None:
+    """Follow the cameras of a cameras.yaml and send sampled, change-gated frames to the gateway."""
+    from rich.console import Console
+
+    from edgeinspect.services.common.logging import configure_logging
+    from edgeinspect.services.common.metrics import serve_metrics
+    from edgeinspect.services.ingest.config import IngestSettings
+    from edgeinspect.services.ingest.delivery import GrpcReportSink
+    from edgeinspect.services.ingest.metrics import IngestMetrics
+    from edgeinspect.services.ingest.service import Ingestor
+
+    console = Console()
+    try:
+        settings = IngestSettings.load(config)
+    except (FileNotFoundError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from exc
+    configure_logging(settings.log_level, settings.log_json, role="ingest")
+    if dry_run:
+        for cam in settings.cameras:  # a dry run reads files once, as fast as they decode
+            cam.realtime, cam.loop = False, False
+    metrics = IngestMetrics()
+    metrics_http = None if dry_run else serve_metrics(settings.server.metrics_port, settings.server.host)
+    decisions: dict[str, list[tuple[int, float | None, bool, str]]] = defaultdict(list)
+    would_inspect = 0
+
+    def on_decision(camera: str, frame, decision) -> None:
+        nonlocal would_inspect
+        decisions[camera].append((frame.index, frame.pts_s, decision.inspect, decision.reason))
+        if decision.inspect or verbose:
+            at = f"t={frame.pts_s:7.2f}s" if frame.pts_s is not None else f"wall={frame.wall_time:.3f}"
+            verdict = "[green]INSPECT[/]" if decision.inspect else "[dim]skip   [/]"
+            console.print(f"{camera:12s} frame {frame.index:6d} {at}  {verdict}  {decision.reason}")
+        if decision.inspect:
+            would_inspect += 1
+            if max_reports is not None and would_inspect >= max_reports:
+                loop.call_soon_threadsafe(ingestor.stop)
+
+    def on_report(report) -> None:
+        if print_reports:
+            console.print(
+                f"{report.camera_id:12s} {report.verdict:9s} {report.part:16s} {report.report_id}"
+                + (f"  {report.description[:80]}" if report.description else ""),
+                markup=False,
+            )
+
+    async def main() -> None:
+        nonlocal loop, ingestor
+        loop = asyncio.get_running_loop()
+        sink = None if dry_run else GrpcReportSink(settings.gateway, settings.api_token, settings.request_timeout_s)
+        ingestor = Ingestor(settings, sink, metrics, on_report=on_report, on_decision=on_decision if dry_run else None)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, ingestor.stop)
+        try:
+            result = await ingestor.run(max_reports=None if dry_run else max_reports)
+        finally:
+            if sink is not None:
+                await sink.close()
+        for cid, state in result.states.items():
+            console.print(f"camera {cid}: {state.value}", style="dim")
+
+    loop: asyncio.AbstractEventLoop | None = None
+    ingestor: Ingestor | None = None
+    try:
+        asyncio.run(main())
+    except EdgeInspectError as exc:
+        console.print(f"[red]ingest failed:[/] {exc}")
+        raise typer.Exit(1) from exc
+    finally:
+        if metrics_http is not None:
+            metrics_http.close()
+    if dry_run:
+        _print_dry_run_summary(console, decisions)
+
+
+def _print_dry_run_summary(console, decisions: dict[str, list[tuple[int, float | None, bool, str]]]) -> None:
+    from rich.table import Table
+
+    table = Table(title="dry run: frames per camera")
+    for col in ("camera", "read", "would inspect", "skipped, by reason"):
+        table.add_column(col)
+    for camera, rows in decisions.items():
+        skipped = Counter(reason.split(" (")[0] for _, _, inspect, reason in rows if not inspect)
+        reasons = ", ".join(f"{r}: {n}" for r, n in skipped.most_common())
+        table.add_row(camera, str(len(rows)), str(sum(1 for r in rows if r[2])), reasons or "-")
+    console.print(table)

@@ -1,0 +1,154 @@
+"""Delivery: JPEG encoding, idempotency keys, the ReportSink interface (gRPC in production), saved frames."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from edgeinspect.errors import CodecError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InspectionJob:
+    """One frame on its way to the gateway; a retry resends the same job, so the same idempotency key."""
+
+    camera_id: str
+    station: str
+    part: str
+    image_jpeg: bytes
+    capture_time: float  # unix seconds
+    idempotency_key: str
+    prompt: str = ""
+    max_new_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ReportSummary:
+    report_id: str
+    verdict: str  # OK / DEFECT / UNCERTAIN
+    part: str
+    camera_id: str
+    idempotency_key: str
+    description: str = ""
+
+
+class ReportSink(Protocol):
+    async def inspect(self, job: InspectionJob) -> ReportSummary:
+        """Creates (or, for a known idempotency key, returns) the report for one frame; typed errors on failure."""
+
+    async def close(self) -> None: ...
+
+
+def idempotency_key(camera_id: str, capture_time: float) -> str:
+    """camera id + capture time in microseconds: unique per frame, identical across retries of that frame."""
+    return f"{camera_id}:{round(capture_time * 1_000_000)}"
+
+
+def encode_jpeg(image: np.ndarray, quality: int) -> bytes:
+    """[H, W, 3] uint8 BGR -> JPEG bytes."""
+    import cv2
+
+    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, int(quality)])
+    if not ok:
+        raise CodecError(f"JPEG encoding failed for a frame of shape {image.shape}")
+    return buf.tobytes()
+
+
+class GrpcReportSink:
+    """The gateway's InspectionService.Inspect over gRPC, with the bearer token on every call."""
+
+    def __init__(self, address: str, token: str, timeout_s: float) -> None:
+        from edgeinspect.services.common.channel import make_channel
+        from edgeinspect.v1 import inspection_pb2_grpc
+
+        self._channel = make_channel(address)
+        self._stub = inspection_pb2_grpc.InspectionServiceStub(self._channel)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._timeout_s = timeout_s
+
+    async def inspect(self, job: InspectionJob) -> ReportSummary:
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        from edgeinspect.v1 import inspection_pb2
+
+        capture = Timestamp()
+        capture.FromNanoseconds(round(job.capture_time * 1e9))
+        request = inspection_pb2.InspectRequest(
+            image=job.image_jpeg,
+            station=job.station,
+            part=job.part,
+            prompt=job.prompt,
+            idempotency_key=job.idempotency_key,
+            capture_time=capture,
+            max_new_tokens=job.max_new_tokens,
+            camera_id=job.camera_id,
+        )
+        report = await self._stub.Inspect(request, metadata=self._metadata, timeout=self._timeout_s)
+        return ReportSummary(
+            report_id=report.report_id,
+            verdict=inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_"),
+            part=report.part,
+            camera_id=report.camera_id or job.camera_id,
+            idempotency_key=report.idempotency_key,
+            description=report.description,
+        )
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def plan_prune(
+    files: list[tuple[Path, float]], now: float, max_age_s: float | None, max_count: int | None
+) -> list[Path]:
+    """Which saved frames to delete: those older than max_age_s, then the oldest beyond max_count."""
+    newest_first = sorted(files, key=lambda f: f[1], reverse=True)
+    doomed = [p for p, t in newest_first if max_age_s is not None and now - t > max_age_s]
+    kept = [(p, t) for p, t in newest_first if max_age_s is None or now - t <= max_age_s]
+    if max_count is not None:
+        doomed += [p for p, _ in kept[max_count:]]
+    return doomed
+
+
+class FrameStore:
+    """Saves inspected frames as <dir>/<YYYY-MM-DD>/<report_id>.jpg and applies retention every `prune_every`."""
+
+    def __init__(self, root: Path, max_age_days: float | None, max_count: int | None, prune_every: int = 50) -> None:
+        self.root = Path(root)
+        self._max_age_s = None if max_age_days is None else max_age_days * 86400.0
+        self._max_count = max_count
+        self._prune_every = prune_every
+        self._saved = 0
+
+    def save(self, report_id: str, jpeg: bytes, capture_time: float) -> Path:
+        day = datetime.fromtimestamp(capture_time, UTC).strftime("%Y-%m-%d")
+        path = self.root / day / f"{_SAFE_NAME.sub('_', report_id)}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(jpeg)
+        self._saved += 1
+        if self._saved % self._prune_every == 1:  # the first save prunes what earlier runs left
+            self.prune()
+        return path
+
+    def prune(self, now: float | None = None) -> list[Path]:
+        files = [(p, p.stat().st_mtime) for p in self.root.glob("*/*.jpg")]
+        doomed = plan_prune(files, time.time() if now is None else now, self._max_age_s, self._max_count)
+        for path in doomed:
+            path.unlink(missing_ok=True)
+        for day in self.root.iterdir():
+            if day.is_dir() and not any(day.iterdir()):
+                day.rmdir()
+        if doomed:
+            logger.info("retention: deleted %d saved frames under %s", len(doomed), self.root)
+        return doomed

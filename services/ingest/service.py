@@ -1,0 +1,231 @@
+"""The ingest role: reader threads per camera feed asyncio dispatchers that deliver frames to a ReportSink."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgeinspect.services.common.errors import status_for
+from edgeinspect.services.common.retry import retry_async
+from edgeinspect.services.ingest.camera import CameraReader, CameraState, DecisionHook
+from edgeinspect.services.ingest.config import CameraConfig, IngestSettings
+from edgeinspect.services.ingest.delivery import (
+    FrameStore,
+    InspectionJob,
+    ReportSink,
+    ReportSummary,
+    encode_jpeg,
+    idempotency_key,
+)
+from edgeinspect.services.ingest.flow import InFlightLimits, LatestSlot
+from edgeinspect.services.ingest.metrics import IngestMetrics
+from edgeinspect.services.ingest.sampling import Sampler, thumbnail
+from edgeinspect.services.ingest.sources import Frame
+from edgeinspect.services.ingest.trigger import TriggerServer
+
+logger = logging.getLogger(__name__)
+
+TERMINAL = (CameraState.finished, CameraState.failed, CameraState.stopped)
+
+
+@dataclass
+class IngestResult:
+    reports: list[ReportSummary] = field(default_factory=list)
+    states: dict[str, CameraState] = field(default_factory=dict)
+
+
+def load_background(cam: CameraConfig) -> np.ndarray | None:
+    """The gate's thumbnail of the empty station, if the camera has one configured."""
+    gating = cam.sampling.gating
+    if gating is None or gating.background is None:
+        return None
+    import cv2
+
+    image = cv2.imread(str(gating.background), cv2.IMREAD_COLOR)
+    if image is None:
+        raise FileNotFoundError(f"camera {cam.id}: background image {gating.background} is missing or unreadable")
+    return thumbnail(image, gating.size)
+
+
+class Ingestor:
+    """Follows every configured camera until stopped, the sources end, or `max_reports` reports arrived."""
+
+    def __init__(
+        self,
+        settings: IngestSettings,
+        sink: ReportSink | None,
+        metrics: IngestMetrics,
+        on_report: Callable[[ReportSummary], None] | None = None,
+        on_decision: DecisionHook | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._sink = sink  # None: dry run, sampled frames are only counted
+        self._on_report = on_report
+        self._on_decision = on_decision
+        self._store = (
+            FrameStore(settings.frames_dir, settings.retention.max_age_days, settings.retention.max_count)
+            if settings.frames_dir is not None and sink is not None
+            else None
+        )
+        self._limits = InFlightLimits(settings.max_in_flight, {c.id: c.max_in_flight for c in settings.cameras})
+        self.readers: dict[str, CameraReader] = {}
+        self.trigger_port: int | None = None
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        """Ends run() from inside the event loop (e.g. a signal handler)."""
+        self._stop.set()
+
+    async def run(self, max_reports: int | None = None) -> IngestResult:
+        loop = asyncio.get_running_loop()
+        result = IngestResult()
+        capacity = asyncio.Condition()
+        wakes: dict[str, asyncio.Event] = {}
+        slots: dict[str, LatestSlot[Frame]] = {}
+        for cam in self.settings.cameras:
+            wake = wakes[cam.id] = asyncio.Event()
+            slots[cam.id] = LatestSlot(on_put=lambda w=wake: loop.call_soon_threadsafe(w.set))
+            sampler = Sampler(cam.sampling, load_background(cam))
+            self.readers[cam.id] = CameraReader(cam, sampler, slots[cam.id], self.metrics, self._on_decision)
+        trigger = self._start_trigger()
+        for reader in self.readers.values():
+            reader.start()
+        deliveries: set[asyncio.Task] = set()
+        dispatchers = [
+            asyncio.create_task(
+                self._dispatch(cam, slots[cam.id], wakes[cam.id], capacity, deliveries, result, max_reports)
+            )
+            for cam in self.settings.cameras
+        ]
+        try:
+            while not self._stop.is_set():
+                idle = not deliveries and not any(s.peek() for s in slots.values())
+                if idle and all(r.state in TERMINAL for r in self.readers.values()):
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), timeout=0.1)
+        finally:
+            for reader in self.readers.values():
+                reader.stop()
+            for task in [*dispatchers, *deliveries]:
+                task.cancel()
+            await asyncio.gather(*dispatchers, *deliveries, return_exceptions=True)
+            await asyncio.to_thread(self._join_readers)
+            if trigger is not None:
+                trigger.close()
+        result.states = {cid: r.state for cid, r in self.readers.items()}
+        return result
+
+    def _join_readers(self) -> None:
+        for reader in self.readers.values():
+            reader.join(timeout=self.settings.cameras[0].stall_timeout_s + 5)
+
+    def _start_trigger(self) -> TriggerServer | None:
+        cfg = self.settings.trigger
+        if cfg.port is None:
+            return None
+
+        def on_trigger(camera_id: str) -> bool:
+            reader = self.readers.get(camera_id)
+            if reader is None:
+                return False
+            reader.trigger()
+            return True
+
+        server = TriggerServer(cfg.host, cfg.port, on_trigger).start()
+        self.trigger_port = server.port
+        return server
+
+    async def _dispatch(
+        self,
+        cam: CameraConfig,
+        slot: LatestSlot[Frame],
+        wake: asyncio.Event,
+        capacity: asyncio.Condition,
+        deliveries: set[asyncio.Task],
+        result: IngestResult,
+        max_reports: int | None,
+    ) -> None:
+        """Starts a delivery for the newest sampled frame whenever this camera and the whole role have room."""
+        while True:
+            await wake.wait()
+            wake.clear()
+            while slot.peek():
+                async with capacity:
+                    await capacity.wait_for(lambda: self._limits.can_start(cam.id))
+                    self._limits.start(cam.id)
+                frame = slot.take()  # taken only now: while waiting for room, newer frames replaced it
+                if frame is None:
+                    await self._finished(cam.id, capacity)
+                    break
+                task = asyncio.create_task(self._deliver(cam, frame, capacity, result, max_reports))
+                deliveries.add(task)
+                task.add_done_callback(deliveries.discard)
+
+    async def _finished(self, camera_id: str, capacity: asyncio.Condition) -> None:
+        self._limits.finish(camera_id)
+        self.metrics.in_flight.labels(camera=camera_id).set(self._limits.running(camera_id))
+        async with capacity:
+            capacity.notify_all()
+
+    async def _deliver(
+        self,
+        cam: CameraConfig,
+        frame: Frame,
+        capacity: asyncio.Condition,
+        result: IngestResult,
+        max_reports: int | None,
+    ) -> None:
+        self.metrics.in_flight.labels(camera=cam.id).set(self._limits.running(cam.id))
+        try:
+            if self._sink is None:
+                return
+            jpeg = await asyncio.to_thread(encode_jpeg, frame.image, cam.jpeg_quality)
+            job = InspectionJob(
+                camera_id=cam.id,
+                station=cam.station,
+                part=cam.part,
+                image_jpeg=jpeg,
+                capture_time=frame.wall_time,
+                idempotency_key=idempotency_key(cam.id, frame.wall_time),
+                prompt=cam.prompt,
+                max_new_tokens=cam.max_new_tokens,
+            )
+            s = self.settings
+
+            def count_retry(_attempt: int, exc: BaseException, _delay: float) -> None:
+                self.metrics.delivery_errors.labels(camera=cam.id, code=status_for(exc).name).inc()
+
+            report = await retry_async(
+                lambda: self._sink.inspect(job),
+                attempts=s.retry_attempts,
+                base_s=s.retry_base_s,
+                max_s=s.retry_max_s,
+                on_retry=count_retry,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # one frame's failure must not end the camera: count it, forget it, go on
+            code = status_for(exc).name
+            logger.warning("camera %s: frame %d not inspected (%s: %s)", cam.id, frame.index, code, exc)
+            self.metrics.delivery_errors.labels(camera=cam.id, code=code).inc()
+            self.metrics.frames_dropped.labels(camera=cam.id, reason="delivery_failed").inc()
+            self.readers[cam.id].forget_last()
+            return
+        finally:
+            await self._finished(cam.id, capacity)
+        self.metrics.frames_inspected.labels(camera=cam.id).inc()
+        if self._store is not None:
+            await asyncio.to_thread(self._store.save, report.report_id, jpeg, frame.wall_time)
+        result.reports.append(report)
+        logger.info("camera %s: report %s %s", cam.id, report.report_id, report.verdict)
+        if self._on_report is not None:
+            self._on_report(report)
+        if max_reports is not None and len(result.reports) >= max_reports:
+            self._stop.set()
