@@ -8,7 +8,7 @@ from __future__ import annotations
 import typer
 
 from edgeinspect.models.cli import app as model_app
-from edgeinspect.models.cli import plan_command
+from edgeinspect.models.planner_cli import plan_command
 from edgeinspect.services.deploy.cli import app as deploy_app
 from edgeinspect.services.deploy.healthcheck import healthcheck_command
 from edgeinspect.services.ingest.cli import ingest_command

@@ -1,0 +1,364 @@
+"""Partition planner: contiguous decoder-layer ranges over an ordered list of nodes that minimise the slowest
+stage's time per token under each node's memory budget. Pure functions; no torch.
+
+Cost model (decode, one token):
+  stage time = its layers' seconds (measured on that node when known, else weight bytes read / (reference rate
+               x node speed); decode is memory-bound) + its extras (stage 0: embedding lookup and aligner; last
+               stage: final norm + lm_head) + sending the hidden state to the next node (bytes / link rate +
+               latency; the last stage sends only a token id back, so just its link latency).
+  stage memory = its layers' weight bytes + the extras it holds.
+Every node gets at least one layer: the nodes are an explicit inventory, and a node with no layers would be a
+pointless network hop (drop it from the list instead). The search is exact: a dynamic programme over
+(node, layers covered) minimises the bottleneck, then a second one minimises the total time per token among the
+splits that reach that bottleneck.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgeinspect.errors import CheckpointError, InvalidInput, PlanInfeasible
+
+# Weight bytes a speed-1.0 node reads per second while decoding. Measured on the reference dev box:
+# bf16 decode of the 1.3B model reads 2.85 GB per token in ~381 ms (DESIGN.md §5), about 7.5 GB/s.
+REF_BYTES_PER_S = 7.5e9
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class NodeTimings:
+    """Seconds per token measured on one node (bench/stage_split.py)."""
+
+    layer_seconds: tuple[float, ...]  # one per decoder layer
+    head_seconds: float = 0.0  # embedding lookup (+ aligner) on the first stage
+    tail_seconds: float = 0.0  # final norm + lm_head (+ sampling) on the last stage
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """What the model costs: weight bytes per layer and the extras held by the first and last stage."""
+
+    layer_bytes: tuple[int, ...]  # weights of each decoder layer
+    head_bytes: int = 0  # embeddings (+ aligner): held by the first stage
+    tail_bytes: int = 0  # final norm + lm_head: held by the last stage
+    head_read_bytes: int = 0  # weight bytes stage 0's extras read per token (an embedding lookup reads one row)
+    tail_read_bytes: int | None = None  # per token by the last stage's extras; None: all of tail_bytes
+    shared_bytes: int = 0  # in both head and tail (tied embeddings), held once when one stage holds both
+    hidden_size: int = 0  # values per token sent between stages
+    measured: Mapping[str, NodeTimings] = field(default_factory=dict)  # by node name, where measured
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_bytes)
+
+    @property
+    def total_bytes(self) -> int:
+        """Weight bytes of the whole language model held once."""
+        return sum(self.layer_bytes) + self.head_bytes + self.tail_bytes - self.shared_bytes
+
+
+@dataclass(frozen=True)
+class Node:
+    """One decoder box, in pipeline order."""
+
+    name: str
+    address: str
+    memory_bytes: int  # what the stage may spend on weights (leave room for the KV cache and runtime)
+    speed: float = 1.0  # relative decode speed (1.0 = the reference rate REF_BYTES_PER_S)
+    link_bytes_per_s: float = math.inf  # link to the next node
+    link_latency_s: float = 0.0  # one message to the next node
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    node: Node
+    layer_start: int
+    layer_end: int  # exclusive
+    weight_bytes: int
+    est_seconds: float  # per token: compute + transfer
+    transfer_seconds: float = 0.0  # the transfer part of est_seconds
+
+    @property
+    def num_layers(self) -> int:
+        return self.layer_end - self.layer_start
+
+
+@dataclass(frozen=True)
+class Plan:
+    stages: tuple[StagePlan, ...]
+    bottleneck_seconds: float
+
+    @property
+    def total_seconds(self) -> float:
+        """One token's latency through the whole pipeline."""
+        return sum(s.est_seconds for s in self.stages)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+# ---------------------------------------------------------------- cost tables
+
+
+class _Stages:
+    """Memory and time of node k holding layers [i, j), from prefix sums."""
+
+    def __init__(self, costs: LayerCosts, nodes: Sequence[Node], wire_bytes_per_value: float, ref_rate: float):
+        self.costs, self.nodes = costs, nodes
+        self.k_last = len(nodes) - 1
+        self.bytes_prefix = _prefix(costs.layer_bytes)
+        self.time_prefix: list[list[float]] = []
+        self.head_s: list[float] = []
+        self.tail_s: list[float] = []
+        tail_read = costs.tail_bytes if costs.tail_read_bytes is None else costs.tail_read_bytes
+        for node in nodes:
+            m = costs.measured.get(node.name)
+            if m is not None:
+                self.time_prefix.append(_prefix(m.layer_seconds))
+                self.head_s.append(m.head_seconds)
+                self.tail_s.append(m.tail_seconds)
+            else:
+                rate = ref_rate * node.speed
+                self.time_prefix.append(_prefix([b / rate for b in costs.layer_bytes]))
+                self.head_s.append(costs.head_read_bytes / rate)
+                self.tail_s.append(tail_read / rate)
+        hidden_wire = costs.hidden_size * wire_bytes_per_value
+        self.transfer = [
+            (n.link_latency_s + (hidden_wire / n.link_bytes_per_s if k < self.k_last else 0.0))
+            for k, n in enumerate(nodes)
+        ]
+
+    def weight_bytes(self, k: int, i: int, j: int) -> int:
+        b = self.bytes_prefix[j] - self.bytes_prefix[i]
+        if k == 0:
+            b += self.costs.head_bytes
+        if k == self.k_last:
+            b += self.costs.tail_bytes
+        if k == 0 and k == self.k_last:
+            b -= self.costs.shared_bytes
+        return b
+
+    def seconds(self, k: int, i: int, j: int) -> float:
+        """Per-token time of node k holding [i, j); inf when it does not fit in memory."""
+        if self.weight_bytes(k, i, j) > self.nodes[k].memory_bytes:
+            return math.inf
+        t = self.time_prefix[k][j] - self.time_prefix[k][i] + self.transfer[k]
+        if k == 0:
+            t += self.head_s[k]
+        if k == self.k_last:
+            t += self.tail_s[k]
+        return t
+
+
+def _prefix(values: Sequence[float]) -> list[float]:
+    out = [0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+# ---------------------------------------------------------------- search
+
+
+def _validate(costs: LayerCosts, nodes: Sequence[Node]) -> None:
+    if not nodes:
+        raise InvalidInput("no decoder nodes given")
+    if costs.num_layers == 0:
+        raise InvalidInput("the model has no decoder layers")
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise InvalidInput(f"node names must be unique, got {names}")
+    for n in nodes:
+        if not n.speed > 0 or not n.link_bytes_per_s > 0 or n.memory_bytes < 0 or n.link_latency_s < 0:
+            raise InvalidInput(f"node {n.name}: speed and link rate must be > 0, memory and latency >= 0")
+    for name, m in costs.measured.items():
+        if len(m.layer_seconds) != costs.num_layers:
+            raise InvalidInput(
+                f"node {name}: {len(m.layer_seconds)} measured layer times for {costs.num_layers} layers"
+            )
+
+
+def _infeasible(costs: LayerCosts, nodes: Sequence[Node]) -> PlanInfeasible:
+    """Explain why no split fits: the total shortfall, and nodes that cannot hold even their minimal share."""
+    k_last = len(nodes) - 1
+    lines = []
+    if len(nodes) > costs.num_layers:
+        lines.append(
+            f"{len(nodes)} nodes but only {costs.num_layers} layers: every node needs at least one layer, drop a node"
+        )
+    need = costs.total_bytes
+    offer = sum(n.memory_bytes for n in nodes)
+    if need > offer:
+        lines.append(
+            f"needs {fmt_bytes(need)} of weights, the nodes offer {fmt_bytes(offer)}: {fmt_bytes(need - offer)} short"
+        )
+    smallest = min(costs.layer_bytes)
+    for k, n in enumerate(nodes):
+        if k_last == 0:
+            break  # a single node's share is the whole model: the total line above says it
+        share, parts = smallest, ["1 layer"]
+        if k == 0:
+            share += costs.head_bytes
+            parts.insert(0, "embeddings")
+        if k == k_last:
+            share += costs.tail_bytes
+            parts.append("lm_head")
+        if share > n.memory_bytes:
+            lines.append(
+                f"node {n.name} ({fmt_bytes(n.memory_bytes)}) cannot hold even its minimal share: "
+                f"{' + '.join(parts)} = {fmt_bytes(share)}"
+            )
+    if not lines:
+        lines.append(
+            f"no contiguous split of {costs.num_layers} layers fits the budgets "
+            f"({', '.join(f'{n.name} {fmt_bytes(n.memory_bytes)}' for n in nodes)}; layers of "
+            f"{fmt_bytes(smallest)}-{fmt_bytes(max(costs.layer_bytes))}, embeddings {fmt_bytes(costs.head_bytes)}, "
+            f"lm_head {fmt_bytes(costs.tail_bytes)})"
+        )
+    return PlanInfeasible("the model does not fit: " + "; ".join(lines))
+
+
+def plan_partition(
+    costs: LayerCosts,
+    nodes: Sequence[Node],
+    *,
+    wire_bytes_per_value: float = 2.0,
+    ref_bytes_per_s: float = REF_BYTES_PER_S,
+) -> Plan:
+    """Contiguous layer ranges, one per node in the given order, minimising the slowest stage per token.
+
+    wire_bytes_per_value: hidden-state codec size (fp32 4, fp16 2, block-int8 34/32).
+    Raises PlanInfeasible (naming the shortfall) when no split fits the memory budgets.
+    """
+    _validate(costs, nodes)
+    n_nodes, n_layers = len(nodes), costs.num_layers
+    if n_nodes > n_layers:
+        raise _infeasible(costs, nodes)
+    st = _Stages(costs, nodes, wire_bytes_per_value, ref_bytes_per_s)
+
+    # best[k][j]: smallest bottleneck of nodes 0..k-1 covering layers [0, j), each node >= 1 layer
+    inf = math.inf
+    best = [[inf] * (n_layers + 1) for _ in range(n_nodes + 1)]
+    best[0][0] = 0.0
+    for k in range(1, n_nodes + 1):
+        # leave at least one layer for every later node
+        for j in range(k, n_layers - (n_nodes - k) + 1):
+            best[k][j] = min(
+                (max(best[k - 1][i], st.seconds(k - 1, i, j)) for i in range(k - 1, j)),
+                default=inf,
+            )
+    bottleneck = best[n_nodes][n_layers]
+    if math.isinf(bottleneck):
+        raise _infeasible(costs, nodes)
+
+    # among splits whose every stage is within the bottleneck, the smallest total latency
+    cap = bottleneck * (1 + 1e-12)
+    total = [[inf] * (n_layers + 1) for _ in range(n_nodes + 1)]
+    arg = [[-1] * (n_layers + 1) for _ in range(n_nodes + 1)]
+    total[0][0] = 0.0
+    for k in range(1, n_nodes + 1):
+        for j in range(k, n_layers - (n_nodes - k) + 1):
+            for i in range(k - 1, j):
+                c = st.seconds(k - 1, i, j)
+                if c <= cap and total[k - 1][i] + c < total[k][j]:
+                    total[k][j], arg[k][j] = total[k - 1][i] + c, i
+    bounds = [n_layers]
+    for k in range(n_nodes, 0, -1):
+        bounds.append(arg[k][bounds[-1]])
+    bounds.reverse()  # [0, b1, ..., n_layers]
+    stages = tuple(
+        StagePlan(
+            node=nodes[k],
+            layer_start=bounds[k],
+            layer_end=bounds[k + 1],
+            weight_bytes=st.weight_bytes(k, bounds[k], bounds[k + 1]),
+            est_seconds=st.seconds(k, bounds[k], bounds[k + 1]),
+            transfer_seconds=st.transfer[k],
+        )
+        for k in range(n_nodes)
+    )
+    return Plan(stages=stages, bottleneck_seconds=max(s.est_seconds for s in stages))
+
+
+# ---------------------------------------------------------------- costs from a model's config
+
+
+def dtype_bytes_of(weights: str | int) -> int:
+    if isinstance(weights, int):
+        return weights
+    try:
+        return DTYPE_BYTES[str(weights)]
+    except KeyError:
+        raise InvalidInput(f"unknown weights dtype {weights!r}; choose one of {', '.join(DTYPE_BYTES)}") from None
+
+
+def layer_costs_from_config(
+    text_config: Mapping[str, Any],
+    dtype_bytes: int | str,
+    *,
+    aligner_in_features: int = 0,
+    tie_word_embeddings: bool | None = None,
+) -> LayerCosts:
+    """Weight bytes of a LLaMA-style language model from its config dict (DeepSeek-VL's `text_config`).
+
+    aligner_in_features: the vision tower's width when stage 0 also holds the aligner (Linear-GELU-Linear).
+    tie_word_embeddings: overrides the config's own flag (DeepSeek-VL keeps the governing one at the top level).
+    """
+    c = text_config
+    try:
+        h, inter, n_layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+        heads, vocab = c["num_attention_heads"], c["vocab_size"]
+    except KeyError as err:
+        raise InvalidInput(f"language-model config lacks {err.args[0]!r}") from None
+    kv = c.get("num_key_value_heads") or heads
+    hd = c.get("head_dim") or h // heads
+    tie = bool(c.get("tie_word_embeddings", False)) if tie_word_embeddings is None else tie_word_embeddings
+    nb = dtype_bytes_of(dtype_bytes)
+
+    attn = 2 * h * heads * hd + 2 * h * kv * hd  # q, o; k, v
+    if c.get("attention_bias"):
+        attn += heads * hd + 2 * kv * hd + h
+    mlp = 3 * h * inter  # gate, up, down
+    if c.get("mlp_bias"):
+        mlp += 2 * inter + h
+    layer = attn + mlp + 2 * h  # + two RMSNorm weights
+    embed = vocab * h
+    aligner = (aligner_in_features * h + h + h * h + h) if aligner_in_features else 0
+    return LayerCosts(
+        layer_bytes=(layer * nb,) * n_layers,
+        head_bytes=(embed + aligner) * nb,
+        tail_bytes=(h + embed) * nb,  # final norm + lm_head (a copy of the embeddings when tied)
+        head_read_bytes=h * nb,  # one embedding row per token; the aligner runs only at prefill
+        tail_read_bytes=(h + embed) * nb,
+        shared_bytes=embed * nb if tie else 0,
+        hidden_size=h,
+    )
+
+
+def layer_costs_from_checkpoint(path: str | Path, weights_dtype: str | int) -> LayerCosts:
+    """Costs of a Hugging Face checkpoint folder from its config.json (DeepSeek-VL nests `text_config`)."""
+    cfg_path = Path(path) / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{cfg_path} not found: not a Hugging Face checkpoint folder") from None
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {err}") from None
+    text = cfg.get("text_config", cfg)
+    vision = cfg.get("vision_config") or {}
+    tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    return layer_costs_from_config(
+        text,
+        weights_dtype,
+        aligner_in_features=int(vision.get("hidden_size", 0)) if "text_config" in cfg else 0,
+        tie_word_embeddings=bool(tie),
+    )

@@ -1,0 +1,194 @@
+"""`edgeinspect plan`: read a nodes file, plan the layer ranges, print them as a table."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edgeinspect.config import WeightsDtype, WireCodec
+from edgeinspect.errors import EdgeInspectError
+from edgeinspect.models.planner import (
+    REF_BYTES_PER_S,
+    LayerCosts,
+    Node,
+    NodeTimings,
+    Plan,
+    fmt_bytes,
+    layer_costs_from_checkpoint,
+    layer_costs_from_config,
+    plan_partition,
+)
+
+# hidden-state bytes per value on the wire, per codec (block-int8: 34 bytes per 32 values)
+WIRE_BYTES = {WireCodec.fp32: 4.0, WireCodec.fp16: 2.0, WireCodec.int8: 34 / 32}
+
+
+class Preset(StrEnum):
+    deepseek_vl_1_3b = "deepseek-vl-1.3b"
+
+
+class MeasuredSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    layer_ms: float | list[float] = Field(..., description="ms per token per layer: one value or one per layer")
+    head_ms: float = Field(0.0, ge=0, description="embedding lookup (+ aligner) on the first stage")
+    tail_ms: float = Field(0.0, ge=0, description="final norm + lm_head + sampling on the last stage")
+
+
+class NodeSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    address: str
+    memory_gb: float = Field(..., gt=0, description="decimal GB (1e9 bytes) this stage may spend on weights")
+    speed: float = Field(1.0, gt=0, description="relative decode speed (1.0 = 7.5 GB/s of weight reads)")
+    link_gbps: float = Field(1.0, gt=0, description="link to the next node, Gbit/s")
+    link_latency_ms: float = Field(0.3, ge=0, description="one message to the next node (gRPC stream ~0.2 ms)")
+    measured: MeasuredSpec | None = None
+
+
+class NodesFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: list[NodeSpec] = Field(..., min_length=1)
+
+
+def load_nodes(path: Path) -> tuple[list[Node], dict[str, MeasuredSpec]]:
+    """Nodes in pipeline order and any per-node measurements, from a nodes YAML file."""
+    try:
+        spec = NodesFile.model_validate(yaml.safe_load(path.read_text()))
+    except (yaml.YAMLError, ValidationError) as err:
+        raise typer.BadParameter(f"{path}: {err}", param_hint="--nodes") from None
+    nodes = [
+        Node(
+            name=n.name,
+            address=n.address,
+            memory_bytes=int(n.memory_gb * 1e9),
+            speed=n.speed,
+            link_bytes_per_s=n.link_gbps * 1e9 / 8,
+            link_latency_s=n.link_latency_ms / 1e3,
+        )
+        for n in spec.nodes
+    ]
+    return nodes, {n.name: n.measured for n in spec.nodes if n.measured is not None}
+
+
+def _with_measurements(costs: LayerCosts, measured: dict[str, MeasuredSpec]) -> LayerCosts:
+    timings = {}
+    for name, m in measured.items():
+        per_layer = m.layer_ms if isinstance(m.layer_ms, list) else [m.layer_ms] * costs.num_layers
+        timings[name] = NodeTimings(
+            layer_seconds=tuple(v / 1e3 for v in per_layer),
+            head_seconds=m.head_ms / 1e3,
+            tail_seconds=m.tail_ms / 1e3,
+        )
+    return LayerCosts(**{**costs.__dict__, "measured": timings})
+
+
+def _preset_costs(preset: Preset, weights: WeightsDtype) -> LayerCosts:
+    from edgeinspect.models.tiny import PRESETS  # the one definition of the real dimensions (imports torch)
+
+    s = PRESETS[preset.value]
+    text: dict[str, Any] = {
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "vocab_size": s.vocab_size,
+        "tie_word_embeddings": False,
+    }
+    return layer_costs_from_config(text, weights.value, aligner_in_features=s.vision_hidden)
+
+
+def render_plan(plan: Plan, title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col, justify in (
+        ("stage", "right"),
+        ("node", "left"),
+        ("address", "left"),
+        ("layers", "left"),
+        ("weights", "right"),
+        ("memory budget", "right"),
+        ("est. ms/token", "right"),
+        ("of which link", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    last = len(plan.stages) - 1
+    for k, st in enumerate(plan.stages):
+        extras = (" +embed" if k == 0 else "") + (" +lm_head" if k == last else "")
+        ms = f"{st.est_seconds * 1e3:.1f}"
+        if st.est_seconds == plan.bottleneck_seconds:
+            ms = f"[bold]{ms}[/bold]"
+        table.add_row(
+            str(k),
+            st.node.name,
+            st.node.address,
+            f"{st.layer_start}-{st.layer_end - 1}{extras}",
+            fmt_bytes(st.weight_bytes),
+            fmt_bytes(st.node.memory_bytes),
+            ms,
+            f"{st.transfer_seconds * 1e3:.2f}",
+        )
+    return table
+
+
+def plan_command(
+    nodes: Path = typer.Option(
+        ...,
+        "--nodes",
+        exists=True,
+        dir_okay=False,
+        help="YAML file listing the decoder nodes in pipeline order (see compose/nodes.example.yaml)",
+    ),
+    checkpoint: Path | None = typer.Option(
+        None, "--checkpoint", file_okay=False, help="plan for this Hugging Face checkpoint folder (its config.json)"
+    ),
+    preset: Preset | None = typer.Option(
+        None, "--preset", help="plan for a known model's dimensions (the default when no --checkpoint)"
+    ),
+    weights: WeightsDtype = typer.Option(WeightsDtype.bf16, "--weights", help="decoder weight dtype on the stages"),
+    codec: WireCodec = typer.Option(WireCodec.fp16, "--codec", help="hidden-state codec between stages"),
+    ref_gbytes_per_s: float = typer.Option(
+        REF_BYTES_PER_S / 1e9,
+        "--ref-gbytes-per-s",
+        min=0.001,
+        help="weight bytes a speed-1.0 node reads per second while decoding (GB/s); scales nodes' `speed`",
+    ),
+) -> None:
+    """Plan contiguous layer ranges over the decoder nodes (slowest stage minimal, memory respected) and print
+    them as a table."""
+    from rich.console import Console
+
+    console = Console()
+    if checkpoint is not None and preset is not None:
+        raise typer.BadParameter("give --checkpoint or --preset, not both")
+    node_list, measured = load_nodes(nodes)
+    try:
+        if checkpoint is not None:
+            costs, model = layer_costs_from_checkpoint(checkpoint, weights.value), str(checkpoint)
+        else:
+            preset = preset or Preset.deepseek_vl_1_3b
+            costs, model = _preset_costs(preset, weights), preset.value
+        costs = _with_measurements(costs, measured)
+        plan = plan_partition(
+            costs, node_list, wire_bytes_per_value=WIRE_BYTES[codec], ref_bytes_per_s=ref_gbytes_per_s * 1e9
+        )
+    except EdgeInspectError as err:
+        console.print(f"[red]cannot plan:[/red] {err}")
+        raise typer.Exit(1) from None
+    console.print(
+        render_plan(plan, f"{model}, {weights.value} weights, {costs.num_layers} layers over {len(node_list)} nodes")
+    )
+    console.print(
+        f"model weights {fmt_bytes(costs.total_bytes)}; slowest stage {plan.bottleneck_seconds * 1e3:.1f} ms "
+        f"(at most {1 / plan.bottleneck_seconds:.1f} tokens/s with the pipeline full); one token through all "
+        f"stages {plan.total_seconds * 1e3:.1f} ms; hidden state sent as {codec.value}"
+    )
