@@ -6,6 +6,8 @@ import asyncio
 import io
 import json
 import logging
+import os
+import signal
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -20,7 +22,7 @@ from edgeinspect.services.common.channel import make_channel, wait_for_serving
 from edgeinspect.services.common.context import REQUEST_ID_KEY, request_id_var
 from edgeinspect.services.common.interceptors import BearerAuthInterceptor
 from edgeinspect.services.common.logging import configure_logging
-from edgeinspect.services.common.server import RunningServer, start_server
+from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.testing import grpcurl
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, retrieval_pb2, retrieval_pb2_grpc
 
@@ -39,6 +41,9 @@ class FakeRetrieval(retrieval_pb2_grpc.RetrievalServiceServicer):
             raise InvalidInput("query is empty: send the text to search the specs for")
         if request.query == "bug":
             raise KeyError("secret-internal-detail")
+        if request.query == "deadline?":
+            left = context.time_remaining()
+            return retrieval_pb2.SearchResponse(search_ms=-1.0 if left is None else left * 1e3)
         SERVICE_LOG.info("searching %r", request.query)
         chunk = retrieval_pb2.SpecChunk(chunk_id="c1", text=request.query)
         return retrieval_pb2.SearchResponse(chunks=[chunk], index_version=request_id_var.get())
@@ -256,6 +261,45 @@ async def test_an_upstream_error_passes_its_code_through_with_the_peer_named(sta
     assert info.value.details() == f"{address}: query is empty: send the text to search the specs for"
 
 
+async def test_the_callers_deadline_reaches_the_next_hop_without_being_passed_by_hand(start):
+    upstream = await start(role=unique_role())
+    address = f"127.0.0.1:{upstream.port}"
+
+    class Forwarding(retrieval_pb2_grpc.RetrievalServiceServicer):
+        async def Search(self, request, context):
+            async with make_channel(address) as channel:  # no timeout given: the inbound one applies
+                return await retrieval_pb2_grpc.RetrievalServiceStub(channel).Search(request)
+
+    front = await start_server(
+        [lambda s: retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(Forwarding(), s)],
+        [RETRIEVAL],
+        ServerConfig(host="127.0.0.1", port=0),
+        role="front",
+    )
+    try:
+        async with make_channel(f"127.0.0.1:{front.port}") as channel:
+            stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
+            bounded = await stub.Search(retrieval_pb2.SearchRequest(query="deadline?"), timeout=3.0)
+            unbounded = await stub.Search(retrieval_pb2.SearchRequest(query="deadline?"))
+    finally:
+        await front.stop(0)
+    # grpc rounds deadlines on the wire (3 s arrives as ~3.01 s), hence the slack.
+    assert 0 < bounded.search_ms <= 3100
+    assert unbounded.search_ms == -1.0
+
+
+async def test_sigint_stops_the_server_gracefully(start):
+    server = await start()
+    serving = asyncio.create_task(serve_until_signal(server, grace=1.0))
+    await asyncio.sleep(0.1)  # let it install its handlers
+    os.kill(os.getpid(), signal.SIGINT)
+    await asyncio.wait_for(serving, timeout=10)
+    assert not server.health.serving
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await search(server.port, "x")
+    assert info.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
 async def test_stock_grpcurl_lists_services_and_checks_health(start):
     server = await start()
     address = f"127.0.0.1:{server.port}"
@@ -263,9 +307,7 @@ async def test_stock_grpcurl_lists_services_and_checks_health(start):
     assert listed.returncode == 0, listed.stderr
     assert {RETRIEVAL, INSPECTION, "grpc.health.v1.Health"} <= set(listed.stdout.split())
     await server.health.set_serving(True)
-    checked = await asyncio.to_thread(
-        grpcurl, "-plaintext", "-d", "{}", address, "grpc.health.v1.Health/Check"
-    )
+    checked = await asyncio.to_thread(grpcurl, "-plaintext", "-d", "{}", address, "grpc.health.v1.Health/Check")
     assert checked.returncode == 0, checked.stderr
     assert json.loads(checked.stdout) == {"status": "SERVING"}
 

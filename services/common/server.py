@@ -51,9 +51,7 @@ class HealthState:
         self.serving = False
 
     async def set_serving(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in self.service_names:
             await self.servicer.set(name, status)
         self.serving = serving
@@ -123,9 +121,7 @@ async def start_server(
     health = HealthState(service_names)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     await health.set_serving(False)
-    reflection.enable_server_reflection(
-        [*service_names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server
-    )
+    reflection.enable_server_reflection([*service_names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server)
 
     address = _bind_address(cfg.host, cfg.port)
     try:
@@ -159,11 +155,12 @@ async def serve_until_signal(running: RunningServer, grace: float) -> None:
         stopped = asyncio.create_task(stop.wait())
         terminated = asyncio.create_task(running.wait_for_termination())
         await asyncio.wait({stopped, terminated}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (stopped, terminated):
-            task.cancel()
+        stopped.cancel()
         if stop.is_set():
             logger.info("signal received; stopping with %.1fs grace", grace)
             await running.stop(grace)
+        # Never cancel this one: grpc's wait_for_termination awaits the very future that stop() completes.
+        await terminated
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
