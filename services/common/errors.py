@@ -48,11 +48,7 @@ def details_for(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return f"timed out: {exc}" if str(exc) else "timed out waiting for an upstream step"
     rid = request_id_var.get()
-    return (
-        f"internal error; see the server log for request id {rid}"
-        if rid
-        else "internal error; see server log"
-    )
+    return f"internal error; see the server log for request id {rid}" if rid else "internal error; see server log"
 
 
 async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:

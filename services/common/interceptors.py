@@ -162,11 +162,7 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
-        if (
-            handler is None
-            or not self._tokens
-            or handler_call_details.method.startswith(AUTH_EXEMPT_PREFIXES)
-        ):
+        if handler is None or not self._tokens or handler_call_details.method.startswith(AUTH_EXEMPT_PREFIXES):
             return handler
         reason = self._rejection(handler_call_details.invocation_metadata)
         if reason is None:

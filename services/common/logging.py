@@ -24,9 +24,7 @@ def _context_adder(role: str) -> structlog.types.Processor:
     return add_context
 
 
-def configure_logging(
-    level: str = "INFO", json: bool = True, role: str = "", stream: TextIO | None = None
-) -> None:
+def configure_logging(level: str = "INFO", json: bool = True, role: str = "", stream: TextIO | None = None) -> None:
     """Routes stdlib and structlog records to `stream` (stderr) as JSON lines (console text if not json).
 
     Each line carries timestamp, level, logger, event, role and the current request id. Calling it again

@@ -14,18 +14,14 @@ logger = logging.getLogger(__name__)
 # 1 ms (a loopback unary) .. 60 s (a long generation stream).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
-RPC_REQUESTS = Counter(
-    "edgeinspect_rpc_requests", "RPCs handled, by final status code", ["role", "method", "code"]
-)
+RPC_REQUESTS = Counter("edgeinspect_rpc_requests", "RPCs handled, by final status code", ["role", "method", "code"])
 RPC_LATENCY = Histogram(
     "edgeinspect_rpc_latency_seconds",
     "RPC handling time (whole stream for streams)",
     ["role", "method"],
     buckets=LATENCY_BUCKETS,
 )
-WIRE_BYTES = Counter(
-    "edgeinspect_wire_bytes", "tensor payload bytes on the wire", ["role", "codec", "direction"]
-)
+WIRE_BYTES = Counter("edgeinspect_wire_bytes", "tensor payload bytes on the wire", ["role", "codec", "direction"])
 TOKENS = Counter("edgeinspect_tokens", "tokens generated or processed", ["role"])
 KV_SESSIONS = Gauge("edgeinspect_kv_sessions", "sessions holding a KV cache", ["role"])
 KV_BYTES = Gauge("edgeinspect_kv_bytes", "bytes held by KV caches", ["role"])
