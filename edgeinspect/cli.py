@@ -9,6 +9,7 @@ import typer
 
 from edgeinspect.models.cli import app as model_app
 from edgeinspect.models.planner_cli import plan_command
+from edgeinspect.rag.cli import app as kb_app
 from edgeinspect.services.deploy.cli import app as deploy_app
 from edgeinspect.services.deploy.healthcheck import healthcheck_command
 from edgeinspect.services.ingest.cli import ingest_command
@@ -23,6 +24,7 @@ app.add_typer(model_app, name="model", help="Checkpoints: generate a tiny one, i
 app.command("plan")(plan_command)
 app.add_typer(deploy_app, name="deploy", help="Plant inventory -> compose files, role settings, k3s manifests.")
 app.command("healthcheck")(healthcheck_command)
+app.add_typer(kb_app, name="kb", help="Knowledge base of defect specs: index a folder, search, stats, verify.")
 app.command("ingest")(ingest_command)
 
 
