@@ -1,0 +1,69 @@
+"""Runs the vision node: bind, load the backend off the event loop, canary, then SERVING."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from edgeinspect.config import VisionSettings
+from edgeinspect.errors import EdgeInspectError
+from edgeinspect.services.common.logging import configure_logging
+from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
+from edgeinspect.services.vision.encoder import VisionEncoder
+from edgeinspect.services.vision.servicer import ROLE, VisionServicer
+from edgeinspect.v1 import vision_pb2, vision_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = vision_pb2.DESCRIPTOR.services_by_name["VisionService"].full_name
+
+
+def _load_and_check(cfg: VisionSettings) -> VisionEncoder:
+    encoder = VisionEncoder.load(cfg)
+    try:
+        encoder.canary()
+    except BaseException:
+        encoder.close()
+        raise
+    return encoder
+
+
+async def start_vision(cfg: VisionSettings) -> tuple[RunningServer, VisionServicer]:
+    """Binds the port (health NOT_SERVING), loads the model in a thread, then flips health to SERVING."""
+    servicer = VisionServicer()
+    running = await start_server(
+        [lambda s: vision_pb2_grpc.add_VisionServiceServicer_to_server(servicer, s)],
+        [SERVICE_NAME],
+        cfg.server,
+        role=ROLE,
+    )
+    try:
+        # In a thread: health checks and reflection keep answering during a load that takes seconds.
+        servicer.encoder = await asyncio.to_thread(_load_and_check, cfg)
+    except BaseException:
+        await running.stop(0)
+        raise
+    await running.health.set_serving(True)
+    return running, servicer
+
+
+async def serve(cfg: VisionSettings) -> None:
+    """Serves VisionService until SIGINT/SIGTERM."""
+    running, servicer = await start_vision(cfg)
+    try:
+        await serve_until_signal(running, cfg.server.grace_s)
+    finally:
+        if servicer.encoder is not None:
+            servicer.encoder.close()
+
+
+def main(config_path: Path | None = None) -> None:
+    """Process entry: settings from the YAML file + environment, JSON logs, serve; exit 1 on a startup error."""
+    cfg = VisionSettings.load(config_path)
+    configure_logging(cfg.log_level, cfg.log_json, role=ROLE)
+    try:
+        asyncio.run(serve(cfg))
+    except EdgeInspectError as exc:
+        log.error("vision node cannot start: %s", exc)
+        raise SystemExit(1) from exc
