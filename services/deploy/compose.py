@@ -8,17 +8,22 @@ from edgeinspect.services.deploy.inventory import Box, Inventory, Role
 from edgeinspect.services.deploy.topology import Instance
 
 CONFIG_DIR = "/etc/edgeinspect"
-SECRET_NAME = "api_tokens"
-SECRET_FILE = "./secrets/api_tokens.json"
 # The image's entrypoint exports every /run/secrets/EDGEINSPECT_* file as the variable of that name, so the
 # settings classes read secrets from the environment and they never land in an image or a rendered YAML.
-TOKENS_ENV = "EDGEINSPECT_API_TOKENS"
+TOKENS_ENV = "EDGEINSPECT_API_TOKENS"  # gateway: JSON list of accepted bearer tokens
+TOKEN_ENV = "EDGEINSPECT_API_TOKEN"  # ingest: the one token it presents
+# compose secret name -> (file on the box, variable it becomes)
+SECRETS = {
+    "api_tokens": ("./secrets/api_tokens.json", TOKENS_ENV),
+    "ingest_token": ("./secrets/ingest_token", TOKEN_ENV),
+}
+SECRET_OF_ROLE = {Role.gateway: "api_tokens", Role.ingest: "ingest_token"}
 HAILO_DEVICE = "/dev/hailo0"
 
 
 def config_file(inst: Instance) -> str:
-    """The instance's settings file (ingest: its cameras file, written by the plant engineer)."""
-    return f"{inst.service}-cameras.yaml" if inst.role is Role.ingest else f"{inst.service}.yaml"
+    """The instance's settings file (ingest: the plant engineer's cameras file, completed by the renderer)."""
+    return f"{inst.service}.yaml"
 
 
 def image_for(inv: Inventory, box: Box, role: Role) -> str:
@@ -31,7 +36,8 @@ def _bind(source: str, target: str, read_only: bool) -> dict[str, Any]:
 
 def _volumes(inv: Inventory, inst: Instance) -> list[dict[str, Any]]:
     plant = inv.plant
-    vols = [_bind(f"./config/{config_file(inst)}", f"{CONFIG_DIR}/{config_file(inst)}", True)]
+    # The whole folder: an ingest camera's background picture sits beside its cameras file.
+    vols = [_bind("./config", CONFIG_DIR, True)]
     ckpt = str(plant.data_dir / "checkpoints")
     if inst.role in (Role.vision, Role.stage, Role.gateway):
         vols.append(_bind(ckpt, ckpt, True))
@@ -41,10 +47,14 @@ def _volumes(inv: Inventory, inst: Instance) -> list[dict[str, Any]]:
         vols.append(_bind(str(plant.kb_dir), str(plant.kb_dir), True))
     if inst.role is Role.gateway:
         vols.append(_bind(str(plant.reports_dir), str(plant.reports_dir), False))
+    if inst.role is Role.ingest:
+        vols.append(_bind(str(plant.frames_dir), str(plant.frames_dir), False))
     return vols
 
 
-def _service(inv: Inventory, inst: Instance, local: list[Instance], publish: bool) -> dict[str, Any]:
+def _service(
+    inv: Inventory, inst: Instance, local: list[Instance], publish: bool, client_ports: list[int]
+) -> dict[str, Any]:
     if inst.role is Role.ingest:
         command = ["ingest", "--config", f"{CONFIG_DIR}/{config_file(inst)}"]
     else:
@@ -56,12 +66,13 @@ def _service(inv: Inventory, inst: Instance, local: list[Instance], publish: boo
         "init": True,
         "environment": {"HF_HUB_OFFLINE": "1"},
     }
-    ports = [p for p in (inst.port, inst.metrics_port) if p]
+    ports = [p for p in (inst.port, inst.metrics_port, *client_ports) if p]
     if ports and (publish or inst.role is Role.gateway):
         svc["ports"] = [f"{p}:{p}" for p in ports]
     svc["volumes"] = _volumes(inv, inst)
-    if inst.role in (Role.gateway, Role.ingest):
-        svc["secrets"] = [{"source": SECRET_NAME, "target": TOKENS_ENV}]
+    if inst.role in SECRET_OF_ROLE:
+        name = SECRET_OF_ROLE[inst.role]
+        svc["secrets"] = [{"source": name, "target": SECRETS[name][1]}]
     if inst.role is Role.vision and inst.box.hailo:
         svc["devices"] = [f"{HAILO_DEVICE}:{HAILO_DEVICE}"]
     if inst.port:
@@ -91,14 +102,16 @@ def _depends_on(inst: Instance, local: list[Instance]) -> list[str]:
     return [i.service for i in local if i.role in wanted and i is not inst]
 
 
-def compose_project(inv: Inventory, name: str, local: list[Instance], publish: bool) -> dict[str, Any]:
-    """A compose document for `local` instances; `publish` exposes every gRPC/metrics port on the host."""
-    doc: dict[str, Any] = {
-        "name": name,
-        "services": {i.service: _service(inv, i, local, publish) for i in local},
-    }
-    if any(i.role in (Role.gateway, Role.ingest) for i in local):
-        doc["secrets"] = {SECRET_NAME: {"file": SECRET_FILE}}
+def compose_project(
+    inv: Inventory, name: str, local: list[Instance], publish: bool, client_ports: dict[str, list[int]]
+) -> dict[str, Any]:
+    """A compose document for `local` instances; `publish` exposes every gRPC/metrics port on the host
+    (`client_ports`: ports of clients such as ingest's trigger endpoint, by service)."""
+    services = {i.service: _service(inv, i, local, publish, client_ports.get(i.service, [])) for i in local}
+    doc: dict[str, Any] = {"name": name, "services": services}
+    used = [SECRET_OF_ROLE[i.role] for i in local if i.role in SECRET_OF_ROLE]
+    if used:
+        doc["secrets"] = {n: {"file": SECRETS[n][0]} for n in sorted(set(used))}
     return doc
 
 

@@ -95,6 +95,7 @@ class ModelSizes(BaseModel):
     vocab_size: int = Field(102400, gt=0)
     num_attention_heads: int = Field(16, gt=0)
     num_key_value_heads: int = Field(16, gt=0)
+    vision_hidden_size: int = Field(1024, ge=0, description="vision tower width (stage 0 holds the aligner)")
 
 
 class Plant(BaseModel):
@@ -109,7 +110,7 @@ class Plant(BaseModel):
     )
     data_dir: Path = Field(
         Path("/var/lib/edgeinspect"),
-        description="on every box (and inside the containers, same path): checkpoints/ kb/ reports/ cache/",
+        description="on every box (and inside the containers, same path): checkpoints/ kb/ reports/ cache/ frames/",
     )
     checkpoint: str = Field(..., description="checkpoint folder name under data_dir/checkpoints")
     vision_hef: str | None = Field(None, description="compiled Hailo HEF under data_dir/checkpoints (Hailo boxes)")
@@ -118,6 +119,7 @@ class Plant(BaseModel):
     zstd: bool = Field(False, description="zstd on top of the codec")
     chained: bool = Field(False, description="stages forward to each other instead of via the gateway")
     max_new_tokens: int = Field(128, gt=0)
+    kv_budget_mb: int = Field(1024, gt=0, description="KV cache each decoder stage may hold across sessions")
     api_tokens_secret: str = Field(
         "edgeinspect-api-tokens",
         pattern=r"^[a-z0-9]([a-z0-9-]{0,60}[a-z0-9])?$",
@@ -138,6 +140,11 @@ class Plant(BaseModel):
     @property
     def reports_dir(self) -> Path:
         return self.data_dir / "reports"
+
+    @property
+    def frames_dir(self) -> Path:
+        """Writable: frames the ingest role saved with their reports."""
+        return self.data_dir / "frames"
 
     @property
     def cache_dir(self) -> Path:

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgeinspect.services.deploy.compose import CONFIG_DIR, HAILO_DEVICE, TOKENS_ENV, config_file, image_for
+from edgeinspect.services.deploy.compose import (
+    CONFIG_DIR,
+    HAILO_DEVICE,
+    SECRET_OF_ROLE,
+    SECRETS,
+    config_file,
+    image_for,
+)
 from edgeinspect.services.deploy.inventory import Inventory, Role
 from edgeinspect.services.deploy.topology import Instance
 
@@ -39,7 +46,7 @@ def _storage(inv: Inventory, inst: Instance) -> tuple[list[dict[str, Any]], list
         Role.stage: [("checkpoints", "Directory", True)],
         Role.gateway: [("checkpoints", "Directory", True), ("reports", "DirectoryOrCreate", False)],
         Role.retrieval: [("kb", "Directory", True)],
-        Role.ingest: [],
+        Role.ingest: [("frames", "DirectoryOrCreate", False)],
     }[inst.role]
     for name, kind, ro in wanted:
         path = str(plant.data_dir / name)
@@ -57,9 +64,10 @@ def _container(inv: Inventory, inst: Instance, mounts: list[dict[str, Any]]) -> 
     else:
         args = ["serve", inst.role.value, "--config", f"{CONFIG_DIR}/{config_file(inst)}"]
     env: list[dict[str, Any]] = [{"name": "HF_HUB_OFFLINE", "value": "1"}]
-    if inst.role in (Role.gateway, Role.ingest):
-        ref = {"name": inv.plant.api_tokens_secret, "key": TOKENS_ENV}
-        env.append({"name": TOKENS_ENV, "valueFrom": {"secretKeyRef": ref}})
+    if inst.role in SECRET_OF_ROLE:
+        var = SECRETS[SECRET_OF_ROLE[inst.role]][1]
+        ref = {"name": inv.plant.api_tokens_secret, "key": var}
+        env.append({"name": var, "valueFrom": {"secretKeyRef": ref}})
     c: dict[str, Any] = {
         "name": inst.role.value,
         "image": image_for(inv, inst.box, inst.role),
@@ -149,7 +157,8 @@ def kustomization(inv: Inventory, resources: list[str]) -> dict[str, Any]:
         "kind": "Kustomization",
         "namespace": f"edgeinspect-{inv.plant.name}",
         "resources": resources,
-        # secrets.env (not rendered, never committed) holds EDGEINSPECT_API_TOKENS=["...", ...].
+        # secrets.env (not rendered, never committed): EDGEINSPECT_API_TOKENS=["...", ...] for the gateway and
+        # EDGEINSPECT_API_TOKEN=... for ingest.
         "secretGenerator": [{"name": inv.plant.api_tokens_secret, "envs": ["secrets.env"]}],
     }
 

@@ -6,13 +6,14 @@ with a fresh rendering; `write` puts the files on disk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
+from edgeinspect.config import RoleSettings
 from edgeinspect.services.deploy import compose, k8s
 from edgeinspect.services.deploy.inventory import Inventory, Role
-from edgeinspect.services.deploy.settings import role_settings, settings_yaml
+from edgeinspect.services.deploy.settings import ingest_settings, role_settings, settings_yaml
 from edgeinspect.services.deploy.topology import Addressing, Instance, StagePlacement, instances
 
 ALL_IN_ONE = "all-in-one"
@@ -43,17 +44,36 @@ def _plan_lines(stages: list[StagePlacement]) -> str:
     return "\n".join(f"stage-{s.index}: layers [{s.layer_start}, {s.layer_end}) on {s.box.name}" for s in stages)
 
 
-def _settings_files(
+def _settings(
     inv: Inventory, local: list[Instance], everyone: list[Instance], addressing: Addressing, cameras: dict[str, str]
-) -> dict[str, str]:
-    """{file name: YAML} for every instance in `local`; peers (any of `everyone`) named by `addressing`."""
+) -> dict[str, RoleSettings]:
+    """{service: settings} for every instance in `local`; peers (any of `everyone`) named by `addressing`."""
     out = {}
     for inst in local:
         if inst.role is Role.ingest:
-            out[compose.config_file(inst)] = cameras[inst.box.name]
-            continue
-        s = role_settings(inv, inst, everyone, addressing)
-        out[compose.config_file(inst)] = settings_yaml(s, _header(inv, f"{inst.service} settings on {inst.box.name}"))
+            out[inst.service] = ingest_settings(inv, inst, everyone, addressing, cameras[inst.box.name])
+        else:
+            out[inst.service] = role_settings(inv, inst, everyone, addressing)
+    return out
+
+
+def _settings_files(inv: Inventory, local: list[Instance], settings: dict[str, RoleSettings]) -> dict[str, str]:
+    return {
+        compose.config_file(i): settings_yaml(
+            settings[i.service], _header(inv, f"{i.service} settings on {i.box.name}")
+        )
+        for i in local
+    }
+
+
+def _client_ports(settings: dict[str, RoleSettings]) -> dict[str, list[int]]:
+    """Ports clients listen on themselves (ingest: trigger endpoint and metrics), to publish on the box."""
+    out = {}
+    for service, s in settings.items():
+        trigger = getattr(s, "trigger", None)
+        ports = [trigger.port if trigger is not None else None, s.server.metrics_port]
+        if service.startswith("ingest-"):
+            out[service] = [p for p in ports if p]
     return out
 
 
@@ -61,16 +81,21 @@ def _compose_files(inv: Inventory, insts: list[Instance], plan: str, cameras: di
     files: dict[str, str] = {}
     for box in inv.boxes:
         local = [i for i in insts if i.box.name == box.name]
-        doc = compose.compose_project(inv, f"edgeinspect-{inv.plant.name}-{box.name}", local, publish=True)
+        settings = _settings(inv, local, insts, Addressing.box, cameras)
+        name = f"edgeinspect-{inv.plant.name}-{box.name}"
+        doc = compose.compose_project(inv, name, local, publish=True, client_ports=_client_ports(settings))
         head = _header(inv, f"Compose file for box {box.name} ({box.address})") + "\n" + plan
         files[f"{box.name}/compose.yaml"] = compose.compose_yaml(doc, head)
-        for name, text in _settings_files(inv, local, insts, Addressing.box, cameras).items():
+        for name, text in _settings_files(inv, local, settings).items():
             files[f"{box.name}/config/{name}"] = text
-    # The all-in-one keeps the plan's layer ranges and codec, so a pilot on one machine behaves as the plant does.
-    doc = compose.compose_project(inv, f"edgeinspect-{inv.plant.name}", insts, publish=False)
+    # The all-in-one keeps the plan's layer ranges and codec, so a pilot on one machine behaves as the plant does;
+    # its vision runs on the CPU (ONNX Runtime): the machine a pilot runs on rarely has the Hailo box's accelerator.
+    insts = [replace(i, box=i.box.model_copy(update={"hailo": False})) for i in insts]
+    settings = _settings(inv, insts, insts, Addressing.service, cameras)
+    doc = compose.compose_project(inv, f"edgeinspect-{inv.plant.name}", insts, publish=False, client_ports={})
     head = _header(inv, "All-in-one compose file (every role on one machine)") + "\n" + plan
     files[f"{ALL_IN_ONE}/compose.yaml"] = compose.compose_yaml(doc, head)
-    for name, text in _settings_files(inv, insts, insts, Addressing.service, cameras).items():
+    for name, text in _settings_files(inv, insts, settings).items():
         files[f"{ALL_IN_ONE}/config/{name}"] = text
     return files
 
@@ -79,7 +104,7 @@ def _k8s_files(inv: Inventory, insts: list[Instance], plan: str, cameras: dict[s
     import yaml
 
     head = "".join(f"# {line}\n" for line in (_header(inv, "Kubernetes (k3s) manifests") + "\n" + plan).splitlines())
-    configs = _settings_files(inv, insts, insts, Addressing.service, cameras)
+    configs = _settings_files(inv, insts, _settings(inv, insts, insts, Addressing.service, cameras))
     docs = {"namespace.yaml": [k8s.namespace(inv)], "configmap.yaml": [k8s.configmap(inv, configs)]}
     for inst in insts:
         objs = [k8s.deployment(inv, inst)]

@@ -56,6 +56,7 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             "layer_start": st.layer_start,
             "layer_end": st.layer_end,
             "weights": plant.weights,
+            "kv_budget_mb": plant.kv_budget_mb,
         }
         if plant.chained and st.index + 1 < len(stages):
             data["next_stage"] = stages[st.index + 1].address(addressing)
@@ -79,6 +80,26 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             data["retrieval"] = by_role[Role.retrieval].address(addressing)
         return _isolated(GatewaySettings, data)
     raise ValueError(f"role {inst.role} has no settings class")
+
+
+def ingest_settings(
+    inv: Inventory, inst: Instance, everyone: list[Instance], addressing: Addressing, cameras_yaml: str
+) -> RoleSettings:
+    """The plant engineer's cameras file with the gateway address, frames folder and log level filled in; its
+    token is dropped (it comes from EDGEINSPECT_API_TOKEN at start)."""
+    import yaml
+
+    from edgeinspect.services.ingest.config import IngestSettings
+
+    data = yaml.safe_load(cameras_yaml) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"box {inst.box.name}: the cameras file is not a mapping")
+    data.pop("api_token", None)
+    (gateway,) = [i for i in everyone if i.role is Role.gateway]
+    data["gateway"] = gateway.address(addressing)
+    data["frames_dir"] = str(inv.plant.frames_dir)
+    data.setdefault("log_level", inv.plant.log_level)
+    return _isolated(IngestSettings, data)
 
 
 def settings_yaml(settings: RoleSettings, header: str) -> str:

@@ -1,0 +1,94 @@
+"""The kustomize base for k3s: valid manifests (offline schema check), probes on grpc.health.v1, one Deployment
+per layer range pinned to its box, configuration and secrets wired by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from edgeinspect.config import GatewaySettings, StageSettings
+from edgeinspect.services.deploy import render
+from edgeinspect.services.deploy.inventory import load_inventory
+from edgeinspect.services.deploy.planning import plan_stages
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "compose" / "plant.example.yaml"
+K8S_VERSION = "1.33.0"
+
+
+@pytest.fixture(scope="module")
+def manifests(tmp_path_factory) -> tuple[Path, list[dict]]:
+    inv = load_inventory(EXAMPLE)
+    cams = {"cell-pi": (REPO / "compose" / "cameras.example.yaml").read_text()}
+    out = tmp_path_factory.mktemp("k8s")
+    render.write(render.render(inv, plan_stages(inv), render.Target.k8s, cams), out)
+    docs = []
+    for path in sorted((out / "k8s").glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return out / "k8s", docs
+
+
+def of_kind(docs: list[dict], kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def test_every_manifest_validates_offline_against_the_kubernetes_schema(manifests):
+    _, docs = manifests
+    assert {d["kind"] for d in docs} == {"Namespace", "ConfigMap", "Deployment", "Service"}
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_validator_rejects_a_misspelled_probe(manifests):
+    _, docs = manifests
+    bad = yaml.safe_load(yaml.safe_dump(of_kind(docs, "Deployment")["gateway"]))
+    bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"] = {"grcp": {"port": 50051}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def test_one_deployment_per_layer_range_with_grpc_probes_pinned_to_its_box(manifests):
+    _, docs = manifests
+    deployments = of_kind(docs, "Deployment")
+    config = of_kind(docs, "ConfigMap")["edgeinspect-config"]["data"]
+    stages = sorted(n for n in deployments if n.startswith("stage-"))
+    assert stages == ["stage-0", "stage-1"]
+    ranges = []
+    for name in stages:
+        pod = deployments[name]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        port = container["ports"][0]["containerPort"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"] == {"port": port}
+        assert set(pod["nodeSelector"]) == {"edgeinspect.io/box-type", "kubernetes.io/hostname"}
+        cfg_name = Path(container["args"][container["args"].index("--config") + 1]).name
+        settings = StageSettings.model_validate(yaml.safe_load(config[cfg_name]))
+        assert settings.server.port == port
+        ranges.append((settings.layer_start, settings.layer_end))
+    assert ranges[0][0] == 0 and ranges[-1][1] == 24 and ranges[0][1] == ranges[1][0]
+    assert deployments["vision"]["spec"]["template"]["spec"]["nodeSelector"]["edgeinspect.io/box-type"] == "rpi5-hailo"
+
+
+def test_gateway_reaches_every_peer_through_a_service_and_tokens_come_from_the_secret(manifests):
+    root, docs = manifests
+    services = of_kind(docs, "Service")
+    config = of_kind(docs, "ConfigMap")["edgeinspect-config"]["data"]
+    gateway = GatewaySettings.model_validate(yaml.safe_load(config["gateway.yaml"]))
+    for address in [gateway.vision, gateway.retrieval, *gateway.stages]:
+        name, port = address.split(":")
+        assert int(port) in [p["port"] for p in services[name]["spec"]["ports"]], address
+        selector = services[name]["spec"]["selector"]
+        pod_labels = of_kind(docs, "Deployment")[name]["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= pod_labels.items()
+    kust = yaml.safe_load((root / "kustomization.yaml").read_text())
+    assert sorted(kust["resources"]) == sorted(p.name for p in root.glob("*.yaml") if p.name != "kustomization.yaml")
+    (generated,) = kust["secretGenerator"]
+    for name in ("gateway", "ingest-cell-pi"):
+        env = of_kind(docs, "Deployment")[name]["spec"]["template"]["spec"]["containers"][0]["env"]
+        refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in env if "valueFrom" in e]
+        assert refs == [generated["name"]]
+    assert "api_tokens" not in config["gateway.yaml"]

@@ -1,0 +1,205 @@
+"""Inventory -> compose files and role settings: schema-valid, every reference resolves, secrets stay out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edgeinspect.config import GatewaySettings, RetrievalSettings, StageSettings, VisionSettings
+from edgeinspect.services.deploy import render
+from edgeinspect.services.deploy.inventory import Inventory, Role, load_inventory
+from edgeinspect.services.deploy.topology import StagePlacement
+from edgeinspect.services.ingest.config import IngestSettings
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "compose" / "plant.example.yaml"
+SETTINGS = {
+    "vision": VisionSettings,
+    "stage": StageSettings,
+    "retrieval": RetrievalSettings,
+    "gateway": GatewaySettings,
+}
+ROLE_CLASSES = {**SETTINGS, "ingest": IngestSettings}
+BIN = Path(sys.executable).parent
+CAMERAS = (REPO / "compose" / "cameras.example.yaml").read_text()
+
+
+def placements(inv: Inventory, splits: list[int]) -> list[StagePlacement]:
+    """Stage k on the k-th decoder box, layers [splits[k], splits[k+1])."""
+    boxes = inv.boxes_with(Role.stage)
+    return [StagePlacement(k, boxes[k], splits[k], splits[k + 1]) for k in range(len(boxes))]
+
+
+@pytest.fixture
+def example() -> Inventory:
+    return load_inventory(EXAMPLE)
+
+
+@pytest.fixture
+def rendered(example, tmp_path) -> Path:
+    cams = {"cell-pi": CAMERAS}
+    r = render.render(example, placements(example, [0, 14, 24]), render.Target.compose, cams)
+    render.write(r, tmp_path)
+    return tmp_path
+
+
+def compose_files(root: Path) -> list[Path]:
+    return sorted(root.glob("*/compose.yaml"))
+
+
+def test_rendered_compose_files_validate_against_the_compose_spec(rendered):
+    files = compose_files(rendered)
+    assert len(files) == 4  # three boxes + all-in-one
+    done = subprocess.run(
+        [BIN / "check-jsonschema", "--builtin-schema", "vendor.compose-spec", *files], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_compose_spec_check_rejects_a_broken_file(tmp_path):
+    bad = tmp_path / "compose.yaml"
+    bad.write_text("services:\n  gateway:\n    image: x\n    depends_on: {vision: {condition: when_ready}}\n")
+    done = subprocess.run(
+        [BIN / "check-jsonschema", "--builtin-schema", "vendor.compose-spec", bad], capture_output=True, text=True
+    )
+    assert done.returncode != 0
+
+
+def _config_of(service: dict) -> str:
+    command = service["command"]
+    return command[command.index("--config") + 1]
+
+
+def test_every_depends_on_volume_secret_and_config_reference_resolves(rendered, example):
+    for path in compose_files(rendered):
+        doc = yaml.safe_load(path.read_text())
+        services = doc["services"]
+        for name, svc in services.items():
+            for dep in svc.get("depends_on", {}):
+                assert dep in services, f"{path}: {name} depends on missing {dep}"
+                assert "healthcheck" in services[dep], f"{path}: {dep} has no healthcheck to wait on"
+            targets = set()
+            for vol in svc["volumes"]:
+                targets.add(vol["target"])
+                if vol["type"] == "volume":
+                    assert vol["source"] in doc.get("volumes", {}), f"{path}: undeclared volume {vol['source']}"
+                elif vol["source"].startswith("./"):
+                    assert (path.parent / vol["source"]).exists(), f"{path}: {vol['source']} was not rendered"
+                else:
+                    assert Path(vol["source"]).is_relative_to(example.plant.data_dir), vol["source"]
+            config = Path(_config_of(svc))
+            assert str(config.parent) in targets, f"{path}: {name}'s --config folder is not mounted"
+            assert (path.parent / "config" / config.name).is_file(), f"{path}: {config.name} was not rendered"
+            for secret in svc.get("secrets", []):
+                assert secret["source"] in doc["secrets"], f"{path}: undeclared secret {secret['source']}"
+                field = secret["target"].removeprefix("EDGEINSPECT_").lower()
+                role_settings = ROLE_CLASSES[name.split("-")[0]]
+                assert field in role_settings.model_fields, f"{path}: {secret['target']} sets no setting of {name}"
+            port = svc.get("healthcheck", {}).get("test", [None])[-1]
+            if port:
+                role_file = path.parent / "config" / Path(_config_of(svc)).name
+                assert port.endswith(f":{yaml.safe_load(role_file.read_text())['server']['port']}")
+        for secret in doc.get("secrets", {}).values():
+            assert secret["file"].startswith("./secrets/")
+
+
+def _served_by_boxes(root: Path) -> dict[str, str]:
+    """{box:port: service} of every server the per-box compose files in `root` run and publish."""
+    out = {}
+    for path in compose_files(root):
+        if path.parent.name == render.ALL_IN_ONE:
+            continue
+        doc = yaml.safe_load(path.read_text())
+        box = path.parent.name
+        for name, svc in doc["services"].items():
+            if svc["command"][0] != "serve":
+                continue
+            cfg = yaml.safe_load((path.parent / "config" / Path(_config_of(svc)).name).read_text())
+            port = cfg["server"]["port"]
+            assert cfg["server"]["host"] == "0.0.0.0"
+            assert f"{port}:{port}" in svc["ports"], f"{box}/{name} does not publish {port}"
+            out[f"{box}:{port}"] = name
+    return out
+
+
+def test_every_address_in_the_settings_reaches_the_role_it_names(rendered, example):
+    address_of = {b.name: b.address for b in example.boxes}
+    served = {}
+    for key, service in _served_by_boxes(rendered).items():
+        box, port = key.split(":")
+        served[f"{address_of[box]}:{port}"] = service
+    gateway = GatewaySettings.load(rendered / "line-server" / "config" / "gateway.yaml")
+    assert served[gateway.vision] == "vision"
+    assert served[gateway.retrieval] == "retrieval"
+    assert [served[s] for s in gateway.stages] == ["stage-0", "stage-1"]
+    assert gateway.codec.value == example.plant.codec.value
+
+
+def test_all_in_one_names_peers_by_service_and_publishes_only_the_gateway(rendered):
+    doc = yaml.safe_load((rendered / "all-in-one" / "compose.yaml").read_text())
+    published = [n for n, s in doc["services"].items() if "ports" in s]
+    assert published == ["gateway"]
+    gateway = GatewaySettings.load(rendered / "all-in-one" / "config" / "gateway.yaml")
+    for address in [gateway.vision, gateway.retrieval, *gateway.stages]:
+        name, port = address.split(":")
+        cfg = yaml.safe_load((rendered / "all-in-one" / "config" / f"{name}.yaml").read_text())
+        assert name in doc["services"] and cfg["server"]["port"] == int(port)
+
+
+def test_rendered_settings_load_with_the_role_classes_and_cover_every_layer(rendered, example):
+    ranges = []
+    for path in sorted(rendered.glob("[!a]*/config/*.yaml")):
+        role = path.stem.split("-")[0]
+        settings = ROLE_CLASSES[role].load(path)
+        if role == "ingest":
+            assert settings.gateway == "10.20.7.10:50051"
+            continue
+        assert settings.server.port > 0
+        if role == "stage":
+            ranges.append((settings.layer_start, settings.layer_end))
+            assert settings.weights.value == example.plant.weights.value
+    assert sorted(ranges) == [(0, 14), (14, 24)]
+
+
+def test_chained_plant_points_each_stage_at_the_next(example, tmp_path):
+    chained = example.model_copy(update={"plant": example.plant.model_copy(update={"chained": True})})
+    r = render.render(chained, placements(chained, [0, 10, 24]), render.Target.compose, {"cell-pi": CAMERAS})
+    render.write(r, tmp_path)
+    first = StageSettings.load(tmp_path / "jetson-a" / "config" / "stage-0.yaml")
+    last = StageSettings.load(tmp_path / "line-server" / "config" / "stage-1.yaml")
+    assert first.next_stage == "10.20.7.10:50061"
+    assert last.next_stage is None
+
+
+def test_secrets_and_the_renderers_environment_stay_out_of_rendered_files(example, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEINSPECT_API_TOKENS", '["sentinel-token-5f2c"]')
+    monkeypatch.setenv("EDGEINSPECT_LOG_LEVEL", "DEBUG")
+    r = render.render(example, placements(example, [0, 14, 24]), render.Target.all, {"cell-pi": CAMERAS})
+    for rel, text in r.files.items():
+        assert "sentinel-token-5f2c" not in text, rel
+        assert "DEBUG" not in text, rel
+    monkeypatch.delenv("EDGEINSPECT_API_TOKENS")
+    render.write(r, tmp_path)
+    assert GatewaySettings.load(tmp_path / "line-server" / "config" / "gateway.yaml").api_tokens == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["boxes"][2]["roles"].remove("gateway"), r"exactly 1 box\(es\) with role gateway"),
+        (lambda d: d["boxes"][1].update(address="10.20.7.10"), "addresses must be unique"),
+        (lambda d: d["plant"].pop("vision_hef"), "vision_hef"),
+        (lambda d: d["boxes"][0].pop("cameras"), "cameras"),
+        (lambda d: d["boxes"][1].update(memory_gb=1), "leaves nothing for a stage"),
+    ],
+)
+def test_inventory_mistakes_are_refused_with_a_reason(edit, message):
+    data = yaml.safe_load(EXAMPLE.read_text())
+    edit(data)
+    with pytest.raises(ValueError, match=message):
+        inv = Inventory.model_validate(data)
+        [b.stage_budget_bytes() for b in inv.boxes_with(Role.stage)]
