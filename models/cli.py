@@ -80,3 +80,8 @@ def info_command(checkpoint: Path = typer.Argument(..., help="checkpoint folder"
     for k, val in rows:
         table.add_row(k, val)
     Console().print(table)
+
+
+from edgeinspect.models.onnx_export import export_vision_command  # noqa: E402  (vision owner's command)
+
+app.command("export-vision")(export_vision_command)
