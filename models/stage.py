@@ -60,9 +60,7 @@ class StageModule(nn.Module):
     def __init__(self, ckpt: Checkpoint, layers: LayerRange):
         super().__init__()
         cfg = ckpt.text_config
-        cfg._attn_implementation = (
-            "sdpa"  # what from_pretrained picks on CPU: the oracle uses the same kernel
-        )
+        cfg._attn_implementation = "sdpa"  # what from_pretrained picks on CPU: the oracle uses the same kernel
         self.config = cfg
         self.range = layers
         self.image_token_id = ckpt.config.image_token_id
@@ -143,9 +141,7 @@ class StageExecutor:
     def open(self, session_id: str, now: float = 0.0) -> Session:
         sess = self.sessions.get(session_id)
         if sess is None:
-            sess = self.sessions[session_id] = Session(
-                cache=DynamicCache(config=self.module.config), last_used=now
-            )
+            sess = self.sessions[session_id] = Session(cache=DynamicCache(config=self.module.config), last_used=now)
         return sess
 
     def release(self, session_id: str) -> bool:
@@ -165,9 +161,7 @@ class StageExecutor:
         sess = self.sessions.get(session_id)
         if sess is None:
             if inp.position != 0:
-                raise NotFound(
-                    f"session {session_id!r} is unknown here (expired or released); restart it at 0"
-                )
+                raise NotFound(f"session {session_id!r} is unknown here (expired or released); restart it at 0")
             sess = self.open(session_id, now)
         if inp.position != sess.length:
             raise PositionError(
@@ -207,9 +201,7 @@ class StageExecutor:
         m = self.module
         if not self.range.is_first:
             if inp.hidden is None or inp.hidden.dim() != 2 or inp.hidden.shape[1] != m.config.hidden_size:
-                raise InvalidInput(
-                    f"stage {self.range} needs hidden states of shape [T, {m.config.hidden_size}]"
-                )
+                raise InvalidInput(f"stage {self.range} needs hidden states of shape [T, {m.config.hidden_size}]")
             return inp.hidden.to(self.dtype).unsqueeze(0)
         ids = inp.input_ids
         if ids is None or ids.dim() != 1 or ids.numel() == 0:
@@ -220,10 +212,9 @@ class StageExecutor:
         slots = ids == m.image_token_id  # [T]
         n_slots = int(slots.sum())
         if inp.visual_tokens is None:
-            if n_slots:
-                raise InvalidInput(
-                    f"the prompt has {n_slots} image placeholders but no visual tokens were sent"
-                )
+            # A generated token may be the placeholder id: like generate(), embed it plainly after the prompt.
+            if n_slots and inp.position == 0:
+                raise InvalidInput(f"the prompt has {n_slots} image placeholders but no visual tokens were sent")
             return x
         vis = inp.visual_tokens
         expected_dim = m.aligner.linear1.in_features

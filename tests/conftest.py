@@ -1,0 +1,46 @@
+"""Shared fixtures: generated checkpoints (the same code path as a downloaded one), offline hub."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from edgeinspect.models.tiny import TinySpec
+
+
+def pytest_configure(config):
+    # Nothing may reach a model hub: checkpoints are generated folders loaded with local_files_only.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# GQA (4 heads, 2 kv heads) and 5 layers, which 2, 3 and 4 stages do not divide.
+TINY = TinySpec()
+# Multi-head attention, an even layer count, another seed and image size.
+TINY_MHA = TinySpec(layers=6, hidden=96, heads=4, kv_heads=4, intermediate=192, image_size=48, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    from edgeinspect.models.tiny import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("ckpt") / "tiny", TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_mha_checkpoint(tmp_path_factory):
+    from edgeinspect.models.tiny import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("ckpt") / "tiny-mha", TINY_MHA)
+
+
+@pytest.fixture(scope="session")
+def part_images():
+    """The shipped sample part photos, as PIL images."""
+    from PIL import Image
+
+    from edgeinspect.assets import asset_path
+
+    names = ["part_ok.jpg", "part_scratch.jpg", "part_dent.jpg", "part_missing_hole.jpg"]
+    return [Image.open(asset_path(n)).convert("RGB") for n in names]
