@@ -234,10 +234,8 @@ def _decode_raw(raw: bytes, codec: Codec, numel: int, dtype: torch.dtype, name: 
     if codec is Codec.fp32:
         return torch.from_numpy(np.frombuffer(raw, dtype="<f4").copy()).to(dtype)
     if codec is Codec.fp16:
-        x16 = np.frombuffer(raw, dtype="<f2")
-        if dtype is torch.float16:
-            return torch.from_numpy(x16.copy())
-        return torch.from_numpy(x16.astype(np.float32)).to(dtype)
+        # torch widens fp16 ~5x faster than numpy's astype
+        return torch.from_numpy(np.frombuffer(raw, dtype="<f2").copy()).to(dtype)
     blocks = np.frombuffer(raw, dtype=_BLOCK_DTYPE)  # [nb]
     scale = blocks["s"].astype(np.float32)  # [nb]
     if not (np.isfinite(scale).all() and (scale >= 0).all()):
