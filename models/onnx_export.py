@@ -28,7 +28,6 @@ DEFAULT_OPSET = 18
 
 def export_vision_onnx(ckpt_path: Path, out: Path, opset: int = DEFAULT_OPSET, int8: bool = False) -> Path:
     """Exports the checkpoint's vision tower (fp32; dynamic batch axis) to `out`; int8: dynamic quantisation."""
-    import onnx
     import torch
 
     from edgeinspect.models.checkpoint import open_checkpoint
@@ -57,27 +56,47 @@ def export_vision_onnx(ckpt_path: Path, out: Path, opset: int = DEFAULT_OPSET, i
             )
         source = fp32_path
         if int8:
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
-            source = Path(tmp) / "vision-int8.onnx"
-            # Weights only (MatMul/Gemm) to int8, activations quantised per call: no calibration set needed.
-            quantize_dynamic(fp32_path, source, weight_type=QuantType.QInt8)
-        model = onnx.load(str(source))
-        stamp = {
-            META_FINGERPRINT: ckpt.fingerprint,
-            META_QUANT: "int8-dynamic" if int8 else "none",
-            META_IMAGE_SIZE: str(size),
-        }
-        kept = [p for p in model.metadata_props if p.key not in stamp]
-        del model.metadata_props[:]
-        model.metadata_props.extend(kept)
-        for key, value in stamp.items():
-            model.metadata_props.add(key=key, value=value)
-        partial = out.with_name(f".{out.name}.partial")
-        onnx.save(model, str(partial))
-        os.replace(partial, out)
+            source = _quantize(fp32_path, Path(tmp) / "vision-int8.onnx")
+        _write_stamped(source, out, ckpt.fingerprint, size, "int8-dynamic" if int8 else "none")
     log.info("exported vision tower of %s (%s) to %s%s", ckpt.path, ckpt.fingerprint, out, " (int8)" if int8 else "")
     return out
+
+
+def quantize_vision_onnx(src: Path, out: Path) -> Path:
+    """Dynamic int8 copy of an fp32 export, keeping its checkpoint stamp."""
+    meta = onnx_metadata(src)
+    if META_FINGERPRINT not in meta:
+        raise CheckpointError(f"{src} carries no {META_FINGERPRINT} metadata: not one of our exports")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".quantize-") as tmp:
+        quantized = _quantize(Path(src), Path(tmp) / "vision-int8.onnx")
+        _write_stamped(quantized, out, meta[META_FINGERPRINT], int(meta[META_IMAGE_SIZE]), "int8-dynamic")
+    return out
+
+
+def _quantize(src: Path, dst: Path) -> Path:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # Weights of MatMul/Gemm to int8, activations quantised per call: no calibration set needed.
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+    return dst
+
+
+def _write_stamped(src: Path, out: Path, fingerprint: str, image_size: int, quantization: str) -> None:
+    """Copies the model to `out` (atomically) with our metadata_props set."""
+    import onnx
+
+    model = onnx.load(str(src))
+    stamp = {META_FINGERPRINT: fingerprint, META_QUANT: quantization, META_IMAGE_SIZE: str(image_size)}
+    kept = [p for p in model.metadata_props if p.key not in stamp]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for key, value in stamp.items():
+        model.metadata_props.add(key=key, value=value)
+    partial = out.with_name(f".{out.name}.partial")
+    onnx.save(model, str(partial))
+    os.replace(partial, out)
 
 
 def onnx_metadata(path: Path) -> dict[str, str]:
