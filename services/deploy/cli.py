@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from edgeinspect.services.deploy.render import Target
+from edgeinspect.services.deploy.smoke import smoke_command
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -71,3 +72,6 @@ def render_command(
         address = f"{inst.box.address}:{inst.port}" if inst.port else "(client)"
         table.add_row(inst.service, inst.box.name, address, layers)
     console.print(table)
+
+
+app.command("smoke")(smoke_command)

@@ -1,0 +1,39 @@
+"""`edgeinspect healthcheck ADDRESS` (the image's HEALTHCHECK) follows a real server's grpc.health.v1 status."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from edgeinspect.config import ServerConfig
+from edgeinspect.services.common.server import start_server
+
+EDGEINSPECT = Path(sys.executable).parent / "edgeinspect"
+
+
+async def healthcheck(address: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        EDGEINSPECT,
+        "healthcheck",
+        address,
+        "--timeout",
+        "2",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    return proc.returncode, out.decode()
+
+
+async def test_healthcheck_exits_0_only_while_the_server_is_serving():
+    running = await start_server([], [], ServerConfig(host="127.0.0.1", port=0), role="test")
+    address = f"127.0.0.1:{running.port}"
+    try:
+        assert await healthcheck(address) == (1, f"{address}: NOT_SERVING\n")
+        await running.health.set_serving(True)
+        assert await healthcheck(address) == (0, f"{address}: SERVING\n")
+    finally:
+        await running.stop(0)
+    code, out = await healthcheck(address)
+    assert code == 1 and "UNAVAILABLE" in out
