@@ -18,7 +18,7 @@ def _get(chunk: Any, name: str, default: Any = "") -> Any:
 def format_context(chunks: Iterable[Any], max_chars: int) -> str:
     """Numbered spec excerpts, best first, cut to at most max_chars; each names its document and section.
 
-    A chunk that does not fit whole is shortened (at a word boundary) if at least 200 characters of it fit,
+    A chunk that does not fit whole is shortened (at a word boundary) if at least 120 characters of it fit,
     otherwise left out, so the prompt never ends in a bare header.
     """
     parts: list[str] = []
@@ -34,7 +34,7 @@ def format_context(chunks: Iterable[Any], max_chars: int) -> str:
         body = " ".join(str(_get(chunk, "text")).split())
         sep = 2 if parts else 0
         room = max_chars - used - sep - len(header)
-        if room < min(200, len(body)):
+        if room < min(120, len(body)):
             break
         if len(body) > room:
             cut = body.rfind(" ", 0, room - 1)

@@ -1,0 +1,1 @@
+"""The retrieval node: Search over the plant's defect specs (FAISS + MiniLM), reloading new index versions."""
