@@ -97,18 +97,18 @@ def ingest_command(
     finally:
         if metrics_http is not None:
             metrics_http.close()
+        metrics.close()  # the default registry outlives this command (tests invoke it more than once)
     if dry_run:
         _print_dry_run_summary(console, decisions)
 
 
 def _print_dry_run_summary(console, decisions: dict[str, list[tuple[int, float | None, bool, str]]]) -> None:
-    from rich.table import Table
-
-    table = Table(title="dry run: frames per camera")
-    for col in ("camera", "read", "would inspect", "skipped, by reason"):
-        table.add_column(col)
     for camera, rows in decisions.items():
         skipped = Counter(reason.split(" (")[0] for _, _, inspect, reason in rows if not inspect)
-        reasons = ", ".join(f"{r}: {n}" for r, n in skipped.most_common())
-        table.add_row(camera, str(len(rows)), str(sum(1 for r in rows if r[2])), reasons or "-")
-    console.print(table)
+        reasons = ", ".join(f"{r}: {n}" for r, n in skipped.most_common()) or "none"
+        inspected = sum(1 for r in rows if r[2])
+        console.print(
+            f"{camera}: {len(rows)} frames read, {inspected} would be inspected; skipped by reason: {reasons}",
+            markup=False,
+            soft_wrap=True,
+        )
