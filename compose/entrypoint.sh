@@ -3,7 +3,7 @@
 # of that name (the settings classes read EDGEINSPECT_* from the environment), then runs `edgeinspect ARGS`.
 # Secrets therefore never sit in the image, in a rendered settings file or in `docker inspect` output.
 set -eu
-for secret in /run/secrets/EDGEINSPECT_*; do
+for secret in "${SECRETS_DIR:-/run/secrets}"/EDGEINSPECT_*; do
     [ -f "$secret" ] || continue
     name=$(basename "$secret")
     value=$(cat "$secret")
