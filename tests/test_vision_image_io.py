@@ -3,35 +3,15 @@
 from __future__ import annotations
 
 import io
-import struct
-import zlib
 
 import pytest
 from PIL import Image, ImageFile
+from vision_images import jpeg, png_bomb
 
 from edgeinspect.errors import FailedPrecondition, InvalidInput
 from edgeinspect.models.image_io import decode_image
 
 MB = 1 << 20
-
-
-def png_bomb(width: int, height: int) -> bytes:
-    """A valid all-black 1-bit PNG of width x height, built row by row so it never exists in memory."""
-
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-    row = bytes(1 + (width + 7) // 8)  # filter byte 0 + packed bits
-    comp = zlib.compressobj(9)
-    idat = b"".join(comp.compress(row) for _ in range(height)) + comp.flush()
-    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # bit depth 1, greyscale
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
-
-
-def jpeg(width: int = 320, height: int = 240) -> bytes:
-    buf = io.BytesIO()
-    Image.radial_gradient("L").resize((width, height)).convert("RGB").save(buf, "JPEG", quality=90)
-    return buf.getvalue()
 
 
 def test_a_good_jpeg_decodes_to_rgb_of_its_size():

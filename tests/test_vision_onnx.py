@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
 from typer.testing import CliRunner
+from vision_images import varied_png
 
 from edgeinspect.cli import app
 from edgeinspect.codec import decode_frame
@@ -30,17 +30,7 @@ from edgeinspect.services.vision.encoder import VisionEncoder
 SIZES = [(64, 64), (320, 240), (240, 320), (17, 9), (1000, 37), (37, 1000), (101, 99), (640, 480), (3, 3), (500, 1)]
 
 
-def make_image(width: int, height: int, seed: int) -> bytes:
-    """A PNG with structure (gradients) and noise, so preprocessing and the tower see real variation."""
-    rng = np.random.default_rng(seed)
-    x, y = np.meshgrid(np.linspace(0, 1, width), np.linspace(0, 1, height))
-    base = np.stack([x, y, (x * y) ** 0.5], -1) * 200 + rng.normal(0, 25, (height, width, 3))
-    buf = io.BytesIO()
-    Image.fromarray(np.clip(base, 0, 255).astype(np.uint8), "RGB").save(buf, "PNG")
-    return buf.getvalue()
-
-
-IMAGES = [make_image(w, h, seed) for seed, (w, h) in enumerate(SIZES)]
+IMAGES = [varied_png(w, h, seed) for seed, (w, h) in enumerate(SIZES)]
 
 
 def cosine_per_token(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
