@@ -12,6 +12,7 @@ from edgeinspect.models.planner_cli import plan_command
 from edgeinspect.rag.cli import app as kb_app
 from edgeinspect.services.deploy.cli import app as deploy_app
 from edgeinspect.services.deploy.healthcheck import healthcheck_command
+from edgeinspect.services.cli import demo_command, inspect_command, serve_command, up_command
 from edgeinspect.services.ingest.cli import ingest_command
 
 app = typer.Typer(
@@ -26,6 +27,10 @@ app.add_typer(deploy_app, name="deploy", help="Plant inventory -> compose files,
 app.command("healthcheck")(healthcheck_command)
 app.add_typer(kb_app, name="kb", help="Knowledge base of defect specs: index a folder, search, stats, verify.")
 app.command("ingest")(ingest_command)
+app.command("serve")(serve_command)
+app.command("up")(up_command)
+app.command("inspect")(inspect_command)
+app.command("demo")(demo_command)
 
 
 def main() -> None:

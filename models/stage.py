@@ -235,3 +235,8 @@ def _cache_bytes(cache: DynamicCache, layers: LayerRange) -> int:
             if isinstance(t, torch.Tensor):
                 total += t.numel() * t.element_size()
     return total
+
+
+def ids_tensor(values) -> torch.Tensor:
+    """Token ids from the wire as the 1-D int64 tensor a first stage takes."""
+    return torch.tensor(list(values), dtype=torch.long)

@@ -1,0 +1,95 @@
+"""A small synchronous client of the public InspectionService, for the CLI and scripts."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
+
+
+class InspectionClient:
+    def __init__(self, address: str, token: str, timeout_s: float = 600.0):
+        self.channel = grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        )
+        self.stub = inspection_pb2_grpc.InspectionServiceStub(self.channel)
+        self.metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.timeout_s = timeout_s
+
+    def __enter__(self) -> InspectionClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.channel.close()
+
+    def inspect(
+        self,
+        image: bytes,
+        *,
+        station: str = "",
+        part: str = "",
+        prompt: str = "",
+        idempotency_key: str = "",
+        max_new_tokens: int = 0,
+        on_delta: Callable[[str], None] | None = None,
+    ) -> inspection_pb2.DefectReport:
+        request = inspection_pb2.InspectRequest(
+            image=image,
+            station=station,
+            part=part,
+            prompt=prompt,
+            idempotency_key=idempotency_key or uuid.uuid4().hex,
+            max_new_tokens=max_new_tokens,
+        )
+        if on_delta is None:
+            return self.stub.Inspect(request, metadata=self.metadata, timeout=self.timeout_s)
+        report = None
+        for event in self.stub.InspectStream(request, metadata=self.metadata, timeout=self.timeout_s):
+            if event.HasField("delta"):
+                on_delta(event.delta.text)
+            else:
+                report = event.report
+        return report
+
+    def get(self, report_id: str) -> inspection_pb2.DefectReport:
+        return self.stub.GetReport(
+            inspection_pb2.GetReportRequest(report_id=report_id), metadata=self.metadata, timeout=30
+        )
+
+
+def report_to_dict(report: inspection_pb2.DefectReport) -> dict:
+    return MessageToDict(report, preserving_proto_field_name=True)
+
+
+VERDICT_STYLE = {"VERDICT_OK": "green", "VERDICT_DEFECT": "red", "VERDICT_UNCERTAIN": "yellow"}
+
+
+def print_report(report: inspection_pb2.DefectReport) -> None:
+    """The report as a readable table: verdict coloured, defects, references, timings."""
+    from rich.console import Console
+    from rich.table import Table
+
+    verdict = inspection_pb2.Verdict.Name(report.verdict)
+    table = Table(title=f"Report {report.report_id}", show_header=False)
+    table.add_row(
+        "verdict",
+        f"[{VERDICT_STYLE.get(verdict, 'white')}]{verdict.removeprefix('VERDICT_')}[/]"
+        + (f"  ({report.verdict_reason})" if report.verdict_reason else ""),
+    )
+    table.add_row("station / part", f"{report.station or '-'} / {report.part or '-'}")
+    for d in report.defects:
+        table.add_row("defect", f"{d.defect_class} ({d.severity}) at {d.location}: {d.evidence}")
+    table.add_row("description", report.description[:300])
+    for r in report.references:
+        table.add_row("reference", f"{r.doc_id} / {r.section} (score {r.score:.2f}, index {r.index_version})")
+    table.add_row(
+        "model",
+        f"{report.model.checkpoint_fingerprint}  {', '.join(report.model.partition)}  codec {report.model.codec}",
+    )
+    table.add_row("tokens", f"{report.prompt_tokens} prompt, {len(report.generated_token_ids)} generated")
+    table.add_row("timings", ", ".join(f"{t.stage} {t.compute_ms + t.wire_ms:.0f} ms" for t in report.timings))
+    Console().print(table)

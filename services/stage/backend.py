@@ -1,0 +1,175 @@
+"""The stage's compute side: a StageExecutor, per-session sampling state, eviction, one model step at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from edgeinspect import PROTOCOL_VERSION
+from edgeinspect.config import StageSettings
+from edgeinspect.errors import PeerMismatch
+from edgeinspect.models.checkpoint import Checkpoint, open_checkpoint
+from edgeinspect.models.sampling import SamplingParams, make_generator, sample
+from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
+from edgeinspect.services.common import metrics
+from edgeinspect.services.stage.eviction import SessionUsage, choose_evictions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Identity:
+    protocol_version: str
+    checkpoint_fingerprint: str
+    tokenizer_fingerprint: str
+    layer_start: int
+    layer_end: int
+    num_layers: int
+    weights_dtype: str
+
+
+@dataclass
+class SessionWork:
+    """One session's step as the servicer hands it over (tensors already decoded)."""
+
+    session_id: str
+    inputs: StepInput
+    sampling: SamplingParams | None = None
+    return_logits: bool = False
+
+
+@dataclass
+class SessionOutcome:
+    session_id: str
+    length: int
+    hidden: torch.Tensor | None = None  # [T, D]
+    token_id: int = -1
+    logits: torch.Tensor | None = None  # [vocab]
+
+
+class StageBackend:
+    def __init__(self, cfg: StageSettings, ckpt: Checkpoint | None = None):
+        self.cfg = cfg
+        self.ckpt = ckpt or open_checkpoint(cfg.checkpoint)
+        self.range = LayerRange(cfg.layer_start, cfg.layer_end, self.ckpt.num_layers)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.executor = StageExecutor(load_stage(self.ckpt, self.range, cfg.weights.value))
+        self.hidden_size = self.ckpt.text_config.hidden_size
+        self.vision_hidden = self.ckpt.config.vision_config.hidden_size
+        self.identity = Identity(
+            PROTOCOL_VERSION,
+            self.ckpt.fingerprint,
+            self.ckpt.tokenizer_fingerprint,
+            self.range.start,
+            self.range.end,
+            self.range.total,
+            cfg.weights.value,
+        )
+        self._generators: dict[str, torch.Generator | None] = {}
+        self._busy: set[str] = set()
+        # Torch work runs on one thread: steps are serialised and the event loop stays free for health checks.
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage-compute")
+        self.evicted = {"ttl": 0, "budget": 0}
+        self.released = 0
+
+    @property
+    def is_first(self) -> bool:
+        return self.range.is_first
+
+    @property
+    def is_last(self) -> bool:
+        return self.range.is_last
+
+    def check_peer(self, client: Identity, expect_start: int, expect_end: int) -> None:
+        """Refuses a peer that differs in anything that would make tensors meaningless; names each difference."""
+        ours = self.identity
+        diffs = []
+        if client.protocol_version and client.protocol_version != ours.protocol_version:
+            diffs.append(f"protocol {client.protocol_version} != {ours.protocol_version}")
+        if client.checkpoint_fingerprint != ours.checkpoint_fingerprint:
+            diffs.append(f"checkpoint fingerprint {client.checkpoint_fingerprint} != {ours.checkpoint_fingerprint}")
+        if client.tokenizer_fingerprint != ours.tokenizer_fingerprint:
+            diffs.append(f"tokenizer fingerprint {client.tokenizer_fingerprint} != {ours.tokenizer_fingerprint}")
+        if (expect_start, expect_end) != (ours.layer_start, ours.layer_end):
+            diffs.append(
+                f"layer range [{expect_start}, {expect_end}) expected, this stage serves "
+                f"[{ours.layer_start}, {ours.layer_end})"
+            )
+        if diffs:
+            raise PeerMismatch("peer mismatch: " + "; ".join(diffs))
+
+    async def run(self, work: list[SessionWork]) -> list[SessionOutcome]:
+        loop = asyncio.get_running_loop()
+        ids = {w.session_id for w in work}
+        self._busy |= ids
+        try:
+            return await loop.run_in_executor(self._pool, self._run_sync, work)
+        finally:
+            self._busy -= ids
+            self._update_gauges()
+
+    def _run_sync(self, work: list[SessionWork]) -> list[SessionOutcome]:
+        now = time.monotonic()
+        outs = self.executor.step([(w.session_id, w.inputs) for w in work], now)
+        results = []
+        for w, out in zip(work, outs, strict=True):
+            res = SessionOutcome(w.session_id, out.length, hidden=out.hidden)
+            if out.logits is not None:
+                params = w.sampling or SamplingParams()
+                if w.session_id not in self._generators:
+                    self._generators[w.session_id] = make_generator(params)
+                res.token_id = sample(out.logits, params, self._generators[w.session_id])
+                res.logits = out.logits if w.return_logits else None
+                metrics.TOKENS.labels(role="stage").inc()
+            results.append(res)
+        return results
+
+    async def release(self, session_ids: list[str]) -> int:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._release_sync, session_ids)
+
+    def _release_sync(self, session_ids: list[str]) -> int:
+        n = 0
+        for sid in session_ids:
+            self._generators.pop(sid, None)
+            if self.executor.release(sid):
+                n += 1
+        self.released += n
+        self._update_gauges()
+        return n
+
+    async def evict(self) -> list[tuple[str, str]]:
+        """Applies the TTL and byte-budget policy once."""
+        usage = [
+            SessionUsage(sid, s.last_used, s.nbytes, sid in self._busy)
+            for sid, s in list(self.executor.sessions.items())
+        ]
+        chosen = choose_evictions(usage, time.monotonic(), self.cfg.session_ttl_s, self.cfg.kv_budget_mb << 20)
+        if chosen:
+            await self.release([sid for sid, _ in chosen])
+            for sid, reason in chosen:
+                self.evicted[reason] += 1
+                log.info("evicted session %s (%s)", sid, reason)
+        return chosen
+
+    def canary(self) -> None:
+        """A real step through the loaded weights on a throwaway session, before the stage reports SERVING."""
+        if self.is_first:
+            inputs = StepInput(position=0, input_ids=torch.full((3,), self.ckpt.text_config.eos_token_id))
+        else:
+            inputs = StepInput(position=0, hidden=torch.zeros(3, self.hidden_size))
+        out = self._run_sync([SessionWork("__canary__", inputs)])[0]
+        self._release_sync(["__canary__"])
+        self.released -= 1
+        if out.length != 3:
+            raise RuntimeError("canary step returned a wrong cache length")
+
+    def _update_gauges(self) -> None:
+        metrics.KV_SESSIONS.labels(role="stage").set(len(self.executor.sessions))
+        metrics.KV_BYTES.labels(role="stage").set(self.executor.kv_bytes())

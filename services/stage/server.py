@@ -1,0 +1,64 @@
+"""`edgeinspect serve stage`: load layers [a, b), pass a canary step, serve DecoderStage until signalled."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from edgeinspect.config import StageSettings
+from edgeinspect.services.common.logging import configure_logging
+from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
+from edgeinspect.services.stage.backend import StageBackend
+from edgeinspect.services.stage.servicer import DecoderStageServicer
+from edgeinspect.v1 import stage_pb2, stage_pb2_grpc
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = stage_pb2.DESCRIPTOR.services_by_name["DecoderStage"].full_name
+EVICTION_PERIOD_S = 1.0
+
+
+async def start(cfg: StageSettings) -> tuple[RunningServer, StageBackend]:
+    """Binds first (so health answers NOT_SERVING while loading), then loads, runs the canary, flips to SERVING."""
+    servicer = DecoderStageServicer(None, cfg.next_stage, cfg.server.max_message_mb)
+    running = await start_server(
+        [lambda s: stage_pb2_grpc.add_DecoderStageServicer_to_server(servicer, s)],
+        [SERVICE_NAME],
+        cfg.server,
+        role="stage",
+    )
+    backend = await asyncio.to_thread(StageBackend, cfg)
+    await asyncio.to_thread(backend.canary)
+    servicer.attach(backend)
+    await running.health.set_serving(True)
+    log.info(
+        "stage %s ready (checkpoint %s, weights %s)",
+        backend.range,
+        backend.identity.checkpoint_fingerprint,
+        cfg.weights.value,
+    )
+    return running, backend
+
+
+async def _evict_forever(backend: StageBackend) -> None:
+    while True:
+        await asyncio.sleep(EVICTION_PERIOD_S)
+        await backend.evict()
+
+
+async def serve(cfg: StageSettings) -> None:
+    running, backend = await start(cfg)
+    evictor = asyncio.create_task(_evict_forever(backend))
+    try:
+        await serve_until_signal(running, cfg.server.grace_s)
+    finally:
+        evictor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await evictor
+
+
+def main(config_path: Path | None = None, **overrides) -> None:
+    cfg = StageSettings.load(config_path, **overrides)
+    configure_logging(cfg.log_level, cfg.log_json, role="stage")
+    asyncio.run(serve(cfg))

@@ -1,0 +1,225 @@
+"""DecoderStage servicer: protobuf <-> domain, session ownership per stream, optional chaining to the next stage."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from edgeinspect import codec
+from edgeinspect.errors import InvalidInput, Unavailable
+from edgeinspect.models.sampling import SamplingParams
+from edgeinspect.models.stage import StepInput
+from edgeinspect.services.common import metrics
+from edgeinspect.services.common.channel import make_channel
+from edgeinspect.services.stage.backend import Identity, SessionOutcome, SessionWork, StageBackend
+from edgeinspect.v1 import common_pb2, stage_pb2, stage_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+ACCEPTED_CODECS = [codec.codec_to_proto(c) for c in codec.Codec]
+MAX_STEP_TOKENS = 8192
+
+
+def identity_to_proto(ident: Identity) -> common_pb2.PeerIdentity:
+    return common_pb2.PeerIdentity(
+        protocol_version=ident.protocol_version,
+        checkpoint_fingerprint=ident.checkpoint_fingerprint,
+        tokenizer_fingerprint=ident.tokenizer_fingerprint,
+        role="stage",
+        layer_start=ident.layer_start,
+        layer_end=ident.layer_end,
+        num_layers=ident.num_layers,
+        weights_dtype=ident.weights_dtype,
+    )
+
+
+def identity_from_proto(p: common_pb2.PeerIdentity) -> Identity:
+    return Identity(
+        p.protocol_version,
+        p.checkpoint_fingerprint,
+        p.tokenizer_fingerprint,
+        p.layer_start,
+        p.layer_end,
+        p.num_layers,
+        p.weights_dtype,
+    )
+
+
+class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
+    def __init__(self, backend: StageBackend | None, next_stage: str | None = None, max_message_mb: int = 64):
+        self._backend = backend
+        self.next_stage = next_stage
+        self.max_message_mb = max_message_mb
+
+    def attach(self, backend: StageBackend) -> None:
+        """The loaded backend; until then every call answers UNAVAILABLE (health says NOT_SERVING meanwhile)."""
+        self._backend = backend
+
+    @property
+    def backend(self) -> StageBackend:
+        if self._backend is None:
+            raise Unavailable("this stage is still loading its weights; retry once health reports SERVING")
+        return self._backend
+
+    @property
+    def name(self) -> str:
+        return f"stage[{self.backend.range.start},{self.backend.range.end})"
+
+    async def Handshake(self, request: stage_pb2.HandshakeRequest, context) -> stage_pb2.HandshakeResponse:
+        """Refuses a peer whose protocol, checkpoint, tokenizer or expected layer range differ."""
+        self.backend.check_peer(
+            identity_from_proto(request.client), request.expect_layer_start, request.expect_layer_end
+        )
+        if request.codec and request.codec not in ACCEPTED_CODECS:
+            raise InvalidInput(f"codec {request.codec} is not one this stage accepts")
+        return stage_pb2.HandshakeResponse(server=identity_to_proto(self.backend.identity), codecs=ACCEPTED_CODECS)
+
+    async def Forward(self, request_iterator, context) -> AsyncIterator[stage_pb2.StepResponse]:
+        """Steps sessions as requests arrive; every session opened on this stream is released when it ends."""
+        opened: set[str] = set()
+        downstream = _Downstream(self.next_stage, self.max_message_mb) if self.next_stage else None
+        try:
+            async for request in request_iterator:
+                t0 = time.perf_counter()
+                work = [self._to_work(step) for step in request.steps]
+                opened |= {w.session_id for w in work}
+                outcomes = await self.backend.run(work)
+                compute_ms = (time.perf_counter() - t0) * 1e3
+                timing = stage_pb2.StageTiming(stage=self.name, compute_ms=compute_ms)
+                if downstream is not None and not self.backend.is_last:
+                    forwarded = self._next_request(request, outcomes)
+                    response = await downstream.step(forwarded)
+                    response.timings.insert(0, timing)
+                    yield response
+                else:
+                    yield self._to_response(request, outcomes, timing)
+        finally:
+            if downstream is not None:
+                await downstream.close()
+            if opened:
+                released = await self.backend.release(sorted(opened))
+                log.info("stream ended: released %d of %d sessions", released, len(opened))
+
+    async def Release(self, request: stage_pb2.ReleaseRequest, context) -> stage_pb2.ReleaseResponse:
+        """Drops sessions now (and downstream, when chained)."""
+        n = await self.backend.release(list(request.session_ids))
+        if self.next_stage and not self.backend.is_last:
+            async with make_channel(self.next_stage, self.max_message_mb) as channel:
+                await stage_pb2_grpc.DecoderStageStub(channel).Release(request)
+        return stage_pb2.ReleaseResponse(released=n)
+
+    async def Stats(self, request: stage_pb2.StatsRequest, context) -> stage_pb2.StageStats:
+        """Live sessions, KV bytes and eviction counters."""
+        b = self.backend
+        return stage_pb2.StageStats(
+            identity=identity_to_proto(b.identity),
+            sessions=len(b.executor.sessions),
+            kv_bytes=b.executor.kv_bytes(),
+            kv_budget_bytes=b.cfg.kv_budget_mb << 20,
+            evicted_ttl=b.evicted["ttl"],
+            evicted_budget=b.evicted["budget"],
+            released=b.released,
+            session_ids=sorted(b.executor.sessions),
+        )
+
+    # -- translation -------------------------------------------------------------------------------------------
+
+    def _to_work(self, step: stage_pb2.SessionStep) -> SessionWork:
+        if not step.session_id:
+            raise InvalidInput("every step needs a session_id")
+        if step.position < 0:
+            raise InvalidInput(f"position must be >= 0, got {step.position}")
+        b = self.backend
+        inputs = StepInput(position=step.position)
+        if b.is_first:
+            if not step.input_ids or len(step.input_ids) > MAX_STEP_TOKENS:
+                raise InvalidInput(f"the first stage needs 1..{MAX_STEP_TOKENS} input_ids per step")
+            inputs.input_ids = _long_tensor(step.input_ids)
+            if step.HasField("visual_tokens"):
+                inputs.visual_tokens = codec.decode_frame(
+                    step.visual_tokens, expect_shape=[None, b.vision_hidden], name="visual tokens"
+                )
+                metrics.WIRE_BYTES.labels(
+                    role="stage", codec=str(codec.codec_from_proto(step.visual_tokens.codec)), direction="in"
+                ).inc(codec.wire_nbytes(step.visual_tokens))
+        else:
+            if not step.HasField("hidden"):
+                raise InvalidInput(f"{self.name} needs hidden states from the previous stage")
+            inputs.hidden = codec.decode_frame(
+                step.hidden,
+                expect_shape=[None, b.hidden_size],
+                max_numel=MAX_STEP_TOKENS * b.hidden_size,
+                name="hidden states",
+            )
+            metrics.WIRE_BYTES.labels(
+                role="stage", codec=str(codec.codec_from_proto(step.hidden.codec)), direction="in"
+            ).inc(codec.wire_nbytes(step.hidden))
+        sampling = None
+        if step.HasField("sampling"):
+            s = step.sampling
+            sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p or 1.0, seed=s.seed)
+        return SessionWork(step.session_id, inputs, sampling, step.return_logits)
+
+    def _to_response(self, request, outcomes: list[SessionOutcome], timing) -> stage_pb2.StepResponse:
+        out_codec = codec.codec_from_proto(request.output_codec) if request.output_codec else codec.Codec.fp32
+        results = []
+        for o in outcomes:
+            r = stage_pb2.SessionResult(session_id=o.session_id, cached_length=o.length, token_id=o.token_id)
+            if o.hidden is not None:
+                r.hidden.CopyFrom(codec.encode_frame(o.hidden, out_codec, request.output_zstd))
+                metrics.WIRE_BYTES.labels(role="stage", codec=str(out_codec), direction="out").inc(
+                    codec.wire_nbytes(r.hidden)
+                )
+            if o.logits is not None:
+                r.logits.CopyFrom(codec.encode_frame(o.logits, codec.Codec.fp32))
+            results.append(r)
+        return stage_pb2.StepResponse(results=results, timings=[timing])
+
+    def _next_request(self, request, outcomes: list[SessionOutcome]) -> stage_pb2.StepRequest:
+        """The same sessions one stage further: our hidden states replace the inputs, sampling travels along."""
+        out_codec = codec.codec_from_proto(request.output_codec) if request.output_codec else codec.Codec.fp32
+        steps = []
+        for step, o in zip(request.steps, outcomes, strict=True):
+            nxt = stage_pb2.SessionStep(
+                session_id=step.session_id, position=step.position, return_logits=step.return_logits
+            )
+            nxt.hidden.CopyFrom(codec.encode_frame(o.hidden, out_codec, request.output_zstd))
+            if step.HasField("sampling"):
+                nxt.sampling.CopyFrom(step.sampling)
+            steps.append(nxt)
+        return stage_pb2.StepRequest(steps=steps, output_codec=request.output_codec, output_zstd=request.output_zstd)
+
+
+def _long_tensor(values):
+    from edgeinspect.models.stage import ids_tensor
+
+    return ids_tensor(values)
+
+
+class _Downstream:
+    """One Forward stream to the next stage, opened on first use, for one upstream stream (chained mode)."""
+
+    def __init__(self, address: str, max_message_mb: int):
+        self.address = address
+        self.max_message_mb = max_message_mb
+        self.channel = None
+        self.call = None
+
+    async def step(self, request: stage_pb2.StepRequest) -> stage_pb2.StepResponse:
+        if self.call is None:
+            self.channel = make_channel(self.address, self.max_message_mb)
+            self.call = stage_pb2_grpc.DecoderStageStub(self.channel).Forward()
+        await self.call.write(request)
+        response = await self.call.read()
+        if response is grpc.aio.EOF:
+            raise InvalidInput(f"next stage {self.address} closed the stream")
+        return response
+
+    async def close(self) -> None:
+        if self.call is not None:
+            self.call.cancel()
+        if self.channel is not None:
+            await self.channel.close()
