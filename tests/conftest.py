@@ -44,3 +44,13 @@ def part_images():
 
     names = ["part_ok.jpg", "part_scratch.jpg", "part_dent.jpg", "part_missing_hole.jpg"]
     return [Image.open(asset_path(n)).convert("RGB") for n in names]
+
+
+@pytest.fixture(scope="session")
+def embedded_stack(tiny_checkpoint, tmp_path_factory):
+    """The real embedded default (vision, 2 stages, gateway as separate processes) on the tiny checkpoint."""
+    from edgeinspect.services.launcher import LocalStack, StackOptions
+
+    opts = StackOptions(workdir=tmp_path_factory.mktemp("embedded"), checkpoint=tiny_checkpoint, stages=2)
+    with LocalStack(opts) as stack:
+        yield stack

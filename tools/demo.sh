@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: every role on this box as its own process, the generated tiny
+# checkpoint, the shipped sample knowledge base; inspects the sample part and prints the report.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/setup.sh
+export HF_HUB_OFFLINE=1
+.venv/bin/edgeinspect demo "$@"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Sets up and runs the default test suite (slow suites deselected; run them with: .venv/bin/pytest -m slow).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  # Real camera streams for the ingest tests (ffmpeg, an RTSP server), ip/tc for the multi-box tests.
+  need=""
+  command -v ffmpeg >/dev/null || need="$need ffmpeg"
+  dpkg -s rtsp-server-perl >/dev/null 2>&1 || need="$need rtsp-server-perl"
+  command -v ip >/dev/null || need="$need iproute2"
+  if [ -n "$need" ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
+  fi
+fi
+bash tools/setup.sh
+export HF_HUB_OFFLINE=1
+exec .venv/bin/pytest -q -m "not slow" "$@"
