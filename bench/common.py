@@ -1,0 +1,128 @@
+"""Shared benchmark helpers: machine description, timing, target records, JSON output and skipping.
+
+Every benchmark runs its baseline in the same process and run as its subject, so the machine facts recorded here
+(load average above all: the build box is shared) describe both sides of each comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+RESULTS_DIR = Path(__file__).with_name("results")
+
+
+def skip(msg: str) -> NoReturn:
+    """Says why the benchmark cannot run here and exits 0 (a missing input is not a failure)."""
+    print(f"SKIPPED {Path(sys.argv[0]).name}: {msg}", flush=True)
+    sys.exit(0)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+    """The SIMD extensions that decide which matmul kernels torch can use (bf16 is slow without avx512_bf16/amx)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
+    except OSError:
+        pass
+    return []
+
+
+def meminfo_gib() -> dict[str, float]:
+    out = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, value = line.split(":", 1)
+            if key in ("MemTotal", "MemAvailable"):
+                out[key] = round(int(value.split()[0]) / 2**20, 2)  # kB -> GiB
+    except OSError:
+        pass
+    return out
+
+
+def load_average() -> list[float]:
+    """1, 5 and 15 minute load averages: other jobs on the box slow every figure, so record them."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def memory_bandwidth_gbs(nbytes: int = 1 << 30, threads: int = 2, repeats: int = 3) -> float:
+    """Read bandwidth: the median time to sum a `nbytes` float32 array with `threads` torch threads."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        data = torch.ones(nbytes // 4, dtype=torch.float32)  # [N], touched once so pages are resident
+        data.sum()
+        seconds = median_s(lambda: data.sum(), repeats)
+    finally:
+        torch.set_num_threads(previous)
+    return round(nbytes / seconds / 1e9, 2)
+
+
+def machine_info(bandwidth: bool = True) -> dict:
+    """CPU, cores, memory, library versions, load average and (optionally) measured read bandwidth."""
+    import torch
+
+    info = {
+        "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
+        "memory_gib": meminfo_gib(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "loadavg_start": load_average(),
+    }
+    if bandwidth:
+        info["read_bandwidth_gbs_2_threads"] = memory_bandwidth_gbs()
+    return info
+
+
+def median_s(fn: Callable[[], object], repeats: int, warmup: int = 0) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    return round(median_s(fn, repeats, warmup) * 1e3, 4)
+
+
+def target(value: float, goal: float, higher_is_better: bool = True) -> dict:
+    """A figure with its target: {"value", "target", "met"}."""
+    met = value >= goal if higher_is_better else value <= goal
+    return {"value": round(value, 4), "target": goal, "met": bool(met)}
+
+
+def write_json(name: str, payload: dict, out: Path | None = None) -> Path:
+    """Writes bench/results/<name>.json (or `out`), pretty-printed; returns the path."""
+    path = out or RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
