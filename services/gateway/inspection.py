@@ -8,6 +8,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -85,8 +86,9 @@ class Inspector:
             raise Unavailable(f"an inspection with idempotency key {req.idempotency_key!r} is still running; retry")
         self._running.add(report_id)
         try:
-            async for event in self._inspect(req, report_id):
-                yield event
+            async with aclosing(self._inspect(req, report_id)) as events:
+                async for event in events:
+                    yield event
         except BaseException:
             await asyncio.to_thread(self.store.fail, report_id, "inspection failed")
             raise

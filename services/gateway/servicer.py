@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from datetime import UTC
 
 from edgeinspect.errors import Unavailable
@@ -24,15 +25,18 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
     async def Inspect(self, request, context) -> inspection_pb2.DefectReport:
         """Runs the inspection to the end and answers with the stored report."""
         report = None
-        async for event in self._ready().run(request):
-            if event.HasField("report"):
-                report = event.report
+        async with aclosing(self._ready().run(request)) as events:
+            async for event in events:
+                if event.HasField("report"):
+                    report = event.report
         return report
 
     async def InspectStream(self, request, context):
         """Token deltas as they are generated, then the stored report."""
-        async for event in self._ready().run(request):
-            yield event
+        # aclosing: a cancelled caller closes the generator now, which closes the stage streams now (not at GC).
+        async with aclosing(self._ready().run(request)) as events:
+            async for event in events:
+                yield event
 
     async def GetReport(self, request, context) -> inspection_pb2.DefectReport:
         """A stored report by id."""

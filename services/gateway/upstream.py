@@ -106,13 +106,16 @@ class PipelineSession:
         self.calls = [stub.Forward() for stub in stubs]
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            for call in self.calls:  # cancellation ends the stage streams, which release the session
+                call.cancel()
+            return
         for call in self.calls:
-            await call.done_writing() if not exc[0] else call.cancel()
+            await call.done_writing()
         for call in self.calls:
-            if not exc[0]:
-                async for _ in call:  # drain so the stage sees a clean end of stream
-                    pass
+            async for _ in call:  # drain so the stage sees a clean end of stream
+                pass
 
     async def step(
         self, input_ids: list[int], visual_tokens: tensor_pb2.TensorFrame | None, sampling: stage_pb2.SamplingParams
