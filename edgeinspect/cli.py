@@ -10,10 +10,11 @@ import typer
 from edgeinspect.models.cli import app as model_app
 from edgeinspect.models.planner_cli import plan_command
 from edgeinspect.rag.cli import app as kb_app
+from edgeinspect.services.cli import demo_command, inspect_command, serve_command, up_command
 from edgeinspect.services.deploy.cli import app as deploy_app
 from edgeinspect.services.deploy.healthcheck import healthcheck_command
-from edgeinspect.services.cli import demo_command, inspect_command, serve_command, up_command
 from edgeinspect.services.ingest.cli import ingest_command
+from edgeinspect.services.verify import verify_command
 
 app = typer.Typer(
     name="edgeinspect",
@@ -31,6 +32,7 @@ app.command("serve")(serve_command)
 app.command("up")(up_command)
 app.command("inspect")(inspect_command)
 app.command("demo")(demo_command)
+app.command("verify")(verify_command)
 
 
 def main() -> None:

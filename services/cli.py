@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -132,8 +134,9 @@ def demo_command(
     workdir: Path = typer.Option(WORKDIR, help="folder for configs, logs, the report database and the KB"),
     stages: int = typer.Option(2, help="decoder stages"),
     image: Path | None = typer.Option(None, help="image to inspect (default: the shipped sample part)"),
+    ingest_reports: int = typer.Option(3, help="then ingest the sample conveyor video until this many reports"),
 ) -> None:
-    """The embedded default end to end: start every role, inspect the sample part, print the report, stop."""
+    """The embedded default end to end: start every role, inspect the sample part, ingest the sample video."""
     from rich.console import Console
 
     from edgeinspect.assets import sample_image
@@ -151,8 +154,43 @@ def demo_command(
             report = client.inspect(
                 image.read_bytes(),
                 station="station-3",
-                part="HSG-200",
+                part="HSG-210",
                 on_delta=lambda t: console.print(t, end="", markup=False, highlight=False),
             )
             console.print()
             print_report(report)
+        if ingest_reports > 0:
+            console.print(f"[green]Ingesting the sample conveyor video[/green]: {ingest_reports} reports as they come")
+            cameras = _demo_cameras(workdir.resolve(), stack.gateway_address, stack.api_token)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "edgeinspect.cli",
+                    "ingest",
+                    "--config",
+                    str(cameras),
+                    "--max-reports",
+                    str(ingest_reports),
+                    "--print",
+                ],
+                check=True,
+            )
+
+
+def _demo_cameras(workdir: Path, gateway: str, token: str) -> Path:
+    """The packaged sample camera config, pointed at this stack's gateway, played once."""
+    import yaml
+
+    from edgeinspect.assets import asset_path
+
+    cfg = yaml.safe_load(asset_path("cameras.sample.yaml").read_text())
+    cfg.update(gateway=gateway, api_token=token, frames_dir=str(workdir / "frames"))
+    for cam in cfg["cameras"]:
+        cam["loop"] = False
+        gating = cam.get("sampling", {}).get("gating", {})
+        if "background" in gating:
+            gating["background"] = str(asset_path(gating["background"]))
+    path = workdir / "run" / "cameras.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path

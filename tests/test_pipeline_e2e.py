@@ -242,3 +242,15 @@ def test_grpcurl_lists_every_role_and_gets_serving(stack):
         assert "grpc.health.v1.Health" in listed.stdout and "edgeinspect.v1." in listed.stdout
         health = grpcurl("-plaintext", "-d", "{}", address, "grpc.health.v1.Health/Check")
         assert "SERVING" in health.stdout
+
+
+def test_verify_agrees_with_the_cluster_and_catches_another_checkpoint(stack, tmp_path):
+    from edgeinspect.models.tiny import TinySpec, make_tiny
+    from edgeinspect.services.verify import verify
+
+    image = asset_path("part_dent.jpg").read_bytes()
+    good = verify(stack.gateway_address, stack.api_token, stack.checkpoint, image, "Inspect the part.", 8)
+    assert good.agree and len(good.cluster_tokens) > 0 and good.prompt_token_ids
+    other = make_tiny(tmp_path / "other", TinySpec(seed=5))
+    bad = verify(stack.gateway_address, stack.api_token, other, image, "Inspect the part.", 8)
+    assert not bad.agree

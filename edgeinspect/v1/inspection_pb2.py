@@ -26,35 +26,35 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from edgeinspect.v1 import stage_pb2 as edgeinspect_dot_v1_dot_stage__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x64geinspect/v1/inspection.proto\x12\x0e\x65\x64geinspect.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1a\x65\x64geinspect/v1/stage.proto\"\xc4\x01\n\x0eInspectRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x0f\n\x07station\x18\x02 \x01(\t\x12\x0c\n\x04part\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x30\n\x0c\x63\x61pture_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0emax_new_tokens\x18\x07 \x01(\x05\x12\x11\n\tcamera_id\x18\x08 \x01(\t\"T\n\x06\x44\x65\x66\x65\x63t\x12\x14\n\x0c\x64\x65\x66\x65\x63t_class\x18\x01 \x01(\t\x12\x10\n\x08severity\x18\x02 \x01(\t\x12\x10\n\x08location\x18\x03 \x01(\t\x12\x10\n\x08\x65vidence\x18\x04 \x01(\t\"n\n\tReference\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x15\n\rindex_version\x18\x04 \x01(\t\x12\x0c\n\x04path\x18\x05 \x01(\t\x12\x0c\n\x04page\x18\x06 \x01(\x05\"\x80\x01\n\tModelInfo\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12\x1e\n\x16\x63heckpoint_fingerprint\x18\x02 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x03(\t\x12\r\n\x05\x63odec\x18\x05 \x01(\t\"\xc7\x04\n\x0c\x44\x65\x66\x65\x63tReport\x12\x11\n\treport_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0f\n\x07station\x18\x04 \x01(\t\x12\x0c\n\x04part\x18\x05 \x01(\t\x12\x11\n\tcamera_id\x18\x06 \x01(\t\x12\x30\n\x0c\x63\x61pture_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63reated_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x07verdict\x18\t \x01(\x0e\x32\x17.edgeinspect.v1.Verdict\x12\'\n\x07\x64\x65\x66\x65\x63ts\x18\n \x03(\x0b\x32\x16.edgeinspect.v1.Defect\x12\x13\n\x0b\x64\x65scription\x18\x0b \x01(\t\x12-\n\nreferences\x18\x0c \x03(\x0b\x32\x19.edgeinspect.v1.Reference\x12(\n\x05model\x18\r \x01(\x0b\x32\x19.edgeinspect.v1.ModelInfo\x12,\n\x07timings\x18\x0e \x03(\x0b\x32\x1b.edgeinspect.v1.StageTiming\x12\x10\n\x08raw_text\x18\x0f \x01(\t\x12\x1b\n\x13generated_token_ids\x18\x10 \x03(\x03\x12\x16\n\x0everdict_reason\x18\x11 \x01(\t\x12\x14\n\x0cimage_sha256\x18\x12 \x01(\t\x12\x15\n\rprompt_tokens\x18\x13 \x01(\x05\"-\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\"t\n\x0cInspectEvent\x12+\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x1a.edgeinspect.v1.TokenDeltaH\x00\x12.\n\x06report\x18\x02 \x01(\x0b\x32\x1c.edgeinspect.v1.DefectReportH\x00\x42\x07\n\x05\x65vent\"%\n\x10GetReportRequest\x12\x11\n\treport_id\x18\x01 \x01(\t\"\xda\x01\n\x12ListReportsRequest\x12\x0f\n\x07station\x18\x01 \x01(\t\x12\x0c\n\x04part\x18\x02 \x01(\t\x12(\n\x07verdict\x18\x03 \x01(\x0e\x32\x17.edgeinspect.v1.Verdict\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\"]\n\x13ListReportsResponse\x12-\n\x07reports\x18\x01 \x03(\x0b\x32\x1c.edgeinspect.v1.DefectReport\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*]\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0e\n\nVERDICT_OK\x10\x01\x12\x12\n\x0eVERDICT_DEFECT\x10\x02\x12\x15\n\x11VERDICT_UNCERTAIN\x10\x03\x32\xd2\x02\n\x11InspectionService\x12G\n\x07Inspect\x12\x1e.edgeinspect.v1.InspectRequest\x1a\x1c.edgeinspect.v1.DefectReport\x12O\n\rInspectStream\x12\x1e.edgeinspect.v1.InspectRequest\x1a\x1c.edgeinspect.v1.InspectEvent0\x01\x12K\n\tGetReport\x12 .edgeinspect.v1.GetReportRequest\x1a\x1c.edgeinspect.v1.DefectReport\x12V\n\x0bListReports\x12\".edgeinspect.v1.ListReportsRequest\x1a#.edgeinspect.v1.ListReportsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x64geinspect/v1/inspection.proto\x12\x0e\x65\x64geinspect.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1a\x65\x64geinspect/v1/stage.proto\"\xda\x01\n\x0eInspectRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x0f\n\x07station\x18\x02 \x01(\t\x12\x0c\n\x04part\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x30\n\x0c\x63\x61pture_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0emax_new_tokens\x18\x07 \x01(\x05\x12\x11\n\tcamera_id\x18\x08 \x01(\t\x12\x14\n\x0cverification\x18\t \x01(\x08\"T\n\x06\x44\x65\x66\x65\x63t\x12\x14\n\x0c\x64\x65\x66\x65\x63t_class\x18\x01 \x01(\t\x12\x10\n\x08severity\x18\x02 \x01(\t\x12\x10\n\x08location\x18\x03 \x01(\t\x12\x10\n\x08\x65vidence\x18\x04 \x01(\t\"n\n\tReference\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x15\n\rindex_version\x18\x04 \x01(\t\x12\x0c\n\x04path\x18\x05 \x01(\t\x12\x0c\n\x04page\x18\x06 \x01(\x05\"\x80\x01\n\tModelInfo\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12\x1e\n\x16\x63heckpoint_fingerprint\x18\x02 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x03(\t\x12\r\n\x05\x63odec\x18\x05 \x01(\t\"\xe1\x04\n\x0c\x44\x65\x66\x65\x63tReport\x12\x11\n\treport_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0f\n\x07station\x18\x04 \x01(\t\x12\x0c\n\x04part\x18\x05 \x01(\t\x12\x11\n\tcamera_id\x18\x06 \x01(\t\x12\x30\n\x0c\x63\x61pture_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63reated_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x07verdict\x18\t \x01(\x0e\x32\x17.edgeinspect.v1.Verdict\x12\'\n\x07\x64\x65\x66\x65\x63ts\x18\n \x03(\x0b\x32\x16.edgeinspect.v1.Defect\x12\x13\n\x0b\x64\x65scription\x18\x0b \x01(\t\x12-\n\nreferences\x18\x0c \x03(\x0b\x32\x19.edgeinspect.v1.Reference\x12(\n\x05model\x18\r \x01(\x0b\x32\x19.edgeinspect.v1.ModelInfo\x12,\n\x07timings\x18\x0e \x03(\x0b\x32\x1b.edgeinspect.v1.StageTiming\x12\x10\n\x08raw_text\x18\x0f \x01(\t\x12\x1b\n\x13generated_token_ids\x18\x10 \x03(\x03\x12\x16\n\x0everdict_reason\x18\x11 \x01(\t\x12\x14\n\x0cimage_sha256\x18\x12 \x01(\t\x12\x15\n\rprompt_tokens\x18\x13 \x01(\x05\x12\x18\n\x10prompt_token_ids\x18\x14 \x03(\x03\"-\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\"t\n\x0cInspectEvent\x12+\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x1a.edgeinspect.v1.TokenDeltaH\x00\x12.\n\x06report\x18\x02 \x01(\x0b\x32\x1c.edgeinspect.v1.DefectReportH\x00\x42\x07\n\x05\x65vent\"%\n\x10GetReportRequest\x12\x11\n\treport_id\x18\x01 \x01(\t\"\xda\x01\n\x12ListReportsRequest\x12\x0f\n\x07station\x18\x01 \x01(\t\x12\x0c\n\x04part\x18\x02 \x01(\t\x12(\n\x07verdict\x18\x03 \x01(\x0e\x32\x17.edgeinspect.v1.Verdict\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\"]\n\x13ListReportsResponse\x12-\n\x07reports\x18\x01 \x03(\x0b\x32\x1c.edgeinspect.v1.DefectReport\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*]\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0e\n\nVERDICT_OK\x10\x01\x12\x12\n\x0eVERDICT_DEFECT\x10\x02\x12\x15\n\x11VERDICT_UNCERTAIN\x10\x03\x32\xd2\x02\n\x11InspectionService\x12G\n\x07Inspect\x12\x1e.edgeinspect.v1.InspectRequest\x1a\x1c.edgeinspect.v1.DefectReport\x12O\n\rInspectStream\x12\x1e.edgeinspect.v1.InspectRequest\x1a\x1c.edgeinspect.v1.InspectEvent0\x01\x12K\n\tGetReport\x12 .edgeinspect.v1.GetReportRequest\x1a\x1c.edgeinspect.v1.DefectReport\x12V\n\x0bListReports\x12\".edgeinspect.v1.ListReportsRequest\x1a#.edgeinspect.v1.ListReportsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'edgeinspect.v1.inspection_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERDICT']._serialized_start=1746
-  _globals['_VERDICT']._serialized_end=1839
+  _globals['_VERDICT']._serialized_start=1794
+  _globals['_VERDICT']._serialized_end=1887
   _globals['_INSPECTREQUEST']._serialized_start=113
-  _globals['_INSPECTREQUEST']._serialized_end=309
-  _globals['_DEFECT']._serialized_start=311
-  _globals['_DEFECT']._serialized_end=395
-  _globals['_REFERENCE']._serialized_start=397
-  _globals['_REFERENCE']._serialized_end=507
-  _globals['_MODELINFO']._serialized_start=510
-  _globals['_MODELINFO']._serialized_end=638
-  _globals['_DEFECTREPORT']._serialized_start=641
-  _globals['_DEFECTREPORT']._serialized_end=1224
-  _globals['_TOKENDELTA']._serialized_start=1226
-  _globals['_TOKENDELTA']._serialized_end=1271
-  _globals['_INSPECTEVENT']._serialized_start=1273
-  _globals['_INSPECTEVENT']._serialized_end=1389
-  _globals['_GETREPORTREQUEST']._serialized_start=1391
-  _globals['_GETREPORTREQUEST']._serialized_end=1428
-  _globals['_LISTREPORTSREQUEST']._serialized_start=1431
-  _globals['_LISTREPORTSREQUEST']._serialized_end=1649
-  _globals['_LISTREPORTSRESPONSE']._serialized_start=1651
-  _globals['_LISTREPORTSRESPONSE']._serialized_end=1744
-  _globals['_INSPECTIONSERVICE']._serialized_start=1842
-  _globals['_INSPECTIONSERVICE']._serialized_end=2180
+  _globals['_INSPECTREQUEST']._serialized_end=331
+  _globals['_DEFECT']._serialized_start=333
+  _globals['_DEFECT']._serialized_end=417
+  _globals['_REFERENCE']._serialized_start=419
+  _globals['_REFERENCE']._serialized_end=529
+  _globals['_MODELINFO']._serialized_start=532
+  _globals['_MODELINFO']._serialized_end=660
+  _globals['_DEFECTREPORT']._serialized_start=663
+  _globals['_DEFECTREPORT']._serialized_end=1272
+  _globals['_TOKENDELTA']._serialized_start=1274
+  _globals['_TOKENDELTA']._serialized_end=1319
+  _globals['_INSPECTEVENT']._serialized_start=1321
+  _globals['_INSPECTEVENT']._serialized_end=1437
+  _globals['_GETREPORTREQUEST']._serialized_start=1439
+  _globals['_GETREPORTREQUEST']._serialized_end=1476
+  _globals['_LISTREPORTSREQUEST']._serialized_start=1479
+  _globals['_LISTREPORTSREQUEST']._serialized_end=1697
+  _globals['_LISTREPORTSRESPONSE']._serialized_start=1699
+  _globals['_LISTREPORTSRESPONSE']._serialized_end=1792
+  _globals['_INSPECTIONSERVICE']._serialized_start=1890
+  _globals['_INSPECTIONSERVICE']._serialized_end=2228
 # @@protoc_insertion_point(module_scope)

@@ -104,7 +104,7 @@ class Inspector:
                 stage="vision", compute_ms=enc.encode_ms, wire_ms=(time.perf_counter() - t0) * 1e3 - enc.encode_ms
             )
         )
-        chunks, index_version = await self._spec_context(req, timings)
+        chunks, index_version = ([], "") if req.verification else await self._spec_context(req, timings)
         context = "\n".join(f"[{c.doc_id} / {c.section}] {c.text}" for c in chunks)
         text = prompt_text(self.processor, build_messages(req.prompt or DEFAULT_INSTRUCTION, context))
         ids = prompt_ids(self.processor, text)
@@ -216,6 +216,8 @@ class Inspector:
                 ],
             ),
         )
+        if req.verification:
+            report.prompt_token_ids.extend(journal.prompt_ids)
         if req.HasField("capture_time"):
             report.capture_time.CopyFrom(req.capture_time)
         return report
