@@ -113,6 +113,7 @@ class Inspector:
         sampling = stage_pb2.SamplingParams()
         step_timings: dict[str, list[float]] = {}
         t_first = None
+        network_ms = 0.0
         emitted = ""
         truncated = True
         session_id = f"{report_id}-{uuid.uuid4().hex[:8]}"
@@ -121,6 +122,8 @@ class Inspector:
             while len(journal.generated) < budget:
                 result = await session.step(step_ids, visual, sampling)
                 t_first = t_first or time.perf_counter()
+                if len(journal.generated) > 0:  # decode steps only: prefill is in time_to_first_token
+                    network_ms += result.wire_ms
                 for t in result.timings:
                     step_timings.setdefault(t.stage, []).append(t.compute_ms)
                 token = result.token_id
@@ -138,7 +141,12 @@ class Inspector:
         metrics.TOKENS.labels(role="gateway").inc(len(journal.generated))
         for stage, values in step_timings.items():
             timings.append(stage_pb2.StageTiming(stage=stage, compute_ms=sum(values)))
+        t_end = time.perf_counter()
         timings.append(stage_pb2.StageTiming(stage="time_to_first_token", wire_ms=(t_first - t0) * 1e3))
+        decode_steps = max(len(journal.generated) - 1, 1)
+        # Per decode step: wall time, and the part of it not spent computing in a stage (wire, codec, relay).
+        timings.append(stage_pb2.StageTiming(stage="decode_per_token", wire_ms=(t_end - t_first) * 1e3 / decode_steps))
+        timings.append(stage_pb2.StageTiming(stage="network_per_token", wire_ms=network_ms / decode_steps))
         raw = self.tokenizer.decode(journal.generated, skip_special_tokens=True)
         report = self._report(
             req,
