@@ -10,8 +10,8 @@ import edgeinspect
 from edgeinspect.codec import Codec, codec_from_proto, encode_frame, wire_nbytes
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.metrics import WIRE_BYTES
-from edgeinspect.services.vision.encoder import VisionEncoder
-from edgeinspect.v1 import common_pb2, vision_pb2, vision_pb2_grpc
+from edgeinspect.services.vision.encoder import EncodeResult, VisionEncoder
+from edgeinspect.v1 import common_pb2, tensor_pb2, vision_pb2, vision_pb2_grpc
 
 ROLE = "vision"
 
@@ -56,7 +56,9 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
         )
 
 
-def _encode(encoder: VisionEncoder, image: bytes, codec: Codec, zstd: bool):
+def _encode(
+    encoder: VisionEncoder, image: bytes, codec: Codec, zstd: bool
+) -> tuple[EncodeResult, tensor_pb2.TensorFrame]:
     # Both halves are CPU work (tower, then int8/zstd packing): one trip to the worker thread.
     result = encoder.encode(image)
     return result, encode_frame(result.tokens, codec, zstd)
