@@ -54,3 +54,15 @@ def embedded_stack(tiny_checkpoint, tmp_path_factory):
     opts = StackOptions(workdir=tmp_path_factory.mktemp("embedded"), checkpoint=tiny_checkpoint, stages=2)
     with LocalStack(opts) as stack:
         yield stack
+
+
+@pytest.fixture(scope="session")
+def sample_kb(tmp_path_factory):
+    """The shipped sample knowledge base, indexed once per test session (real MiniLM embeddings, FAISS)."""
+    from edgeinspect.rag import sample_kb_dir
+    from edgeinspect.rag.embed import Embedder
+    from edgeinspect.rag.indexer import build_index
+
+    kb = tmp_path_factory.mktemp("sample-kb")
+    build_index(sample_kb_dir(), kb, Embedder())
+    return kb
