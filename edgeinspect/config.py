@@ -128,6 +128,11 @@ class GatewaySettings(RoleSettings):
     chained: bool = Field(False, description="stages forward to each other (exo) instead of via the gateway")
     db_path: Path = Field(Path("var/reports.sqlite"), description="SQLite file every report is stored in")
     api_tokens: list[str] = Field(default_factory=list, description="bearer tokens accepted on the public API")
-    max_new_tokens: int = Field(128, description="generation budget per report")
+    max_new_tokens: int = Field(
+        256, description="generation budget per report (the report schema's lengths are sized to fit it)"
+    )
     spec_chunks: int = Field(3, description="spec chunks put into the prompt")
+    structured_output: bool = Field(
+        True, description="constrain generation to the report JSON schema built from the part's specs"
+    )
     upstream_timeout_s: float = Field(120.0, description="deadline for one inspection across all hops")

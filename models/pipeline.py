@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from edgeinspect.models.checkpoint import Checkpoint
+from edgeinspect.models.grammar import LogitsConstraint
 from edgeinspect.models.sampling import SamplingParams, make_generator, sample
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 
@@ -24,6 +25,7 @@ class Request:
     visual_tokens: torch.Tensor | None = None  # [N_img, vision_hidden]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_new_tokens: int = 32
+    constraint: LogitsConstraint | None = None  # grammar state for this request (models/grammar.py)
 
 
 @dataclass
@@ -98,10 +100,14 @@ class LocalPipeline:
                 next_batch = []
                 for (sid, _), lg in zip(batch, logits, strict=True):
                     req, res = requests[sid], results[sid]
-                    token = sample(lg, req.sampling, gens[sid])
-                    res.tokens.append(token)
                     if keep_logits:
-                        res.logits.append(lg)
+                        res.logits.append(lg.clone())  # unmasked
+                    if req.constraint is not None:
+                        lg = req.constraint.mask(lg)
+                    token = sample(lg, req.sampling, gens[sid])
+                    if req.constraint is not None:
+                        req.constraint.advance(token)
+                    res.tokens.append(token)
                     if token == self.eos_id:
                         res.finished_by_eos = True
                     elif len(res.tokens) < req.max_new_tokens:

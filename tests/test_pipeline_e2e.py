@@ -21,6 +21,9 @@ from edgeinspect.v1 import common_pb2, inspection_pb2, inspection_pb2_grpc, stag
 
 NEW_TOKENS = 12
 IMAGES = ["part_scratch.jpg", "part_dent.jpg"]
+# The references are unconstrained generate(): the gateway's report-schema constraint is off here (it has its own
+# oracle in test_structured_reports.py).
+UNCONSTRAINED = {"EDGEINSPECT_STRUCTURED_OUTPUT": "false"}
 
 
 def reference_tokens(ckpt_path, image_bytes: bytes, n: int) -> list[int]:
@@ -43,7 +46,13 @@ def references(tiny_checkpoint):
 
 @pytest.fixture(scope="module")
 def stack(tiny_checkpoint, tmp_path_factory):
-    opts = StackOptions(workdir=tmp_path_factory.mktemp("stack"), checkpoint=tiny_checkpoint, stages=2, codec="fp32")
+    opts = StackOptions(
+        workdir=tmp_path_factory.mktemp("stack"),
+        checkpoint=tiny_checkpoint,
+        stages=2,
+        codec="fp32",
+        extra_env=UNCONSTRAINED,
+    )
     with LocalStack(opts) as s:
         yield s
 
@@ -69,6 +78,7 @@ def test_three_stages_and_fp16_on_the_wire_keep_the_tokens(tiny_checkpoint, tmp_
         stages=stages,
         codec=wire,
         chained=(stages == 3 and wire == "fp16"),
+        extra_env=UNCONSTRAINED,
     )
     with LocalStack(opts) as s:
         for name in IMAGES:

@@ -29,16 +29,18 @@ class HandshakeResponse(_message.Message):
     def __init__(self, server: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., codecs: _Optional[_Iterable[_Union[_tensor_pb2.Codec, str]]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "seed", "grammar_id")
+    __slots__ = ("temperature", "top_p", "seed", "grammar_id", "grammar_json")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_ID_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_JSON_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     seed: int
     grammar_id: str
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., grammar_id: _Optional[str] = ...) -> None: ...
+    grammar_json: str
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., grammar_id: _Optional[str] = ..., grammar_json: _Optional[str] = ...) -> None: ...
 
 class SessionStep(_message.Message):
     __slots__ = ("session_id", "position", "input_ids", "hidden", "visual_tokens", "sampling", "return_logits")

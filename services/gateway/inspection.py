@@ -21,6 +21,7 @@ from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, promp
 from edgeinspect.services.common import metrics
 from edgeinspect.services.common.context import request_id_var
 from edgeinspect.services.gateway.report_text import parse_report_text
+from edgeinspect.services.gateway.schema import build_report_grammar, parse_structured, schema_instruction
 from edgeinspect.services.gateway.store import ReportStore
 from edgeinspect.services.gateway.upstream import RetrievalClient, StagePipeline, VisionClient
 from edgeinspect.v1 import inspection_pb2, retrieval_pb2, stage_pb2
@@ -106,11 +107,20 @@ class Inspector:
         )
         chunks, index_version = ([], "") if req.verification else await self._spec_context(req, timings)
         context = "\n".join(f"[{c.doc_id} / {c.section}] {c.text}" for c in chunks)
-        text = prompt_text(self.processor, build_messages(req.prompt or DEFAULT_INSTRUCTION, context))
+        budget = req.max_new_tokens or self.cfg.max_new_tokens
+        instruction = req.prompt or DEFAULT_INSTRUCTION
+        # Verification compares with unconstrained generate(), so it is never constrained.
+        grammar = None
+        if self.cfg.structured_output and not req.verification:
+            grammar = build_report_grammar(chunks, req.part, budget)
+            instruction = f"{instruction}\n{schema_instruction(grammar.vocabulary)}"
+        text = prompt_text(self.processor, build_messages(instruction, context))
         ids = prompt_ids(self.processor, text)
         journal = Journal(ids, enc.visual_tokens)
-        budget = req.max_new_tokens or self.cfg.max_new_tokens
-        sampling = stage_pb2.SamplingParams()
+        # The schema travels with the first step only; the last stage keeps its grammar under the id.
+        sampling = stage_pb2.SamplingParams(
+            grammar_id=grammar.grammar_id if grammar else "", grammar_json=grammar.text if grammar else ""
+        )
         step_timings: dict[str, list[float]] = {}
         t_first = None
         network_ms = 0.0
@@ -138,6 +148,7 @@ class Inspector:
                     )
                     emitted = decoded
                 step_ids, visual = [token], None
+                sampling = stage_pb2.SamplingParams(grammar_id=sampling.grammar_id)
         metrics.TOKENS.labels(role="gateway").inc(len(journal.generated))
         for stage, values in step_timings.items():
             timings.append(stage_pb2.StageTiming(stage=stage, compute_ms=sum(values)))
@@ -148,12 +159,14 @@ class Inspector:
         timings.append(stage_pb2.StageTiming(stage="decode_per_token", wire_ms=(t_end - t_first) * 1e3 / decode_steps))
         timings.append(stage_pb2.StageTiming(stage="network_per_token", wire_ms=network_ms / decode_steps))
         raw = self.tokenizer.decode(journal.generated, skip_special_tokens=True)
+        truncated = truncated and raw.strip() != ""
+        parsed = parse_structured(raw, truncated) if grammar else parse_report_text(raw, truncated=truncated)
         report = self._report(
             req,
             report_id,
             raw,
             journal,
-            truncated and raw.strip() != "",
+            parsed,
             chunks,
             index_version,
             timings,
@@ -174,7 +187,10 @@ class Inspector:
             return [], ""
         t0 = time.perf_counter()
         query = " ".join(x for x in (req.part, req.station, req.prompt or "visual defects acceptance limits") if x)
-        resp = await self.retrieval.search(query, self.cfg.spec_chunks, {})
+        # The part's own specs (and general ones) first: their defect classes make the report schema.
+        resp = await self.retrieval.search(query, self.cfg.spec_chunks, {"product": req.part} if req.part else {})
+        if req.part and not resp.chunks:
+            resp = await self.retrieval.search(query, self.cfg.spec_chunks, {})
         timings.append(
             stage_pb2.StageTiming(
                 stage="retrieval", compute_ms=resp.search_ms, wire_ms=(time.perf_counter() - t0) * 1e3 - resp.search_ms
@@ -182,8 +198,7 @@ class Inspector:
         )
         return list(resp.chunks), resp.index_version
 
-    def _report(self, req, report_id, raw, journal, truncated, chunks, index_version, timings, image_sha):
-        parsed = parse_report_text(raw, truncated=truncated)
+    def _report(self, req, report_id, raw, journal, parsed, chunks, index_version, timings, image_sha):
         now = Timestamp()
         now.GetCurrentTime()
         report = inspection_pb2.DefectReport(

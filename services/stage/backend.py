@@ -14,6 +14,7 @@ from edgeinspect import PROTOCOL_VERSION
 from edgeinspect.config import StageSettings
 from edgeinspect.errors import PeerMismatch
 from edgeinspect.models.checkpoint import Checkpoint, open_checkpoint
+from edgeinspect.models.grammar import SessionConstraints, grammar_cache_for
 from edgeinspect.models.sampling import SamplingParams, make_generator, sample
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 from edgeinspect.services.common import metrics
@@ -41,6 +42,8 @@ class SessionWork:
     inputs: StepInput
     sampling: SamplingParams | None = None
     return_logits: bool = False
+    grammar_id: str = ""  # constrained decoding (last stage): the schema's id ...
+    grammar_json: str = ""  # ... and, on the session's first step, the schema
 
 
 @dataclass
@@ -72,6 +75,8 @@ class StageBackend:
             cfg.weights.value,
         )
         self._generators: dict[str, torch.Generator | None] = {}
+        # Per-session grammar matchers at the sampling stage; the tokenizer is loaded on the first constrained step.
+        self.constraints = SessionConstraints(lambda: grammar_cache_for(self.ckpt))
         self._busy: set[str] = set()
         # Torch work runs on one thread: steps are serialised and the event loop stays free for health checks.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage-compute")
@@ -124,8 +129,12 @@ class StageBackend:
                 params = w.sampling or SamplingParams()
                 if w.session_id not in self._generators:
                     self._generators[w.session_id] = make_generator(params)
-                res.token_id = sample(out.logits, params, self._generators[w.session_id])
-                res.logits = out.logits if w.return_logits else None
+                res.logits = out.logits.clone() if w.return_logits else None  # unmasked, for verification
+                constraint = self.constraints.for_step(w.session_id, w.grammar_id, w.grammar_json)
+                logits = constraint.mask(out.logits) if constraint is not None else out.logits
+                res.token_id = sample(logits, params, self._generators[w.session_id])
+                if constraint is not None:
+                    constraint.advance(res.token_id)
                 metrics.TOKENS.labels(role="stage").inc()
             results.append(res)
         return results
@@ -138,6 +147,7 @@ class StageBackend:
         n = 0
         for sid in session_ids:
             self._generators.pop(sid, None)
+            self.constraints.release(sid)
             if self.executor.release(sid):
                 n += 1
         self.released += n

@@ -158,10 +158,12 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
                 role="stage", codec=str(codec.codec_from_proto(step.hidden.codec)), direction="in"
             ).inc(codec.wire_nbytes(step.hidden))
         sampling = None
+        grammar_id = grammar_json = ""
         if step.HasField("sampling"):
             s = step.sampling
             sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p or 1.0, seed=s.seed)
-        return SessionWork(step.session_id, inputs, sampling, step.return_logits)
+            grammar_id, grammar_json = s.grammar_id, s.grammar_json
+        return SessionWork(step.session_id, inputs, sampling, step.return_logits, grammar_id, grammar_json)
 
     def _to_response(self, request, outcomes: list[SessionOutcome], timing) -> stage_pb2.StepResponse:
         out_codec = codec.codec_from_proto(request.output_codec) if request.output_codec else codec.Codec.fp32
