@@ -61,11 +61,7 @@ def synthetic_kv(ckpt: Checkpoint, length: int, dtype: torch.dtype, seed: int = 
 
 def install_cache(executor: StageExecutor, kv: list[tuple]) -> int:
     """Opens session SID on the executor holding `kv` for its own layers; returns the cached length."""
-    sess = executor.open(SID)
-    for i in range(executor.range.start, executor.range.end):
-        sess.cache.update(kv[i][0], kv[i][1], i)  # copies: the snapshot stays intact for the next run
-    sess.length = kv[0][0].shape[2]  # as if a prefill of that many positions had run on this stage
-    return sess.length
+    return executor.install(SID, kv, spare=64).length  # copies: the snapshot stays intact for the next run
 
 
 def shared_split(mono: StageModule, ckpt: Checkpoint, ranges: list[LayerRange]) -> list[StageModule]:
@@ -197,7 +193,7 @@ def reference_decode_s(ckpt: Checkpoint, weights: str, prompt: torch.Tensor, kv:
     model.generate(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),
-        past_key_values=cache,
+        cache=cache,
         max_new_tokens=tokens + 1,
         min_new_tokens=tokens + 1,  # random weights may pick EOS early; the timing needs every step
         do_sample=False,
