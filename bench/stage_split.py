@@ -87,19 +87,23 @@ def param_bytes(module: nn.Module | None) -> int:
     return 0 if module is None else sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-class ModuleTimer:
-    """Forward hooks that record each module call's wall time (seconds) under its name."""
+class SpanTimer:
+    """Wall time (seconds) from a start module's call to an end module's return, per name, via forward hooks.
 
-    def __init__(self, modules: dict[str, nn.Module]):
-        self.modules = modules
-        self.times: dict[str, list[float]] = {name: [] for name in modules}
+    A decoder layer is timed from its input_layernorm to its mlp: the first and last thing it runs whether the
+    executor calls the LlamaDecoderLayer itself or drives its submodules one by one.
+    """
+
+    def __init__(self, spans: dict[str, tuple[nn.Module, nn.Module]]):
+        self.spans = spans
+        self.times: dict[str, list[float]] = {name: [] for name in spans}
         self._started: dict[str, float] = {}
         self._handles: list = []
 
-    def __enter__(self) -> ModuleTimer:
-        for name, mod in self.modules.items():
-            self._handles.append(mod.register_forward_pre_hook(self._pre(name)))
-            self._handles.append(mod.register_forward_hook(self._post(name)))
+    def __enter__(self) -> SpanTimer:
+        for name, (first, last) in self.spans.items():
+            self._handles.append(first.register_forward_pre_hook(self._pre(name)))
+            self._handles.append(last.register_forward_hook(self._post(name)))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -227,8 +231,8 @@ def bench_weights(ckpt: Checkpoint, weights: str, args: argparse.Namespace) -> d
     first = int(prompt[-1])
 
     print(f"[{weights}] per-layer decode profile (monolith, {args.tokens} tokens; also its warm-up)", flush=True)
-    layers = {f"layer {i}": layer for i, layer in enumerate(mono_mod.layers)}
-    with ModuleTimer(layers) as timer:
+    layers = {f"layer {i}": (layer.input_layernorm, layer.mlp) for i, layer in enumerate(mono_mod.layers)}
+    with SpanTimer(layers) as timer:
         decode_run(mono, kv, first, args.tokens)
     per_layer = [statistics.median(t) for t in timer.times.values()]
     decode_run(split, kv, first, 2)  # warm-up of the split's own modules
