@@ -161,7 +161,14 @@ def main() -> None:
         "preprocess_ms_per_image": round(preprocess_ms, 1),
         "onnx_export_s": None if export_s is None else round(export_s, 1),
         "onnx_bytes": {"fp32": fp32_onnx.stat().st_size, "int8": int8_onnx.stat().st_size},
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            # bf16 is only fast with AVX-512 BF16 / AMX; on an AVX2-only CPU torch emulates it.
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "load_average": [round(x, 1) for x in os.getloadavg()],
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
