@@ -12,13 +12,14 @@ from edgeinspect.services.common.server import start_server
 EDGEINSPECT = Path(sys.executable).parent / "edgeinspect"
 
 
-async def healthcheck(address: str) -> tuple[int, str]:
+async def healthcheck(address: str, *extra: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         EDGEINSPECT,
         "healthcheck",
         address,
         "--timeout",
         "2",
+        *extra,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -36,4 +37,26 @@ async def test_healthcheck_exits_0_only_while_the_server_is_serving():
     finally:
         await running.stop(0)
     code, out = await healthcheck(address)
+    assert code == 1 and "UNAVAILABLE" in out
+
+
+async def test_healthcheck_wait_returns_once_the_server_turns_serving():
+    running = await start_server([], [], ServerConfig(host="127.0.0.1", port=0), role="test")
+    address = f"127.0.0.1:{running.port}"
+    try:
+        waiter = asyncio.create_task(healthcheck(address, "--wait", "120"))
+        # The waiter must still be waiting while the server says NOT_SERVING (its start takes a few seconds).
+        done, _ = await asyncio.wait([waiter], timeout=8)
+        assert not done
+        await running.health.set_serving(True)
+        assert await asyncio.wait_for(waiter, 60) == (0, f"{address}: SERVING\n")
+    finally:
+        await running.stop(0)
+
+
+async def test_healthcheck_wait_gives_up_with_exit_1_when_nothing_answers():
+    running = await start_server([], [], ServerConfig(host="127.0.0.1", port=0), role="test")
+    address = f"127.0.0.1:{running.port}"
+    await running.stop(0)
+    code, out = await healthcheck(address, "--wait", "1")
     assert code == 1 and "UNAVAILABLE" in out

@@ -5,6 +5,7 @@ configuration; an inspection over the shaped links produces the same tokens as t
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -59,12 +60,17 @@ def test_shaped_link_carries_about_a_gigabit_and_no_more(lab_factory):
     assert 0 < mbit100 < 1.1e8
 
 
-def test_lab_namespaces_are_gone_after_teardown():
+def test_lab_teardown_kills_what_runs_inside_and_removes_namespaces_and_links():
     lab = Lab(["a", "b"]).up()
     names = list(lab.namespaces)
+    # A process left running inside would keep its namespace (and the lab's addresses) alive after the name.
+    left = lab.popen("a", ["sleep", "300"])
     lab.down()
+    assert left.wait(timeout=10) == -9
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert names and not any(n in listed for n in names)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "br0" not in links and "port0" not in links
 
 
 def inventory(data_dir: Path, addresses: dict[str, str]) -> dict:
@@ -88,6 +94,18 @@ def inventory(data_dir: Path, addresses: dict[str, str]) -> dict:
     }
 
 
+def plant_data(root: Path, checkpoint: Path, onnx: Path) -> Path:
+    """A plant's data folder as the deployment guide lays it out: the checkpoint, and the vision export in cache/."""
+    data_dir = root / "data"
+    for sub in ("checkpoints", "kb", "reports", "cache", "frames"):
+        (data_dir / sub).mkdir(parents=True)
+    (data_dir / "checkpoints" / "tiny").symlink_to(checkpoint)
+    # The rendered vision settings name cache/<checkpoint>-vision.onnx; exported once here, not by both plants'
+    # vision nodes on first start at the same time.
+    shutil.copy(onnx, data_dir / "cache" / "tiny-vision.onnx")
+    return data_dir
+
+
 def render_plant(tmp: Path, data_dir: Path, addresses: dict[str, str], name: str) -> Path:
     inv = tmp / f"{name}.yaml"
     inv.write_text(yaml.safe_dump(inventory(data_dir, addresses)))
@@ -98,13 +116,15 @@ def render_plant(tmp: Path, data_dir: Path, addresses: dict[str, str], name: str
     return out
 
 
-def run_plant(lab: Lab, runs: list, rendered: Path, netns_of: dict[str, str], logs: Path, image: Path) -> dict:
+def start_plant(lab: Lab, runs: list, rendered: Path, netns_of: dict[str, str], logs: Path) -> PlantRun:
     run = PlantRun(lab, rendered, role_env(json.dumps([TOKEN])), logs)
     runs.append(run)
     run.start(netns_of)
-    run.wait_healthy(timeout_s=240)
+    return run
+
+
+def inspect_and_stop(run: PlantRun, rendered: Path, client_box: str, image: Path) -> dict:
     gateway = yaml.safe_load((rendered / "front" / "config" / "gateway.yaml").read_text())
-    client_box = netns_of["front"]
     result = run.inspect(client_box, f"127.0.0.1:{gateway['server']['port']}", image, TOKEN)
     run.stop()
     return result
@@ -113,24 +133,31 @@ def run_plant(lab: Lab, runs: list, rendered: Path, netns_of: dict[str, str], lo
 @pytest.mark.skipif(not serve_available(), reason="`edgeinspect serve` (the roles' servers) is not available yet")
 def test_inspection_over_gigabit_boxes_matches_loopback(lab_factory, tiny_checkpoint, tmp_path):
     from edgeinspect.assets import asset_path
+    from edgeinspect.models.onnx_export import export_vision_onnx
 
-    data_dir = tmp_path / "data"
-    for sub in ("checkpoints", "kb", "reports", "cache", "frames"):
-        (data_dir / sub).mkdir(parents=True)
-    (data_dir / "checkpoints" / "tiny").symlink_to(tiny_checkpoint)
     image = Path(asset_path("part_scratch.jpg"))
+    onnx = export_vision_onnx(tiny_checkpoint, tmp_path / "tiny-vision.onnx")
 
     # Loopback: the same plant in one namespace, boxes at 127.0.0.x.
     loop = lab_factory(["loop"])
     loop_addresses = {"front": "127.0.0.1", "s0": "127.0.0.2", "s1": "127.0.0.3"}
-    rendered = render_plant(tmp_path, data_dir, loop_addresses, "loopback")
-    looped = run_plant(
-        loop, lab_factory.runs, rendered, dict.fromkeys(loop_addresses, "loop"), tmp_path / "logs-loop", image
+    loop_rendered = render_plant(
+        tmp_path, plant_data(tmp_path / "loop", tiny_checkpoint, onnx), loop_addresses, "loopback"
     )
-
+    # The plant over three boxes, every link shaped to 1 Gbit/s.
     boxes = lab_factory(["front", "s0", "s1"], rate="1gbit")
-    rendered = render_plant(tmp_path, data_dir, {b: boxes.address(b) for b in boxes.names}, "boxes")
-    shaped = run_plant(boxes, lab_factory.runs, rendered, {b: b for b in boxes.names}, tmp_path / "logs-boxes", image)
+    addresses = {b: boxes.address(b) for b in boxes.names}
+    rendered = render_plant(tmp_path, plant_data(tmp_path / "boxes", tiny_checkpoint, onnx), addresses, "boxes")
+
+    # Both plants start together (separate namespaces, so the same ports); each inspects while the other is idle.
+    loop_run = start_plant(
+        loop, lab_factory.runs, loop_rendered, dict.fromkeys(loop_addresses, "loop"), tmp_path / "logs-loop"
+    )
+    boxes_run = start_plant(boxes, lab_factory.runs, rendered, {b: b for b in boxes.names}, tmp_path / "logs-boxes")
+    loop_run.wait_healthy(timeout_s=300)
+    boxes_run.wait_healthy(timeout_s=300)
+    looped = inspect_and_stop(loop_run, loop_rendered, "loop", image)
+    shaped = inspect_and_stop(boxes_run, rendered, "front", image)
 
     stages = sorted((rendered / "s0" / "config").glob("stage-*.yaml")) + sorted(
         (rendered / "s1" / "config").glob("stage-*.yaml")
@@ -139,5 +166,7 @@ def test_inspection_over_gigabit_boxes_matches_loopback(lab_factory, tiny_checkp
     for name, r in (("loopback", looped), ("1 Gbit/s boxes", shaped)):
         per = f"{r['per_token_s'] * 1e3:.1f}" if r["per_token_s"] is not None else "-"
         print(f"\n{name}: TTFT {r['ttft_s'] * 1e3:.0f} ms, {per} ms/token, {r['tokens']} tokens, {r['verdict']}")
+    # The shaped run really went through the decoder boxes' addresses.
+    assert [p.split("=", 1)[1].split(":")[0] for p in shaped["partition"]] == [addresses["s0"], addresses["s1"]]
     assert shaped["tokens"] > 0
     assert shaped["token_ids"] == looped["token_ids"]

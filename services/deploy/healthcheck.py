@@ -1,30 +1,51 @@
 """`edgeinspect healthcheck ADDRESS`: exit 0 when the server at ADDRESS reports SERVING on grpc.health.v1.
 
-Container HEALTHCHECKs and compose `depends_on: service_healthy` run it; it imports nothing heavy.
+Container HEALTHCHECKs and compose `depends_on: service_healthy` run it; it imports nothing heavy. With `--wait`
+it keeps asking until the server is SERVING or the time is up: one process that waits for a box to come up,
+instead of a new process per poll.
 """
 
 from __future__ import annotations
 
+import time
+
 import typer
+
+POLL_S = 0.25
+# gRPC backs off reconnecting after refused connections (1 s growing by 1.6x to 120 s): polling one channel for a
+# server that takes minutes to start would notice it up to minutes late. Cap the backoff near the poll interval.
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 
 def healthcheck_command(
     address: str = typer.Argument(..., help="host:port of an edgeinspect server, e.g. 127.0.0.1:50060"),
     service: str = typer.Option("", "--service", help="grpc.health.v1 service name ('' = the whole server)"),
-    timeout: float = typer.Option(3.0, "--timeout", min=0.1, help="seconds to wait for the answer"),
+    timeout: float = typer.Option(3.0, "--timeout", min=0.1, help="seconds to wait for one answer"),
+    wait: float = typer.Option(
+        0.0, "--wait", min=0.0, help="keep asking for up to this many seconds until SERVING (0: ask once)"
+    ),
 ) -> None:
     """Ask a server's grpc.health.v1 Check: exit 0 when SERVING, 1 otherwise (not serving, unreachable)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    serving = health_pb2.HealthCheckResponse.SERVING
+    deadline = time.monotonic() + wait
+    with grpc.insecure_channel(address, options=RECONNECT_OPTIONS) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-        except grpc.RpcError as err:
-            typer.echo(f"{address}: {err.code().name}: {err.details()}", err=True)
-            raise typer.Exit(1) from None
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    typer.echo(f"{address}: {status}")
-    if reply.status != health_pb2.HealthCheckResponse.SERVING:
+        while True:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+                status, ok = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status), reply.status == serving
+            except grpc.RpcError as err:
+                status, ok = f"{err.code().name}: {err.details()}", False
+            if ok or time.monotonic() + POLL_S > deadline:
+                break
+            time.sleep(POLL_S)
+    typer.echo(f"{address}: {status}", err=not ok)
+    if not ok:
         raise typer.Exit(1)

@@ -1,6 +1,6 @@
 """Runs a rendered plant inside a network lab: every role started from its box's rendered compose command, as
-`ip netns exec NS edgeinspect ...`, then one inspection through the gateway. Used by the multi-box test and
-bench/network_bench.py."""
+`ip netns exec NS edgeinspect ...`, then inspections through the gateway with `edgeinspect deploy smoke`. Used by
+the multi-box test and bench/network_bench.py."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from edgeinspect.services.deploy.compose import CONFIG_DIR
-from edgeinspect.services.deploy.netns import Lab, wait_for
+from edgeinspect.services.deploy.netns import Lab
 
 log = logging.getLogger(__name__)
 EDGEINSPECT = str(Path(sys.executable).parent / "edgeinspect")
@@ -24,14 +25,15 @@ EDGEINSPECT = str(Path(sys.executable).parent / "edgeinspect")
 
 @dataclass
 class PlantRun:
-    """The role processes of one rendered plant, started in `lab` (box name -> namespace)."""
+    """The role processes of one rendered plant, started in `lab` (box name -> lab box)."""
 
     lab: Lab
     rendered: Path
     env: dict[str, str]
     logs: Path
     procs: list[subprocess.Popen] = field(default_factory=list)
-    servers: list[tuple[str, str]] = field(default_factory=list)  # (box, host:port)
+    servers: list[tuple[str, str]] = field(default_factory=list)  # (lab box, host:port as seen inside it)
+    log_of: dict[int, Path] = field(default_factory=dict)  # pid -> its log file
 
     def start(self, netns_of: dict[str, str]) -> None:
         """Starts every served role of every box folder under `rendered`; `netns_of` maps box -> lab box."""
@@ -47,32 +49,53 @@ class PlantRun:
                 # The container's /etc/edgeinspect is the box folder's config/: same files, same command.
                 argv = [a.replace(CONFIG_DIR, str(compose_file.parent / "config")) for a in svc["command"]]
                 cfg = yaml.safe_load((compose_file.parent / "config" / Path(argv[-1]).name).read_text())
-                out = (self.logs / f"{box}-{name}.log").open("w")
-                proc = self.lab.popen(
-                    netns_of[box], [EDGEINSPECT, *argv], env=self.env, stdout=out, stderr=subprocess.STDOUT
-                )
+                log_path = self.logs / f"{box}-{name}.log"
+                with log_path.open("w") as out:
+                    proc = self.lab.popen(
+                        netns_of[box], [EDGEINSPECT, *argv], env=self.env, stdout=out, stderr=subprocess.STDOUT
+                    )
                 self.procs.append(proc)
+                self.log_of[proc.pid] = log_path
+                # The compose healthcheck's address (loopback inside the box) with the port the settings bind.
                 host = svc["healthcheck"]["test"][-1].rsplit(":", 1)[0]
                 self.servers.append((netns_of[box], f"{host}:{cfg['server']['port']}"))
 
     def wait_healthy(self, timeout_s: float) -> None:
-        for box, address in self.servers:
-
-            def serving(box: str = box, address: str = address) -> bool:
+        """Waits until every role answers SERVING (one `healthcheck --wait` per role, inside its box); raises
+        RuntimeError with the log tail as soon as a role exits, TimeoutError when one is not up in time."""
+        waiters = [
+            (address, self.lab.popen(box, [EDGEINSPECT, "healthcheck", address, "--wait", str(timeout_s)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            for box, address in self.servers
+        ]  # fmt: skip
+        try:
+            while True:
                 self._check_alive()
-                argv = [EDGEINSPECT, "healthcheck", address, "--timeout", "1"]
-                return self.lab.popen(box, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).wait() == 0
-
-            wait_for(serving, timeout_s, f"{address} in {box}", interval_s=0.5)
+                pending = [(a, w) for a, w in waiters if w.poll() is None]
+                for address, w in waiters:
+                    if w.returncode not in (None, 0):
+                        raise TimeoutError(f"{address} not SERVING after {timeout_s:.0f} s: {w.stderr.read().strip()}")
+                if not pending:
+                    return
+                time.sleep(0.2)
+        finally:
+            for _, w in waiters:
+                if w.poll() is None:
+                    w.kill()
+                w.wait()
+                w.stderr.close()
 
     def _check_alive(self) -> None:
         for proc in self.procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"{' '.join(proc.args[-5:])} exited with {proc.returncode}; logs in {self.logs}")
+                path = self.log_of[proc.pid]
+                tail = "\n".join(path.read_text(errors="replace").splitlines()[-15:])
+                raise RuntimeError(f"{' '.join(proc.args[-4:])} exited with {proc.returncode}; {path}:\n{tail}")
 
-    def inspect(self, box: str, gateway: str, image: Path, token: str) -> dict:
+    def inspect(self, box: str, gateway: str, image: Path, token: str, timeout_s: float = 300.0) -> dict:
         """One inspection from inside `box`'s namespace; the smoke command's JSON."""
         argv = [EDGEINSPECT, "deploy", "smoke", "-g", gateway, "--image", str(image), "--token", token, "--json"]
+        argv += ["--timeout", str(timeout_s)]
         done = subprocess.run(
             ["ip", "netns", "exec", self.lab.netns(box), *argv], capture_output=True, text=True, env=self.env
         )
@@ -80,15 +103,17 @@ class PlantRun:
             raise RuntimeError(f"smoke inspection failed: {done.stderr[-2000:]}; logs in {self.logs}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL whatever is still running after 10 s."""
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every role, then SIGKILL whatever is still running after `grace_s`."""
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
         for proc in self.procs:
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                log.warning("%s ignored SIGTERM for %.0f s: killing it", " ".join(proc.args[-4:]), grace_s)
                 proc.kill()
                 proc.wait()
         self.procs.clear()

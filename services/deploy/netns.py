@@ -7,14 +7,17 @@ and closing the lab deletes them all (which also removes the links and qdiscs in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +122,11 @@ class Lab:
         self.namespaces.append(ns)
 
     def down(self) -> None:
-        """Deletes every namespace this lab made (their links and qdiscs go with them)."""
+        """Kills whatever still runs inside this lab's namespaces, then deletes them (links and qdiscs go with
+        them). A process left inside would keep its namespace, and the addresses in it, alive after the name."""
         while self.namespaces:
             ns = self.namespaces.pop()
+            _kill_inside(ns)
             done = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
             if done.returncode != 0:
                 log.warning("could not delete netns %s: %s", ns, done.stderr.strip())
@@ -150,10 +155,25 @@ class Lab:
         self.down()
 
 
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2) -> None:  # noqa: ANN001
-    """Polls `predicate()` until true; TimeoutError naming `what` otherwise."""
+def _kill_inside(ns: str, timeout_s: float = 5.0) -> None:
+    """SIGKILLs every process in namespace `ns` (all started by this lab) and waits for them to be gone."""
+    listed = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    pids = [int(p) for p in listed if p.isdigit()]
+    for pid in pids:
+        log.warning("killing pid %d left running in lab namespace %s", pid, ns)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s")
-        time.sleep(interval_s)
+    while pids and time.monotonic() < deadline:
+        # Not reaped here: a child of ours stays a zombie for its Popen to collect (and see the kill).
+        pids = [p for p in pids if _alive(p)]
+        if pids:
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"

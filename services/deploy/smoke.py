@@ -1,5 +1,5 @@
 """`edgeinspect deploy smoke`: one inspection through a deployed gateway, with time to first token and per-token
-time as the caller sees them. The last step of the deployment guide, and the multi-box test's client."""
+time. The last step of the deployment guide, and the multi-box test's and network benchmark's client."""
 
 from __future__ import annotations
 
@@ -9,38 +9,55 @@ from pathlib import Path
 
 import typer
 
+# StageTiming names the gateway puts in every report (wire_ms carries the value, in ms).
+TTFT_TIMING = "time_to_first_token"
+PER_TOKEN_TIMING = "decode_per_token"
+NETWORK_TIMING = "network_per_token"
 
-def inspect_once(gateway: str, image: bytes, token: str, station: str, part: str, timeout_s: float) -> dict:
-    """Streams one inspection; returns the report's ids and tokens plus client-side timings (seconds)."""
-    import grpc
 
-    from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
+def inspect_once(
+    gateway: str, image: bytes, token: str, station: str, part: str, timeout_s: float, max_new_tokens: int = 0
+) -> dict:
+    """Streams one inspection; returns the report's ids, tokens and partition, the gateway's TTFT and per-token
+    time, and when the client saw its first text (seconds). Raises grpc.RpcError when the gateway refuses."""
+    from edgeinspect.services.client import InspectionClient
+    from edgeinspect.v1 import inspection_pb2
 
-    request = inspection_pb2.InspectRequest(image=image, station=station, part=part)
-    metadata = [("authorization", f"Bearer {token}")] if token else []
-    with grpc.insecure_channel(gateway) as channel:
-        stub = inspection_pb2_grpc.InspectionServiceStub(channel)
+    arrivals: list[float] = []
+    with InspectionClient(gateway, token, timeout_s=timeout_s) as client:
         start = time.perf_counter()
-        arrivals: list[float] = []
-        report = None
-        for event in stub.InspectStream(request, metadata=metadata, timeout=timeout_s):
-            if event.HasField("delta"):
-                arrivals += [time.perf_counter()] * len(event.delta.token_ids)
-            else:
-                report = event.report
+        report = client.inspect(
+            image,
+            station=station,
+            part=part,
+            max_new_tokens=max_new_tokens,
+            on_delta=lambda _text: arrivals.append(time.perf_counter()),
+        )
+        total = time.perf_counter() - start
     if report is None:
         raise RuntimeError("the stream ended without a report")
-    total = time.perf_counter() - start
-    n = len(arrivals)
+    ms = {t.stage: t.wire_ms for t in report.timings}
+    tokens = len(report.generated_token_ids)
     return {
         "report_id": report.report_id,
         "verdict": inspection_pb2.Verdict.Name(report.verdict),
         "token_ids": list(report.generated_token_ids),
-        "ttft_s": arrivals[0] - start if arrivals else None,
-        "per_token_s": (arrivals[-1] - arrivals[0]) / (n - 1) if n > 1 else None,
-        "tokens": n,
+        "tokens": tokens,
+        "partition": list(report.model.partition),
+        "codec": report.model.codec,
+        # Measured at the gateway: image in -> first generated token (vision, prefill through every stage).
+        "ttft_s": ms[TTFT_TIMING] / 1e3 if TTFT_TIMING in ms else None,
+        "per_token_s": ms[PER_TOKEN_TIMING] / 1e3 if PER_TOKEN_TIMING in ms and tokens > 1 else None,
+        "network_per_token_s": ms[NETWORK_TIMING] / 1e3 if NETWORK_TIMING in ms and tokens > 1 else None,
+        # As this client sees it: request sent -> first streamed text (later than TTFT when the first tokens
+        # decode to no text yet), and the whole call.
+        "client_first_text_s": arrivals[0] - start if arrivals else None,
         "total_s": total,
     }
+
+
+def _ms(seconds: float | None, digits: int = 0) -> str:
+    return f"{seconds * 1e3:.{digits}f} ms" if seconds is not None else "-"
 
 
 def smoke_command(
@@ -51,17 +68,23 @@ def smoke_command(
     ),
     station: str = typer.Option("smoke-test", "--station", help="station recorded in the report"),
     part: str = typer.Option("", "--part", help="part number (filters the spec context)"),
+    max_new_tokens: int = typer.Option(0, "--max-new-tokens", min=0, help="generation budget (0: the gateway's)"),
     timeout: float = typer.Option(600.0, "--timeout", help="seconds the whole inspection may take"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a summary"),
 ) -> None:
     """Run one inspection through the gateway and print the report id, verdict, TTFT and per-token time."""
-    result = inspect_once(gateway, image.read_bytes(), token, station, part, timeout)
+    import grpc
+
+    try:
+        result = inspect_once(gateway, image.read_bytes(), token, station, part, timeout, max_new_tokens)
+    except grpc.RpcError as err:
+        typer.echo(f"inspection through {gateway} failed: {err.code().name}: {err.details()}", err=True)
+        raise typer.Exit(1) from None
     if as_json:
         typer.echo(json.dumps(result))
         return
-    ttft = f"{result['ttft_s'] * 1e3:.0f} ms" if result["ttft_s"] is not None else "-"
-    per = f"{result['per_token_s'] * 1e3:.1f} ms" if result["per_token_s"] is not None else "-"
     typer.echo(
         f"report {result['report_id']}: {result['verdict']}, {result['tokens']} tokens, "
-        f"TTFT {ttft}, {per}/token, {result['total_s']:.2f} s in all"
+        f"TTFT {_ms(result['ttft_s'])}, {_ms(result['per_token_s'], 1)}/token "
+        f"(network {_ms(result['network_per_token_s'], 1)}/token), {result['total_s']:.2f} s in all"
     )
