@@ -1,14 +1,34 @@
-"""The `python -m edgeinspect.services.<role> --config FILE` entry shared by every role."""
+"""Process entry shared by every role: settings from file + environment, JSON logs, serve, clean exit codes."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
+
+from edgeinspect.errors import EdgeInspectError
+from edgeinspect.services.common.logging import configure_logging
+
+log = logging.getLogger(__name__)
+
+
+def run_role(settings_cls, serve: Callable[[Any], Coroutine], role: str, config_path: Path | None) -> None:
+    """Loads the role's settings, configures logging and serves; a startup error is one log line and exit 1."""
+    cfg = settings_cls.load(config_path)
+    configure_logging(cfg.log_level, cfg.log_json, role=role)
+    try:
+        asyncio.run(serve(cfg))
+    except EdgeInspectError as exc:
+        log.error("%s cannot start: %s", role, exc)
+        raise SystemExit(1) from exc
 
 
 def role_main(main: Callable[[Path | None], None], role: str) -> None:
+    """`python -m edgeinspect.services.<role> --config FILE`."""
     parser = argparse.ArgumentParser(description=f"edgeinspect {role} server")
     parser.add_argument("--config", type=Path, default=None, help="YAML settings (EDGEINSPECT_* env overrides)")
     args = parser.parse_args()

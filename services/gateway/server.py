@@ -11,8 +11,8 @@ from edgeinspect.config import GatewaySettings
 from edgeinspect.errors import PeerMismatch
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.services.common.channel import wait_for_serving
+from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.interceptors import BearerAuthInterceptor
-from edgeinspect.services.common.logging import configure_logging
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.services.gateway.inspection import Inspector
 from edgeinspect.services.gateway.servicer import InspectionServicer
@@ -68,7 +68,6 @@ async def serve(cfg: GatewaySettings) -> None:
     await serve_until_signal(running, cfg.server.grace_s)
 
 
-def main(config_path: Path | None = None, **overrides) -> None:
-    cfg = GatewaySettings.load(config_path, **overrides)
-    configure_logging(cfg.log_level, cfg.log_json, role="gateway")
-    asyncio.run(serve(cfg))
+def main(config_path: Path | None = None) -> None:
+    """Process entry: settings from the YAML file + environment, JSON logs, serve; exit 1 on a startup error."""
+    run_role(GatewaySettings, serve, "gateway", config_path)

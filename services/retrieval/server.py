@@ -15,7 +15,7 @@ from edgeinspect.config import RetrievalSettings
 from edgeinspect.errors import EdgeInspectError
 from edgeinspect.rag.embed import Embedder
 from edgeinspect.rag.live import LiveIndex
-from edgeinspect.services.common.logging import configure_logging
+from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.services.retrieval.servicer import RetrievalServicer
 from edgeinspect.v1 import retrieval_pb2, retrieval_pb2_grpc
@@ -101,10 +101,4 @@ async def serve(cfg: RetrievalSettings) -> None:
 
 def main(config_path: Path | None = None) -> None:
     """Process entry: settings from the YAML file + environment, JSON logs, serve; exit 1 on a startup error."""
-    cfg = RetrievalSettings.load(config_path)
-    configure_logging(cfg.log_level, cfg.log_json, role=ROLE)
-    try:
-        asyncio.run(serve(cfg))
-    except EdgeInspectError as exc:
-        log.error("retrieval node cannot start: %s", exc)
-        raise SystemExit(1) from exc
+    run_role(RetrievalSettings, serve, ROLE, config_path)

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from edgeinspect.config import StageSettings
-from edgeinspect.services.common.logging import configure_logging
+from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.services.stage.backend import StageBackend
 from edgeinspect.services.stage.servicer import DecoderStageServicer
@@ -58,7 +58,6 @@ async def serve(cfg: StageSettings) -> None:
             await evictor
 
 
-def main(config_path: Path | None = None, **overrides) -> None:
-    cfg = StageSettings.load(config_path, **overrides)
-    configure_logging(cfg.log_level, cfg.log_json, role="stage")
-    asyncio.run(serve(cfg))
+def main(config_path: Path | None = None) -> None:
+    """Process entry: settings from the YAML file + environment, JSON logs, serve; exit 1 on a startup error."""
+    run_role(StageSettings, serve, "stage", config_path)

@@ -7,8 +7,7 @@ import logging
 from pathlib import Path
 
 from edgeinspect.config import VisionSettings
-from edgeinspect.errors import EdgeInspectError
-from edgeinspect.services.common.logging import configure_logging
+from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.services.vision.encoder import VisionEncoder
 from edgeinspect.services.vision.servicer import ROLE, VisionServicer
@@ -60,10 +59,4 @@ async def serve(cfg: VisionSettings) -> None:
 
 def main(config_path: Path | None = None) -> None:
     """Process entry: settings from the YAML file + environment, JSON logs, serve; exit 1 on a startup error."""
-    cfg = VisionSettings.load(config_path)
-    configure_logging(cfg.log_level, cfg.log_json, role=ROLE)
-    try:
-        asyncio.run(serve(cfg))
-    except EdgeInspectError as exc:
-        log.error("vision node cannot start: %s", exc)
-        raise SystemExit(1) from exc
+    run_role(VisionSettings, serve, ROLE, config_path)
