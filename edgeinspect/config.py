@@ -22,6 +22,8 @@ from pydantic_settings import (
 class WeightsDtype(StrEnum):
     fp32 = "fp32"
     bf16 = "bf16"
+    int8 = "int8"  # decoder stages: int8 weights with per-channel scales (models/quant.py)
+    auto = "auto"  # decoder stages: bf16 where the CPU has AMX/AVX512-BF16, else fp32
 
 
 class WireCodec(StrEnum):

@@ -42,6 +42,15 @@ def layer_prefix(i: int) -> str:
     return f"model.language_model.layers.{i}."
 
 
+# Formats that are not a torch dtype on disk: read as this dtype, then converted by the stage (models/quant.py).
+QUANTIZED = {"int8": torch.float32}
+
+
+def load_dtype(name: str) -> torch.dtype:
+    """The dtype to read checkpoint tensors in for weight format `name` (int8 is quantized after reading)."""
+    return QUANTIZED[name] if name in QUANTIZED else torch_dtype(name)
+
+
 def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise CheckpointError(f"unknown weight dtype {name!r}; choose one of {', '.join(DTYPES)}")

@@ -1,8 +1,10 @@
 """A decoder stage: layers [start, end) of DeepSeek-VL's language model with a KV cache per session.
 
 Stage 0 also embeds token ids and writes the aligned visual tokens over the image placeholders; the last stage also
-applies the final norm and lm_head. The layers are transformers' own LlamaDecoderLayer objects with their original
-layer indices, so a per-session DynamicCache is addressed exactly as in the full model.
+applies the final norm and lm_head. The layers are transformers' own LlamaDecoderLayer objects; the executor calls their
+norms, projections and MLP itself, around a per-session preallocated KV buffer (models/kv.py) and SDPA called
+exactly as transformers calls it, so fp32 results match generate() while skipping DynamicCache concatenation and
+per-step mask building.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers import DynamicCache
-from transformers.masking_utils import create_causal_mask
 from transformers.models.deepseek_vl.modeling_deepseek_vl import DeepseekVLAligner
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import (
+    LlamaDecoderLayer,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
 
 from edgeinspect.errors import InvalidInput, NotFound, PositionError
 from edgeinspect.models.checkpoint import (
@@ -24,8 +29,10 @@ from edgeinspect.models.checkpoint import (
     NORM_KEY,
     Checkpoint,
     layer_prefix,
-    torch_dtype,
+    load_dtype,
 )
+from edgeinspect.models.kv import KVBuffer
+from edgeinspect.models.quant import Int8Linear, quantize_linears, resolve_weights
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +70,7 @@ class StageModule(nn.Module):
         cfg._attn_implementation = "sdpa"  # what from_pretrained picks on CPU: the oracle uses the same kernel
         self.config = cfg
         self.range = layers
+        self.weights = "fp32"  # the format load_stage filled it in (int8 keeps fp32 norms beside Int8Linear)
         self.image_token_id = ckpt.config.image_token_id
         with torch.device("meta"):
             self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if layers.is_first else None
@@ -89,17 +97,31 @@ class StageModule(nn.Module):
 
 
 def load_stage(ckpt: Checkpoint, layers: LayerRange, weights: str = "fp32") -> StageModule:
-    """Builds the stage on the meta device and fills it with just its tensors from the safetensors files."""
-    dtype = torch_dtype(weights)
+    """Builds the stage on the meta device and fills it with just its tensors from the safetensors files.
+
+    Tensors are read one layer at a time; with `weights="int8"` each layer's linears (and the lm_head) are
+    quantized right after reading, so fp32 copies of at most one layer exist at once.
+    """
+    weights = resolve_weights(weights)
+    dtype = load_dtype(weights)
     module = StageModule(ckpt, layers)
     keys = module.checkpoint_keys(ckpt)
-    tensors = ckpt.read(keys.values(), dtype)
-    state = {ours: tensors[theirs] for ours, theirs in keys.items()}
-    module.load_state_dict(state, strict=False, assign=True)
+    groups: dict[str, dict[str, str]] = {}
+    for ours, theirs in keys.items():
+        group = ".".join(ours.split(".")[:2]) if ours.startswith("layers.") else ours.split(".")[0]
+        groups.setdefault(group, {})[ours] = theirs
+    for group, names in groups.items():
+        tensors = ckpt.read(names.values(), dtype)
+        module.load_state_dict({ours: tensors[theirs] for ours, theirs in names.items()}, strict=False, assign=True)
+        if weights == "int8" and group.startswith("layers."):
+            quantize_linears(module.layers[int(group.split(".")[1])])
     leftover = [n for n, p in module.named_parameters() if p.is_meta]
     if leftover:
         raise InvalidInput(f"checkpoint {ckpt.path} lacks weights for {', '.join(leftover[:5])}")
+    if weights == "int8" and module.lm_head is not None:
+        module.lm_head = Int8Linear.from_linear(module.lm_head)
     module.rotary_emb.to(torch.float32)
+    module.weights = weights
     return module.eval()
 
 
@@ -122,26 +144,48 @@ class StepOutput:
 
 @dataclass
 class Session:
-    cache: DynamicCache
-    length: int = 0
+    kv: KVBuffer
     last_used: float = 0.0
-    nbytes: int = 0
     extra: dict = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes
 
 
 class StageExecutor:
-    """Runs steps for many sessions over one StageModule. Not thread-safe: one step at a time."""
+    """Runs steps for many sessions over one StageModule. Not thread-safe: one step at a time.
 
-    def __init__(self, module: StageModule):
+    A step of several sessions is one forward pass: their new rows are concatenated ([sum T_i, D]) for every
+    projection, norm and MLP (each weight is read once per step, not once per session); only attention runs per
+    session, against that session's own KV buffer. No padding, no KV copies, no mask unless a prompt is continued
+    in chunks.
+
+    `row_exact` (default: on for fp32 weights) runs each linear per session instead: a GEMM's summation order
+    depends on its row count, so only then does a batched fp32 step reproduce generate() to the last bits. On this
+    CPU fp32 GEMM gains nothing from more rows anyway (bf16 and int8 do).
+    """
+
+    def __init__(self, module: StageModule, row_exact: bool | None = None):
         self.module = module
         self.range = module.range
-        self.dtype = next(module.layers.parameters()).dtype
+        self.dtype = next(module.layers.parameters()).dtype  # norms keep the compute dtype even in int8 stages
+        exact_default = module.weights == "fp32" and self.dtype == torch.float32
+        self.row_exact = exact_default if row_exact is None else row_exact
+        cfg = module.config
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.sessions: dict[str, Session] = {}
 
-    def open(self, session_id: str, now: float = 0.0) -> Session:
+    def open(self, session_id: str, now: float = 0.0, capacity: int = 0) -> Session:
         sess = self.sessions.get(session_id)
         if sess is None:
-            sess = self.sessions[session_id] = Session(cache=DynamicCache(config=self.module.config), last_used=now)
+            kv = KVBuffer(len(self.module.layers), self.kv_heads, self.head_dim, self.dtype, capacity)
+            sess = self.sessions[session_id] = Session(kv=kv, last_used=now)
         return sess
 
     def release(self, session_id: str) -> bool:
@@ -150,72 +194,125 @@ class StageExecutor:
     def kv_bytes(self) -> int:
         return sum(s.nbytes for s in self.sessions.values())
 
-    @torch.inference_mode()
-    def step(self, batch: list[tuple[str, StepInput]], now: float = 0.0) -> list[StepOutput]:
-        """One step for several sessions (each continues its own cache); outputs in input order."""
-        return [self._step_one(sid, inp, now) for sid, inp in batch]
+    def kv_bytes_per_position(self) -> int:
+        return 2 * len(self.module.layers) * self.kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).itemsize
 
-    def _step_one(self, session_id: str, inp: StepInput, now: float) -> StepOutput:
-        m = self.module
-        x = self._inputs_to_hidden(inp)  # [1, T, D]
+    def install(self, session_id: str, kv: list[tuple[torch.Tensor, torch.Tensor]], spare: int = 0) -> Session:
+        """A session holding given keys/values (benchmarks): kv per model layer, each [1, H_kv, length, hd]."""
+        length = kv[0][0].shape[2]
+        sess = self.open(session_id, capacity=length + spare)
+        for j, i in enumerate(range(self.range.start, self.range.end)):
+            sess.kv.write(j, kv[i][0][0].to(self.dtype), kv[i][1][0].to(self.dtype), 0)
+        sess.kv.length = length
+        return sess
+
+    def check(self, session_id: str, inp: StepInput) -> None:
+        """Raises what step() would for this input, without touching any state (lets a caller drop one bad item)."""
         sess = self.sessions.get(session_id)
-        if sess is None:
-            if inp.position != 0:
-                raise NotFound(f"session {session_id!r} is unknown here (expired or released); restart it at 0")
-            sess = self.open(session_id, now)
-        if inp.position != sess.length:
+        if sess is None and inp.position != 0:
+            raise NotFound(f"session {session_id!r} is unknown here (expired or released); restart it at 0")
+        held = 0 if sess is None else sess.length
+        if inp.position != held:
             raise PositionError(
-                f"session {session_id!r}: step at position {inp.position}, but this stage holds {sess.length} "
+                f"session {session_id!r}: step at position {inp.position}, but this stage holds {held} "
                 f"cached positions; steps must continue the cache"
             )
-        # Layer `start` is this stage's first cache layer: earlier layers of the cache are always empty here.
-        past = sess.cache.get_seq_length(self.range.start)
-        positions = torch.arange(past, past + x.shape[1]).unsqueeze(0)  # [1, T]
-        mask = create_causal_mask(
-            config=m.config,
-            inputs_embeds=x,
-            attention_mask=None,
-            cache=sess.cache,
-            position_ids=positions,
-            layer_idx=self.range.start,
-        )
-        rope = m.rotary_emb(x, position_ids=positions)
-        for layer in m.layers:
-            x = layer(
-                x,
-                attention_mask=mask,
-                position_ids=positions,
-                cache=sess.cache,
-                use_cache=True,
-                position_embeddings=rope,
-            )
-        sess.length = past + x.shape[1]
-        sess.last_used = now
-        sess.nbytes = _cache_bytes(sess.cache, self.range)
-        if not self.range.is_last:
-            return StepOutput(hidden=x[0], length=sess.length)
-        last = m.norm(x[:, -1:])
-        return StepOutput(logits=m.lm_head(last)[0, -1].float(), length=sess.length)
+        self._check_inputs(inp)
 
-    def _inputs_to_hidden(self, inp: StepInput) -> torch.Tensor:
+    @torch.inference_mode()
+    def step(self, batch: list[tuple[str, StepInput]], now: float = 0.0) -> list[StepOutput]:
+        """One step for several sessions (each continues its own cache) in one forward pass; outputs in order."""
+        if len({sid for sid, _ in batch}) != len(batch):
+            raise InvalidInput("a step may hold each session at most once")
+        for sid, inp in batch:
+            self.check(sid, inp)
+        xs = [self._inputs_to_hidden(inp) for _, inp in batch]  # each [T_i, D]
+        sessions = [self.open(sid, now) for sid, _ in batch]
+        spans = [(s.length, x.shape[0]) for s, x in zip(sessions, xs, strict=True)]  # (past, new) per session
+        for s, (past, t) in zip(sessions, spans, strict=True):
+            s.kv.reserve(past + t)
+        x = torch.cat(xs) if len(xs) > 1 else xs[0]  # [R, D], R = sum T_i
+        positions = torch.cat([torch.arange(p, p + t) for p, t in spans])  # [R]
+        rope = self.module.rotary_emb(x, position_ids=positions)  # cos, sin: [R, head_dim]
+        for j, layer in enumerate(self.module.layers):
+            x = self._layer(j, layer, x, rope, sessions, spans)
+        outs = []
+        for s, (past, t) in zip(sessions, spans, strict=True):
+            s.kv.length = past + t
+            s.last_used = now
+        if not self.range.is_last:
+            offsets = _offsets(spans)
+            return [StepOutput(hidden=x[o : o + t], length=p + t) for o, (p, t) in zip(offsets, spans, strict=True)]
+        ends = torch.tensor([o + t - 1 for o, (_, t) in zip(_offsets(spans), spans, strict=True)])
+        last = self.module.norm(x[ends])  # [B, D]: one lm_head read for every session in the step
+        logits = self._rows(self.module.lm_head, last, [(0, 1)] * len(spans)).float()  # [B, vocab]
+        for i, (p, t) in enumerate(spans):
+            outs.append(StepOutput(logits=logits[i], length=p + t))
+        return outs
+
+    def _layer(self, j: int, layer, x: torch.Tensor, rope, sessions: list[Session], spans) -> torch.Tensor:
+        """LlamaDecoderLayer.forward with the layer's own modules, its cache write replaced by KVBuffer.write."""
+        attn = layer.self_attn
+        r = x.shape[0]
+        h = layer.input_layernorm(x)  # [R, D]
+        q = self._rows(attn.q_proj, h, spans).view(r, self.heads, self.head_dim)  # [R, H, hd]
+        k = self._rows(attn.k_proj, h, spans).view(r, self.kv_heads, self.head_dim)  # [R, H_kv, hd]
+        v = self._rows(attn.v_proj, h, spans).view(r, self.kv_heads, self.head_dim)
+        cos, sin = rope
+        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
+        outs = []
+        for s, o, (past, t) in zip(sessions, _offsets(spans), spans, strict=True):
+            s.kv.write(j, k[o : o + t].transpose(0, 1), v[o : o + t].transpose(0, 1), past)
+            keys, values = s.kv.view(j, past + t)  # [H_kv, past + t, hd]
+            outs.append(self._attend(attn, q[o : o + t].transpose(0, 1), keys, values, past))  # [t, H*hd]
+        a = torch.cat(outs) if len(outs) > 1 else outs[0]  # [R, H*hd]
+        x = x + self._rows(attn.o_proj, a, spans)
+        return x + self._rows(layer.mlp, layer.post_attention_layernorm(x), spans)
+
+    def _rows(self, fn, h: torch.Tensor, spans) -> torch.Tensor:
+        """fn over all rows at once, or per session's rows when row-exact."""
+        if not self.row_exact or len(spans) == 1:
+            return fn(h)
+        return torch.cat([fn(h[o : o + t]) for o, (_, t) in zip(_offsets(spans), spans, strict=True)])
+
+    def _attend(self, attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
+        """q [H, t, hd] over keys/values [H_kv, past + t, hd] -> [t, H*hd]; SDPA exactly as transformers calls it."""
+        t = q.shape[1]
+        mask, causal = None, False
+        if t > 1 and past == 0:
+            causal = True  # a prompt from position 0: transformers also passes is_causal with no mask
+        elif t > 1:  # a prompt continued in chunks: query i sees keys [0, past + i]
+            mask = torch.ones(t, past + t, dtype=torch.bool).tril(diagonal=past)  # [t, past + t]
+        out = nn.functional.scaled_dot_product_attention(
+            q.unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
+            attn_mask=mask,
+            is_causal=causal,
+            scale=attn.scaling,
+            enable_gqa=self.heads != self.kv_heads,
+        )  # [1, H, t, hd]
+        return out[0].transpose(0, 1).reshape(t, self.heads * self.head_dim)
+
+    def _check_inputs(self, inp: StepInput) -> None:
         m = self.module
         if not self.range.is_first:
             if inp.hidden is None or inp.hidden.dim() != 2 or inp.hidden.shape[1] != m.config.hidden_size:
                 raise InvalidInput(f"stage {self.range} needs hidden states of shape [T, {m.config.hidden_size}]")
-            return inp.hidden.to(self.dtype).unsqueeze(0)
+            if inp.hidden.shape[0] == 0:
+                raise InvalidInput("a step needs at least one position")
+            return
         ids = inp.input_ids
         if ids is None or ids.dim() != 1 or ids.numel() == 0:
             raise InvalidInput("the first stage needs a non-empty 1-D list of token ids")
         if int(ids.min()) < 0 or int(ids.max()) >= m.config.vocab_size:
             raise InvalidInput(f"token ids must lie in [0, {m.config.vocab_size})")
-        x = m.embed_tokens(ids).unsqueeze(0)  # [1, T, D]
-        slots = ids == m.image_token_id  # [T]
-        n_slots = int(slots.sum())
+        n_slots = int((ids == m.image_token_id).sum())
         if inp.visual_tokens is None:
             # A generated token may be the placeholder id: like generate(), embed it plainly after the prompt.
             if n_slots and inp.position == 0:
                 raise InvalidInput(f"the prompt has {n_slots} image placeholders but no visual tokens were sent")
-            return x
+            return
         vis = inp.visual_tokens
         expected_dim = m.aligner.linear1.in_features
         if vis.dim() != 2 or vis.shape[1] != expected_dim or vis.shape[0] != n_slots:
@@ -223,18 +320,28 @@ class StageExecutor:
                 f"visual tokens {list(vis.shape)} do not fit: the prompt has {n_slots} image placeholders and the "
                 f"aligner takes width {expected_dim}"
             )
-        aligned = m.aligner(vis.to(self.dtype))  # [N, D]
-        return x.masked_scatter(slots.view(1, -1, 1), aligned.unsqueeze(0))
+
+    def _inputs_to_hidden(self, inp: StepInput) -> torch.Tensor:
+        """[T, D] in the stage's compute dtype (inputs already checked)."""
+        m = self.module
+        if not self.range.is_first:
+            return inp.hidden.to(self.dtype)
+        ids = inp.input_ids
+        x = m.embed_tokens(ids)  # [T, D]
+        if inp.visual_tokens is None:
+            return x
+        slots = ids == m.image_token_id  # [T]
+        aligned = m.aligner(inp.visual_tokens.to(self.dtype))  # [N, D]
+        return x.masked_scatter(slots.view(-1, 1), aligned)
 
 
-def _cache_bytes(cache: DynamicCache, layers: LayerRange) -> int:
-    total = 0
-    for i in range(layers.start, layers.end):
-        layer = cache.layers[i]
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
+def _offsets(spans: list[tuple[int, int]]) -> list[int]:
+    """Row offset of each session's new positions in the concatenated batch."""
+    out, acc = [], 0
+    for _, t in spans:
+        out.append(acc)
+        acc += t
+    return out
 
 
 def ids_tensor(values) -> torch.Tensor:

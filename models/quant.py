@@ -1,0 +1,153 @@
+"""Weight formats for decoder stages: int8 weights with per-output-channel scales, and a bf16 speed probe.
+
+An int8 stage keeps activations, norms, attention and the KV cache in fp32 and replaces every nn.Linear of its
+layers (and the lm_head) by Int8Linear. The kernel is picked once per process by what this CPU runs fast:
+
+- "fbgemm": torch's dynamic-quantized linear (int8 weights prepacked per channel, activations quantized per tensor
+  on the fly, 7-bit to stay clear of int16 saturation on CPUs without VNNI). Measured here (AVX2, no VNNI) it is
+  ~3x faster than fp32 at one row and barely slower at 4 rows, where fp32 GEMM falls off a cliff.
+- "int8pack": `aten._weight_int8pack_mm` (weight-only; bf16 activations): the fallback where fbgemm is missing.
+- "dequant": int8 -> fp32 then F.linear, always available, only saves memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+KERNELS = ("fbgemm", "int8pack", "dequant")
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] float -> (int8 [N, K], scales [N] float32), symmetric, absmax per output channel."""
+    w = weight.float()
+    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # [N]; an all-zero row keeps a usable scale
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scales
+
+
+@functools.cache
+def fbgemm_available() -> bool:
+    """Whether the dynamic-quantized linear runs here (x86 builds ship fbgemm; ARM builds may not)."""
+    try:
+        q, s = quantize_per_channel(torch.randn(8, 16))
+        packed = _fbgemm_pack(q, s)
+        torch.ops.quantized.linear_dynamic(torch.randn(2, 16), packed, True)
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+@functools.cache
+def int8pack_available() -> bool:
+    try:
+        q, s = quantize_per_channel(torch.randn(8, 64))
+        torch.ops.aten._weight_int8pack_mm(torch.randn(1, 64, dtype=torch.bfloat16), q, s.bfloat16())
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+def default_kernel() -> str:
+    if fbgemm_available():
+        return "fbgemm"
+    if int8pack_available():
+        return "int8pack"
+    return "dequant"
+
+
+def _fbgemm_pack(q: torch.Tensor, scales: torch.Tensor):
+    zeros = torch.zeros(q.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # quantized tensor creation is flagged deprecated, but still the fbgemm entry
+        warnings.simplefilter("ignore")
+        qw = torch._make_per_channel_quantized_tensor(q, scales.double(), zeros, 0)
+        return torch.ops.quantized.linear_prepack(qw, None)
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (q * scale).T (+ bias): int8 weight [N, K] with fp32 scales [N]; fp32 in, fp32 out."""
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, kernel: str):
+        super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown int8 kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+        self.in_features, self.out_features = q.shape[1], q.shape[0]
+        self.kernel = kernel
+        self.bias = None if bias is None else bias.float()
+        self.scales = scales.float()  # [N]
+        # Only the form the kernel reads is kept: fbgemm holds its own packed copy of the int8 weight.
+        self.packed = _fbgemm_pack(q, self.scales) if kernel == "fbgemm" else None
+        self.qweight = None if kernel == "fbgemm" else q
+        self.scales_bf16 = self.scales.bfloat16() if kernel == "int8pack" else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kernel: str | None = None) -> Int8Linear:
+        q, s = quantize_per_channel(linear.weight.detach())
+        return cls(q, s, None if linear.bias is None else linear.bias.detach(), kernel or default_kernel())
+
+    def weight_bytes(self) -> int:
+        """What a step reads: N*K int8 + N scales."""
+        return self.in_features * self.out_features + 4 * self.out_features
+
+    def dequantized(self) -> torch.Tensor:
+        """[N, K] float32 (tests and the dequant kernel)."""
+        if self.packed is not None:
+            w, _ = torch.ops.quantized.linear_unpack(self.packed)
+            return w.dequantize()
+        return self.qweight.float() * self.scales[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features).float()  # [R, K]
+        if self.kernel == "fbgemm":
+            y = torch.ops.quantized.linear_dynamic(x2, self.packed, True)  # reduce_range: no int16 saturation
+        elif self.kernel == "int8pack":
+            y = torch.ops.aten._weight_int8pack_mm(x2.bfloat16(), self.qweight, self.scales_bf16).float()
+        else:
+            y = nn.functional.linear(x2, self.dequantized())
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}"
+
+
+def quantize_linears(module: nn.Module, kernel: str | None = None) -> int:
+    """Replaces every nn.Linear under `module` by an Int8Linear in place; returns how many were replaced."""
+    kernel = kernel or default_kernel()
+    count = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8Linear.from_linear(child, kernel))
+            count += 1
+        else:
+            count += quantize_linears(child, kernel)
+    return count
+
+
+@functools.cache
+def fast_bf16() -> bool:
+    """Whether this CPU has bf16 matmul instructions (AMX or AVX512-BF16); without them bf16 GEMM is emulated."""
+    cpu = getattr(torch._C, "_cpu", None)
+    if cpu is None:
+        return False
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(cpu, p, lambda: False)() for p in probes)
+
+
+def resolve_weights(name: str) -> str:
+    """The format a stage actually runs: `auto` is bf16 where the CPU has fast bf16, else fp32."""
+    if name == "auto":
+        chosen = "bf16" if fast_bf16() else "fp32"
+        log.info("weights auto -> %s (fast bf16 on this CPU: %s)", chosen, fast_bf16())
+        return chosen
+    if name == "bf16" and not fast_bf16():
+        log.warning("bf16 weights on a CPU without AMX/AVX512-BF16: matmuls are emulated; fp32 or int8 may be faster")
+    return name
