@@ -69,9 +69,7 @@ def test_reports_validate_against_the_schema_and_name_only_the_parts_classes(sta
         assert report.references and report.raw_text
 
 
-def test_distributed_constrained_tokens_equal_generate_with_the_constraint_as_logits_processor(
-    stack, tiny_checkpoint
-):
+def test_distributed_constrained_tokens_equal_generate_with_the_constraint_as_logits_processor(stack, tiny_checkpoint):
     part, budget = "CVR-310", 160
     image = asset_path("part_scratch.jpg").read_bytes()
     report = inspect(stack, image, part, budget)

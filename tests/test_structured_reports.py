@@ -77,9 +77,8 @@ def run(model, image: Image.Image, grammar, budget: int):
     text = prompt_text(processor, build_messages(f"{DEFAULT_INSTRUCTION}\n{schema_instruction(grammar.vocabulary)}"))
     with torch.inference_mode():
         visual = model["tower"](model["pre"](image))[0]  # [N, vision_hidden]
-    request = Request(
-        prompt_ids(processor, text), visual, max_new_tokens=budget, constraint=model["grammars"].constraint(grammar.text)
-    )
+    constraint = model["grammars"].constraint(grammar.text)
+    request = Request(prompt_ids(processor, text), visual, max_new_tokens=budget, constraint=constraint)
     gen = model["pipeline"].generate({"s": request})["s"]
     return gen, processor.tokenizer.decode(gen.tokens, skip_special_tokens=True)
 
