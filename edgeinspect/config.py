@@ -110,6 +110,10 @@ class StageSettings(RoleSettings):
     weights: WeightsDtype = Field(WeightsDtype.fp32, description="weight dtype of the layers held here")
     next_stage: str | None = Field(None, description="host:port of the next stage when chaining (exo-style)")
     kv_budget_mb: int = Field(2048, description="KV cache bytes across sessions; oldest idle evicted beyond")
+    max_batch_sessions: int = Field(8, ge=1, description="sessions batched into one forward pass (continuous batching)")
+    max_step_tokens: int = Field(
+        512, ge=1, description="rows per forward pass; longer prompts run in chunks so decode steps interleave"
+    )
     session_ttl_s: float = Field(300.0, description="an idle session's cache is dropped after this")
     threads: int = Field(0, description="intra-op threads (0 = library default)")
 

@@ -1,4 +1,9 @@
-"""The stage's compute side: a StageExecutor, per-session sampling state, eviction, one model step at a time."""
+"""The stage's compute side: a StageExecutor, per-session sampling state, eviction, continuous batching.
+
+Steps from concurrent streams are queued; one drain task runs them on the compute thread, each forward pass
+holding every ready session the scheduler admits (services/stage/scheduler.py). Steps arriving while a pass runs
+join the next one.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,9 @@ from edgeinspect.models.grammar import SessionConstraints, grammar_cache_for
 from edgeinspect.models.sampling import SamplingParams, make_generator, sample
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 from edgeinspect.services.common import metrics
+from edgeinspect.services.stage.batching import Job, chunk_input, step_positions
 from edgeinspect.services.stage.eviction import SessionUsage, choose_evictions
+from edgeinspect.services.stage.scheduler import BatchLimits, Pending, plan_step
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +89,17 @@ class StageBackend:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage-compute")
         self.evicted = {"ttl": 0, "budget": 0}
         self.released = 0
+        self.limits = BatchLimits(
+            max_sessions=cfg.max_batch_sessions,
+            max_tokens=cfg.max_step_tokens,
+            kv_budget_bytes=cfg.kv_budget_mb << 20,
+            kv_bytes_per_position=self.executor.kv_bytes_per_position(),
+        )
+        self._jobs: dict[int, Job] = {}
+        self._seq = 0
+        self._drainer: asyncio.Task | None = None
+        self.steps_run = 0  # forward passes
+        self.sessions_stepped = 0  # session-steps inside them (their ratio is the mean batch size)
 
     @property
     def is_first(self) -> bool:
@@ -110,34 +128,110 @@ class StageBackend:
             raise PeerMismatch("peer mismatch: " + "; ".join(diffs))
 
     async def run(self, work: list[SessionWork]) -> list[SessionOutcome]:
+        """Queues the steps; they run in the next forward passes, batched with other streams' steps."""
         loop = asyncio.get_running_loop()
+        jobs = []
+        for w in work:
+            self._seq += 1
+            jobs.append(Job(self._seq, w, loop.create_future(), step_positions(w.inputs)))
+            self._jobs[self._seq] = jobs[-1]
         ids = {w.session_id for w in work}
         self._busy |= ids
+        if self._drainer is None or self._drainer.done():
+            self._drainer = loop.create_task(self._drain())
         try:
-            return await loop.run_in_executor(self._pool, self._run_sync, work)
+            return list(await asyncio.gather(*(j.future for j in jobs)))
         finally:
+            for j in jobs:
+                if not j.future.done():
+                    j.future.cancel()  # a cancelled caller's steps that have not run are dropped
             self._busy -= ids
             self._update_gauges()
 
-    def _run_sync(self, work: list[SessionWork]) -> list[SessionOutcome]:
-        now = time.monotonic()
-        outs = self.executor.step([(w.session_id, w.inputs) for w in work], now)
-        results = []
-        for w, out in zip(work, outs, strict=True):
-            res = SessionOutcome(w.session_id, out.length, hidden=out.hidden)
-            if out.logits is not None:
-                params = w.sampling or SamplingParams()
-                if w.session_id not in self._generators:
-                    self._generators[w.session_id] = make_generator(params)
-                res.logits = out.logits.clone() if w.return_logits else None  # unmasked, for verification
-                constraint = self.constraints.for_step(w.session_id, w.grammar_id, w.grammar_json)
-                logits = constraint.mask(out.logits) if constraint is not None else out.logits
-                res.token_id = sample(logits, params, self._generators[w.session_id])
-                if constraint is not None:
-                    constraint.advance(res.token_id)
-                metrics.TOKENS.labels(role="stage").inc()
-            results.append(res)
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            for seq in [s for s, j in self._jobs.items() if j.future.done()]:
+                del self._jobs[seq]
+            if not self._jobs:
+                return
+            jobs = dict(self._jobs)
+            chosen, results = await loop.run_in_executor(self._pool, self._plan_and_run, jobs)
+            for (job, _), res in zip(chosen, results, strict=True):
+                if job.future.done() or res is None:
+                    continue
+                if isinstance(res, Exception):
+                    job.future.set_exception(res)
+                else:
+                    job.future.set_result(res)
+
+    def _plan_and_run(self, jobs: dict[int, Job]) -> tuple[list[tuple[Job, int]], list]:
+        """On the compute thread (the KV byte count must not race a step): plan the next pass, then run it."""
+        pending = [Pending(j.seq, j.work.session_id, max(j.remaining, 1)) for j in jobs.values()]
+        chosen = [(jobs[p.seq], p.tokens) for p in plan_step(pending, self.limits, self.executor.kv_bytes())]
+        return chosen, self._run_planned(chosen)
+
+    def _run_planned(self, chosen: list[tuple[Job, int]]) -> list[SessionOutcome | Exception | None]:
+        """One forward pass over a chunk of each chosen job: an outcome when a job finishes, None while it has
+        chunks left, or the error of a job whose input was refused (the other jobs still run)."""
+        results: list[SessionOutcome | Exception | None] = [None] * len(chosen)
+        batch, where = [], []
+        for i, (job, n) in enumerate(chosen):
+            try:
+                if job.done == 0:
+                    self.executor.check(job.work.session_id, job.work.inputs)  # the whole step, before any chunk
+                inputs = chunk_input(job.work.inputs, job.done, n, self.executor.module.image_token_id)
+                self.executor.check(job.work.session_id, inputs)
+            except Exception as exc:  # noqa: BLE001 (typed errors go back to that job's caller)
+                results[i] = exc
+                continue
+            batch.append((job.work.session_id, inputs))
+            where.append(i)
+        if not batch:
+            return results
+        try:
+            outs = self.executor.step(batch, time.monotonic())
+        except Exception as exc:  # noqa: BLE001 (the whole pass failed: every job in it gets the error)
+            for i in where:
+                results[i] = exc
+            return results
+        self.steps_run += 1
+        self.sessions_stepped += len(batch)
+        for i, out in zip(where, outs, strict=True):
+            job, n = chosen[i]
+            job.done += n
+            if out.hidden is not None:
+                job.hidden_parts.append(out.hidden)
+            if job.done < job.total:
+                continue
+            if len(job.hidden_parts) > 1:
+                out.hidden = torch.cat(job.hidden_parts)
+            try:
+                results[i] = self._finish(job.work, out)
+            except Exception as exc:  # noqa: BLE001 (e.g. a grammar refused: that job's caller hears it)
+                results[i] = exc
         return results
+
+    def _run_sync(self, work: list[SessionWork]) -> list[SessionOutcome]:
+        """All steps as one forward pass, now, on the calling thread (canary; no queue, no chunking)."""
+        outs = self.executor.step([(w.session_id, w.inputs) for w in work], time.monotonic())
+        return [self._finish(w, out) for w, out in zip(work, outs, strict=True)]
+
+    def _finish(self, w: SessionWork, out) -> SessionOutcome:
+        """A finished step's outcome; at the last stage, samples the next token (constrained if asked)."""
+        res = SessionOutcome(w.session_id, out.length, hidden=out.hidden)
+        if out.logits is not None:
+            params = w.sampling or SamplingParams()
+            if w.session_id not in self._generators:
+                self._generators[w.session_id] = make_generator(params)
+            res.logits = out.logits.clone() if w.return_logits else None  # unmasked, for verification
+            constraint = self.constraints.for_step(w.session_id, w.grammar_id, w.grammar_json)
+            logits = constraint.mask(out.logits) if constraint is not None else out.logits
+            res.token_id = sample(logits, params, self._generators[w.session_id])
+            if constraint is not None:
+                constraint.advance(res.token_id)
+            metrics.TOKENS.labels(role="stage").inc()
+        return res
 
     async def release(self, session_ids: list[str]) -> int:
         loop = asyncio.get_running_loop()
