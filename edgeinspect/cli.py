@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from edgeinspect.bench_cli import bench_command
 from edgeinspect.models.cli import app as model_app
 from edgeinspect.models.planner_cli import plan_command
 from edgeinspect.rag.cli import app as kb_app
@@ -32,6 +33,7 @@ app.command("serve")(serve_command)
 app.command("up")(up_command)
 app.command("inspect")(inspect_command)
 app.command("demo")(demo_command)
+app.command("bench")(bench_command)
 app.command("verify")(verify_command)
 
 

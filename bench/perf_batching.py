@@ -1,0 +1,117 @@
+"""Continuous batching on one stage at 1.3B dimensions: aggregate decode tokens/s of C concurrent inspections vs one.
+
+The stage is the last of a 2-stage split (layers [12, 24) + norm + lm_head), served by the real StageBackend
+(queue, scheduler, one compute thread) in-process: C asyncio tasks each drive their own session step by step, as
+C gateway streams would, and the backend gathers their steps into shared forward passes. Each session continues a
+synthetic cache of `--context` positions. Per weight format, the single-inspection baseline runs in the same run.
+
+    .venv/bin/python bench/perf_batching.py [--checkpoint PATH] [--weights int8,bf16,fp32] [--concurrent 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import time
+from pathlib import Path
+
+import torch
+from common import load_average, machine_info, skip, target, write_json
+
+from edgeinspect.config import StageSettings
+from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.models.stage import StepInput
+from edgeinspect.services.stage.backend import SessionWork, StageBackend
+
+DEFAULT_CKPT = Path(__file__).resolve().parents[1] / "var" / "checkpoints" / "deepseek-vl-1.3b"
+TARGET = 3.0  # aggregate tokens/s of 4 concurrent inspections over one
+
+
+async def _decode(backend: StageBackend, sid: str, start: int, steps: int, hidden_size: int) -> None:
+    pos = start
+    for _ in range(steps):
+        h = torch.randn(1, hidden_size)  # [1, D]: the previous stage's hidden state for this token
+        (out,) = await backend.run([SessionWork(sid, StepInput(pos, hidden=h))])
+        pos = out.length
+
+
+def tokens_per_s(backend: StageBackend, n: int, steps: int, context: int) -> float:
+    """Aggregate decode tokens/s of n concurrent sessions, each `steps` tokens after `context` cached ones."""
+    cfg = backend.ckpt.text_config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = [(torch.randn(1, cfg.num_key_value_heads, context, head_dim),) * 2 for _ in range(cfg.num_hidden_layers)]
+    sids = [f"s{i}" for i in range(n)]
+    for sid in sids:
+        backend.executor.install(sid, kv, spare=steps + 1)
+
+    async def main():
+        await asyncio.gather(*(_decode(backend, sid, context, steps, cfg.hidden_size) for sid in sids))
+
+    t0 = time.perf_counter()
+    asyncio.run(main())
+    elapsed = time.perf_counter() - t0
+    for sid in sids:
+        backend.executor.release(sid)
+    return n * steps / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CKPT)
+    ap.add_argument("--weights", default="int8,bf16,fp32")
+    ap.add_argument("--concurrent", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=4, help="decode tokens per inspection")
+    ap.add_argument("--context", type=int, default=256)
+    args = ap.parse_args()
+    if not (args.checkpoint / "config.json").is_file():
+        skip(f"no checkpoint at {args.checkpoint}")
+    machine = machine_info()
+    ckpt = open_checkpoint(args.checkpoint)
+    n_layers = ckpt.num_layers
+    results, targets = {}, {}
+    for weights in args.weights.split(","):
+        print(f"[{weights}] loading layers [{n_layers // 2}, {n_layers}) + lm_head", flush=True)
+        cfg = StageSettings.load(
+            None,
+            checkpoint=args.checkpoint,
+            layer_start=n_layers // 2,
+            layer_end=n_layers,
+            weights=weights,
+            max_batch_sessions=max(8, args.concurrent),
+        )
+        backend = StageBackend(cfg, ckpt)
+        tokens_per_s(backend, 1, 1, args.context)  # warm-up
+        one = tokens_per_s(backend, 1, args.steps, args.context)
+        many = tokens_per_s(backend, args.concurrent, args.steps, args.context)
+        one_again = tokens_per_s(backend, 1, args.steps, args.context)  # bracket: load drifts on a shared box
+        base = (one + one_again) / 2
+        mean_batch = backend.sessions_stepped / max(backend.steps_run, 1)
+        results[weights] = {
+            "one_tok_s": [round(one, 3), round(one_again, 3)],
+            f"{args.concurrent}_concurrent_tok_s": round(many, 3),
+            "ratio": round(many / base, 3),
+            "mean_sessions_per_pass": round(mean_batch, 2),
+        }
+        targets[f"{weights}_{args.concurrent}_concurrent_vs_one"] = target(many / base, TARGET)
+        print(
+            f"[{weights}] one {base:.3f} tok/s, {args.concurrent} concurrent {many:.3f} tok/s: "
+            f"x{many / base:.2f} (target >= {TARGET}); mean sessions per pass {mean_batch:.2f}",
+            flush=True,
+        )
+        del backend
+        gc.collect()
+    payload = {
+        "benchmark": "perf_batching",
+        "machine": machine | {"loadavg_end": load_average()},
+        "stage": f"[{n_layers // 2}, {n_layers}) + norm + lm_head",
+        "context": args.context,
+        "steps": args.steps,
+        "results": results,
+        "targets": targets,
+    }
+    print(f"-> {write_json('perf_batching', payload)}")
+
+
+if __name__ == "__main__":
+    main()
