@@ -35,8 +35,9 @@ class PlantRun:
     servers: list[tuple[str, str]] = field(default_factory=list)  # (lab box, host:port as seen inside it)
     log_of: dict[int, Path] = field(default_factory=dict)  # pid -> its log file
 
-    def start(self, netns_of: dict[str, str]) -> None:
-        """Starts every served role of every box folder under `rendered`; `netns_of` maps box -> lab box."""
+    def start(self, netns_of: dict[str, str], roles: set[str] | None = None) -> None:
+        """Starts every served role (or only `roles`) of every box folder under `rendered`; `netns_of` maps
+        box -> lab box. EDGEINSPECT_SERVER__PORT in `env` overrides the rendered port, as it does in the role."""
         self.logs.mkdir(parents=True, exist_ok=True)
         for compose_file in sorted(self.rendered.glob("*/compose.yaml")):
             box = compose_file.parent.name
@@ -44,7 +45,7 @@ class PlantRun:
                 continue
             doc = yaml.safe_load(compose_file.read_text())
             for name, svc in doc["services"].items():
-                if svc["command"][0] != "serve":
+                if svc["command"][0] != "serve" or (roles is not None and svc["command"][1] not in roles):
                     continue
                 # The container's /etc/edgeinspect is the box folder's config/: same files, same command.
                 argv = [a.replace(CONFIG_DIR, str(compose_file.parent / "config")) for a in svc["command"]]
@@ -58,7 +59,8 @@ class PlantRun:
                 self.log_of[proc.pid] = log_path
                 # The compose healthcheck's address (loopback inside the box) with the port the settings bind.
                 host = svc["healthcheck"]["test"][-1].rsplit(":", 1)[0]
-                self.servers.append((netns_of[box], f"{host}:{cfg['server']['port']}"))
+                port = self.env.get("EDGEINSPECT_SERVER__PORT", cfg["server"]["port"])
+                self.servers.append((netns_of[box], f"{host}:{port}"))
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Waits until every role answers SERVING (one `healthcheck --wait` per role, inside its box); raises
