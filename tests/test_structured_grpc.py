@@ -104,3 +104,23 @@ def test_a_budget_too_small_for_the_object_is_uncertain_with_the_reason(stack):
     assert report.verdict_reason == REASON_TRUNCATED
     assert not report.defects and report.description == ""
     assert report.raw_text.startswith('{"verdict":')  # kept for audit, as generated
+
+
+def test_inspect_cli_prints_a_table_by_default_and_json_with_the_flag(stack, tmp_path):
+    from typer.testing import CliRunner
+
+    from edgeinspect.cli import app
+
+    image = tmp_path / "part.png"
+    image.write_bytes(varied_png(72, 72, 9))
+    common = ["inspect", str(image), "--gateway", stack.gateway_address, "--token", stack.api_token]
+    common += ["--part", "CVR-310", "--max-new-tokens", "200"]
+    runner = CliRunner()
+    table = runner.invoke(app, common, terminal_width=200)
+    assert table.exit_code == 0, table.output
+    for row in ("verdict", "reference", "timings", "CVR-310"):
+        assert row in table.output
+    as_json = runner.invoke(app, [*common, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    report = json.loads(as_json.output)
+    assert report["verdict"].startswith("VERDICT_") and json.loads(report["raw_text"])["verdict"]
