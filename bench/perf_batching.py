@@ -5,7 +5,7 @@ The stage is the last of a 2-stage split (layers [12, 24) + norm + lm_head), ser
 C gateway streams would, and the backend gathers their steps into shared forward passes. Each session continues a
 synthetic cache of `--context` positions. Per weight format, the single-inspection baseline runs in the same run.
 
-    .venv/bin/python bench/perf_batching.py [--checkpoint PATH] [--weights int8,bf16,fp32] [--concurrent 4]
+    .venv/bin/python bench/perf_batching.py [--checkpoint PATH] [--weights int8,bf16,fp32] [--concurrent 4] [--contexts 256,600]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--weights", default="int8,bf16,fp32")
     ap.add_argument("--concurrent", type=int, default=4)
     ap.add_argument("--steps", type=int, default=4, help="decode tokens per inspection")
-    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--contexts", default="256,600", help="cached positions per session (600: a real inspection)")
     args = ap.parse_args()
     if not (args.checkpoint / "config.json").is_file():
         skip(f"no checkpoint at {args.checkpoint}")
@@ -81,31 +81,36 @@ def main() -> None:
             max_batch_sessions=max(8, args.concurrent),
         )
         backend = StageBackend(cfg, ckpt)
-        tokens_per_s(backend, 1, 1, args.context)  # warm-up
-        one = tokens_per_s(backend, 1, args.steps, args.context)
-        many = tokens_per_s(backend, args.concurrent, args.steps, args.context)
-        one_again = tokens_per_s(backend, 1, args.steps, args.context)  # bracket: load drifts on a shared box
-        base = (one + one_again) / 2
-        mean_batch = backend.sessions_stepped / max(backend.steps_run, 1)
-        results[weights] = {
-            "one_tok_s": [round(one, 3), round(one_again, 3)],
-            f"{args.concurrent}_concurrent_tok_s": round(many, 3),
-            "ratio": round(many / base, 3),
-            "mean_sessions_per_pass": round(mean_batch, 2),
-        }
-        targets[f"{weights}_{args.concurrent}_concurrent_vs_one"] = target(many / base, TARGET)
-        print(
-            f"[{weights}] one {base:.3f} tok/s, {args.concurrent} concurrent {many:.3f} tok/s: "
-            f"x{many / base:.2f} (target >= {TARGET}); mean sessions per pass {mean_batch:.2f}",
-            flush=True,
-        )
+        tokens_per_s(backend, 1, 1, 64)  # warm-up
+        for context in (int(c) for c in args.contexts.split(",")):
+            passes, stepped = backend.steps_run, backend.sessions_stepped
+            one = tokens_per_s(backend, 1, args.steps, context)
+            many_passes, many_stepped = backend.steps_run, backend.sessions_stepped
+            many = tokens_per_s(backend, args.concurrent, args.steps, context)
+            mean_batch = (backend.sessions_stepped - many_stepped) / max(backend.steps_run - many_passes, 1)
+            one_again = tokens_per_s(backend, 1, args.steps, context)  # bracket: load drifts on a shared box
+            base = (one + one_again) / 2
+            key = f"{weights}_ctx{context}"
+            results[key] = {
+                "one_tok_s": [round(one, 3), round(one_again, 3)],
+                f"{args.concurrent}_concurrent_tok_s": round(many, 3),
+                "ratio": round(many / base, 3),
+                "mean_sessions_per_pass_concurrent": round(mean_batch, 2),
+                "passes": backend.steps_run - passes,
+            }
+            targets[f"{key}_{args.concurrent}_concurrent_vs_one"] = target(many / base, TARGET)
+            print(
+                f"[{weights}, context {context}] one {base:.3f} tok/s, {args.concurrent} concurrent {many:.3f} tok/s: "
+                f"x{many / base:.2f} (target >= {TARGET}); sessions per pass {mean_batch:.2f}",
+                flush=True,
+            )
         del backend
         gc.collect()
     payload = {
         "benchmark": "perf_batching",
         "machine": machine | {"loadavg_end": load_average()},
         "stage": f"[{n_layers // 2}, {n_layers}) + norm + lm_head",
-        "context": args.context,
+        "contexts": args.contexts,
         "steps": args.steps,
         "results": results,
         "targets": targets,

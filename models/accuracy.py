@@ -20,8 +20,8 @@ class FormatAccuracy:
     first_divergence: int  # index of the first differing token (= tokens when none differs)
 
 
-def whole_model(ckpt: Checkpoint, weights: str) -> StageExecutor:
-    return StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), weights))
+def whole_model(ckpt: Checkpoint, weights: str, int8_kernel: str | None = None) -> StageExecutor:
+    return StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), weights, int8_kernel))
 
 
 @torch.inference_mode()
@@ -38,15 +38,27 @@ def teacher_forced_logits(ex: StageExecutor, ids: list[int], visual, tokens: lis
     return out
 
 
-def compare(ckpt: Checkpoint, ids: list[int], visual, weights: str, tokens: int, eos_id: int | None = None):
-    """FormatAccuracy of `weights` against fp32 on this prompt (each model loaded once, fp32 first)."""
+def reference(ckpt: Checkpoint, ids: list[int], visual, tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """fp32's greedy tokens on this prompt and its teacher-forced logits [vocab] per step."""
     ref = whole_model(ckpt, "fp32")
     ref_tokens = LocalPipeline([ref]).generate({"r": Request(ids, visual, max_new_tokens=tokens)})["r"].tokens
-    ref_logits = teacher_forced_logits(ref, ids, visual, ref_tokens)
-    del ref
-    ex = whole_model(ckpt, weights)
+    return ref_tokens, teacher_forced_logits(ref, ids, visual, ref_tokens)
+
+
+def compare(
+    ckpt: Checkpoint,
+    ids: list[int],
+    visual,
+    weights: str,
+    tokens: int,
+    int8_kernel: str | None = None,
+    ref: tuple[list[int], list[torch.Tensor]] | None = None,
+) -> FormatAccuracy:
+    """FormatAccuracy of `weights` against fp32 on this prompt (`ref` from reference(), computed when absent)."""
+    ref_tokens, ref_logits = ref or reference(ckpt, ids, visual, tokens)
+    ex = whole_model(ckpt, weights, int8_kernel)
     got_logits = teacher_forced_logits(ex, ids, visual, ref_tokens)
-    free = LocalPipeline([ex]).generate({"r": Request(ids, visual, max_new_tokens=tokens)})["r"].tokens
+    free = LocalPipeline([ex]).generate({"r": Request(ids, visual, max_new_tokens=len(ref_tokens))})["r"].tokens
     cos = [
         float(torch.nn.functional.cosine_similarity(a, b, dim=0)) for a, b in zip(ref_logits, got_logits, strict=True)
     ]

@@ -96,7 +96,9 @@ class StageModule(nn.Module):
         return keys
 
 
-def load_stage(ckpt: Checkpoint, layers: LayerRange, weights: str = "fp32") -> StageModule:
+def load_stage(
+    ckpt: Checkpoint, layers: LayerRange, weights: str = "fp32", int8_kernel: str | None = None
+) -> StageModule:
     """Builds the stage on the meta device and fills it with just its tensors from the safetensors files.
 
     Tensors are read one layer at a time; with `weights="int8"` each layer's linears (and the lm_head) are
@@ -114,12 +116,12 @@ def load_stage(ckpt: Checkpoint, layers: LayerRange, weights: str = "fp32") -> S
         tensors = ckpt.read(names.values(), dtype)
         module.load_state_dict({ours: tensors[theirs] for ours, theirs in names.items()}, strict=False, assign=True)
         if weights == "int8" and group.startswith("layers."):
-            quantize_linears(module.layers[int(group.split(".")[1])])
+            quantize_linears(module.layers[int(group.split(".")[1])], int8_kernel)
     leftover = [n for n, p in module.named_parameters() if p.is_meta]
     if leftover:
         raise InvalidInput(f"checkpoint {ckpt.path} lacks weights for {', '.join(leftover[:5])}")
     if weights == "int8" and module.lm_head is not None:
-        module.lm_head = Int8Linear.from_linear(module.lm_head)
+        module.lm_head = Int8Linear.from_linear(module.lm_head, int8_kernel)
     module.rotary_emb.to(torch.float32)
     module.weights = weights
     return module.eval()
