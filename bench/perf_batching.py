@@ -5,7 +5,7 @@ The stage is the last of a 2-stage split (layers [12, 24) + norm + lm_head), ser
 C gateway streams would, and the backend gathers their steps into shared forward passes. Each session continues a
 synthetic cache of `--context` positions. Per weight format, the single-inspection baseline runs in the same run.
 
-    .venv/bin/python bench/perf_batching.py [--checkpoint PATH] [--weights int8,bf16,fp32] [--concurrent 4] [--contexts 256,600]
+    .venv/bin/python bench/perf_batching.py [--weights int8,bf16,fp32] [--concurrent 4] [--contexts 256,600]
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main() -> None:
         backend = StageBackend(cfg, ckpt)
         tokens_per_s(backend, 1, 1, 64)  # warm-up
         for context in (int(c) for c in args.contexts.split(",")):
-            passes, stepped = backend.steps_run, backend.sessions_stepped
+            passes = backend.steps_run
             one = tokens_per_s(backend, 1, args.steps, context)
             many_passes, many_stepped = backend.steps_run, backend.sessions_stepped
             many = tokens_per_s(backend, args.concurrent, args.steps, context)
