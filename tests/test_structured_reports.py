@@ -116,3 +116,24 @@ def test_a_budget_too_small_for_the_object_gives_uncertain_with_the_reason(model
     assert parsed.verdict == inspection_pb2.VERDICT_UNCERTAIN
     assert parsed.verdict_reason == REASON_TRUNCATED
     assert parsed.defects == []
+
+
+def test_sessions_decoded_together_keep_their_own_grammar_state(model):
+    """Several sessions in one generate() (one step for all per token) each end exactly as when run alone."""
+    chunks = kb_chunks()
+    processor = model["processor"]
+    cases = [(part, varied_image(100 + k)) for k, part in enumerate(["CVR-310", "PCB-410", "XYZ-999"])]
+    alone, requests = {}, {}
+    for k, (part, image) in enumerate(cases):
+        grammar = build_report_grammar(chunks, part, BUDGET)
+        gen, _ = run(model, image, grammar, BUDGET)
+        alone[f"s{k}"] = gen.tokens
+        instruction = f"{DEFAULT_INSTRUCTION}\n{schema_instruction(grammar.vocabulary)}"
+        text = prompt_text(processor, build_messages(instruction))
+        with torch.inference_mode():
+            visual = model["tower"](model["pre"](image))[0]  # [N, vision_hidden]
+        constraint = model["grammars"].constraint(grammar.text)
+        requests[f"s{k}"] = Request(prompt_ids(processor, text), visual, max_new_tokens=BUDGET, constraint=constraint)
+    together = model["pipeline"].generate(requests)
+    assert {sid: g.tokens for sid, g in together.items()} == alone
+    assert len({tuple(t) for t in alone.values()}) == len(cases)
