@@ -120,3 +120,14 @@ def test_a_cut_off_object_is_uncertain_with_the_reason_and_nothing_half_filled()
     assert parsed.defects == [] and parsed.description == ""
     assert parse_structured(raw, truncated=False).verdict_reason == REASON_INCOMPLETE
     assert parse_structured("", truncated=False).verdict == inspection_pb2.VERDICT_UNCERTAIN
+
+
+def test_an_ok_report_lists_no_defects_and_a_defect_report_at_least_one():
+    schema = report_schema(vocabulary_for_part([], ""))
+    one = [{"class": "dent", "severity": "minor", "location": "edge", "evidence": "shadow"}]
+    jsonschema.validate({"verdict": "OK", "defects": [], "description": ""}, schema)
+    jsonschema.validate({"verdict": "DEFECT", "defects": one, "description": ""}, schema)
+    jsonschema.validate({"verdict": "UNCERTAIN", "defects": [], "description": ""}, schema)
+    for contradiction in ({"verdict": "OK", "defects": one}, {"verdict": "DEFECT", "defects": []}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**contradiction, "description": ""}, schema)

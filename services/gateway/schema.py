@@ -110,7 +110,8 @@ def _text(n: int) -> dict:
 
 
 def report_schema(vocab: Vocabulary, limits: ReportLimits = DEFAULT_LIMITS) -> dict:
-    """JSON Schema of the report object; properties in the order the model writes them."""
+    """JSON Schema of the report object, properties in the order the model writes them. One branch per verdict, so
+    that an OK report lists no defects and a DEFECT report at least one (a contradiction cannot be written)."""
     defect = {
         "type": "object",
         "properties": {
@@ -122,16 +123,21 @@ def report_schema(vocab: Vocabulary, limits: ReportLimits = DEFAULT_LIMITS) -> d
         "required": ["class", "severity", "location", "evidence"],
         "additionalProperties": False,
     }
-    return {
-        "type": "object",
-        "properties": {
-            "verdict": {"enum": list(VERDICTS)},
-            "defects": {"type": "array", "items": defect, "maxItems": limits.max_defects},
-            "description": _text(limits.description),
-        },
-        "required": ["verdict", "defects", "description"],
-        "additionalProperties": False,
-    }
+
+    def branch(verdict: str, min_items: int, max_items: int) -> dict:
+        return {
+            "type": "object",
+            "properties": {
+                "verdict": {"enum": [verdict]},
+                "defects": {"type": "array", "items": defect, "minItems": min_items, "maxItems": max_items},
+                "description": _text(limits.description),
+            },
+            "required": ["verdict", "defects", "description"],
+            "additionalProperties": False,
+        }
+
+    n = limits.max_defects
+    return {"anyOf": [branch("OK", 0, 0), branch("DEFECT", 1, n), branch("UNCERTAIN", 0, n)]}
 
 
 def max_report_bytes(vocab: Vocabulary, limits: ReportLimits) -> int:
