@@ -86,12 +86,16 @@ def test_three_stages_and_fp16_on_the_wire_keep_the_tokens(tiny_checkpoint, tmp_
 
 
 def test_stream_delivers_deltas_then_the_stored_report(stack):
-    deltas = []
     with InspectionClient(stack.gateway_address, stack.api_token) as client:
-        report = client.inspect(
-            asset_path("part_ok.jpg").read_bytes(), max_new_tokens=NEW_TOKENS, on_delta=deltas.append
-        )
-        assert "".join(deltas) == report.raw_text or report.raw_text.startswith("".join(deltas))
+        request = inspection_pb2.InspectRequest(image=asset_path("part_ok.jpg").read_bytes(), max_new_tokens=NEW_TOKENS)
+        events = list(client.stub.InspectStream(request, metadata=client.metadata, timeout=120))
+        deltas, report = [e.delta for e in events[:-1]], events[-1].report
+        assert all(e.HasField("delta") for e in events[:-1]) and events[-1].HasField("report")
+        text = "".join(d.text for d in deltas)
+        ids = [i for d in deltas for i in d.token_ids]
+        assert report.raw_text.startswith(text)
+        # Every token id reaches the caller exactly once and in order (held-back ones ride with a later delta).
+        assert ids == list(report.generated_token_ids[: len(ids)])
         assert client.get(report.report_id) == report
 
 

@@ -31,6 +31,9 @@ def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
         # peer reboot fails fast instead of waiting on a half-open TCP connection.
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+        # gRPC's default reconnect backoff grows to 120 s: a peer that restarts would be noticed minutes late.
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 1000),
     ]
 
 
@@ -102,7 +105,7 @@ async def wait_for_serving(address: str, timeout_s: float) -> None:
     last = "no answer yet"
     # Quick polls first (a server that is just starting), then every 0.5 s.
     delays = itertools.chain(backoff_delays(0.05, 2.0, 0.5, attempts=6), itertools.repeat(0.5))
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with grpc.aio.insecure_channel(address, options=channel_options(1)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             left = deadline - time.monotonic()

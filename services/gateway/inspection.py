@@ -124,6 +124,7 @@ class Inspector:
         step_timings: dict[str, list[float]] = {}
         t_first = None
         network_ms = 0.0
+        delta_from = 0  # first generated token not yet sent in a delta
         emitted = ""
         truncated = True
         session_id = f"{report_id}-{uuid.uuid4().hex[:8]}"
@@ -143,10 +144,14 @@ class Inspector:
                     break
                 decoded = self.tokenizer.decode(journal.generated, skip_special_tokens=True)
                 if len(decoded) > len(emitted) and not decoded.endswith("\ufffd"):
+                    # Tokens held back (no new text yet, or a partial UTF-8 sequence) travel with this delta.
                     yield inspection_pb2.InspectEvent(
-                        delta=inspection_pb2.TokenDelta(text=decoded[len(emitted) :], token_ids=[token])
+                        delta=inspection_pb2.TokenDelta(
+                            text=decoded[len(emitted) :], token_ids=journal.generated[delta_from:]
+                        )
                     )
                     emitted = decoded
+                    delta_from = len(journal.generated)
                 step_ids, visual = [token], None
                 sampling = stage_pb2.SamplingParams(grammar_id=sampling.grammar_id)
         metrics.TOKENS.labels(role="gateway").inc(len(journal.generated))
