@@ -1,10 +1,11 @@
 """Decode per token at batch 1 on the 1.3B-shaped checkpoint: our lean executor vs transformers' generate().
 
 Baseline and subjects run interleaved in one process (round after round), continuing the same synthetic cache
-(random keys/values of `--context` positions: decode cost does not depend on the cached values). Our bf16 stage
-shares the reference model's bf16 parameter tensors (same weights, no second copy); the int8 stage is quantized
-from the fp32 checkpoint. Beside each figure: the read-bandwidth bound (weight bytes read per step / measured read
-bandwidth) and the ratio to it.
+(random keys/values of `--context` positions: decode cost does not depend on the cached values). Our stages load
+the fp32 checkpoint as `weights: bf16` and `weights: int8` would on a stage (on a CPU without bf16 instructions
+bf16 runs fbgemm's packed fp16 kernel, see models/quant.py); the baseline is transformers' own bf16 model.
+Beside each figure: the read-bandwidth bound (weight bytes read per step / measured read bandwidth) and the ratio
+to it.
 
     .venv/bin/python bench/perf_decode.py [--checkpoint PATH] [--tokens 6] [--rounds 3] [--context 256]
 """
@@ -21,7 +22,7 @@ import torch
 from common import load_average, machine_info, skip, target, write_json
 
 from edgeinspect.models.checkpoint import Checkpoint, load_reference_model, open_checkpoint
-from edgeinspect.models.quant import Int8Linear, fast_bf16
+from edgeinspect.models.quant import Half16Linear, Int8Linear, fast_bf16, use_half16
 from edgeinspect.models.stage import LayerRange, StageExecutor, StageModule, StepInput, load_stage
 
 DEFAULT_CKPT = Path(__file__).resolve().parents[1] / "var" / "checkpoints" / "deepseek-vl-1.3b"
@@ -42,23 +43,12 @@ def synthetic_kv(ckpt: Checkpoint, length: int, dtype: torch.dtype) -> list[tupl
     ]
 
 
-def shared_stage(model, ckpt: Checkpoint) -> StageModule:
-    """A whole-model StageModule over the reference model's own parameter tensors."""
-    params = dict(model.named_parameters())
-    module = StageModule(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers))
-    state = {ours: params[theirs] for ours, theirs in module.checkpoint_keys(ckpt).items()}
-    module.load_state_dict(state, strict=False, assign=True)
-    module.rotary_emb.to(torch.float32)
-    module.weights = "bf16"
-    return module.eval()
-
-
 def step_bytes(module: StageModule) -> int:
     """Weight bytes one decode step reads: every layer's parameters, the final norm and the lm_head (not embed)."""
     total = 0
     for part in (module.layers, module.norm, module.lm_head):
         for mod in part.modules():
-            if isinstance(mod, Int8Linear):
+            if isinstance(mod, (Int8Linear, Half16Linear)):
                 total += mod.weight_bytes()
             total += sum(p.numel() * p.element_size() for p in mod.parameters(recurse=False))
     return total
@@ -123,8 +113,10 @@ def main() -> None:
     ckpt = open_checkpoint(args.checkpoint)
     print("loading the reference model (bf16) and the int8 stage", flush=True)
     ref = load_reference_model(ckpt, "bf16")
-    subjects = {"ours_bf16": StageExecutor(shared_stage(ref, ckpt))}
-    subjects["ours_int8"] = StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8"))
+    whole = LayerRange(0, ckpt.num_layers, ckpt.num_layers)
+    subjects = {
+        w_: StageExecutor(load_stage(ckpt, whole, w)) for w_, w in (("ours_bf16", "bf16"), ("ours_int8", "int8"))
+    }
     gc.collect()
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(10, ckpt.text_config.vocab_size, (args.context,), generator=g)
@@ -158,7 +150,12 @@ def main() -> None:
     int8 = med["ours_int8"] / med["ours_bf16"]
     payload = {
         "benchmark": "perf_decode",
-        "machine": machine | {"loadavg_end": load_average(), "fast_bf16": fast_bf16()},
+        "machine": machine
+        | {
+            "loadavg_end": load_average(),
+            "fast_bf16": fast_bf16(),
+            "bf16_kernel": "fbgemm fp16" if use_half16("bf16") else "torch bf16",
+        },
         "checkpoint": str(args.checkpoint),
         "context": args.context,
         "tokens": args.tokens,

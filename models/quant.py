@@ -1,4 +1,5 @@
-"""Weight formats for decoder stages: int8 weights with per-output-channel scales, and a bf16 speed probe.
+"""Weight formats for decoder stages: int8 weights with per-output-channel scales; 16-bit weights on CPUs
+without bf16 instructions.
 
 An int8 stage keeps activations, norms, attention and the KV cache in fp32 and replaces every nn.Linear of its
 layers (and the lm_head) by Int8Linear. The kernel is picked once per process by what this CPU runs fast:
@@ -8,6 +9,11 @@ layers (and the lm_head) by Int8Linear. The kernel is picked once per process by
   ~3x faster than fp32 at one row and barely slower at 4 rows, where fp32 GEMM falls off a cliff.
 - "int8pack": `aten._weight_int8pack_mm` (weight-only; bf16 activations): the fallback where fbgemm is missing.
 - "dequant": int8 -> fp32 then F.linear, always available, only saves memory.
+
+bf16 weights on a CPU without AMX/AVX512-BF16 (this one: AVX2) make torch emulate bf16 GEMM: as slow as fp32 at
+one row and 4-5x slower at 4 rows. There Half16Linear keeps the weights 16-bit but in fbgemm's packed fp16 form
+(F16C conversion + FMA in fp32): bf16 values convert to fp16 exactly unless tiny (< 6e-5, kept as fp16
+subnormals) and activations stay fp32. A layer with a weight beyond fp16's range keeps the plain bf16 path.
 """
 
 from __future__ import annotations
@@ -133,6 +139,60 @@ def quantize_linears(module: nn.Module, kernel: str | None = None) -> int:
 
 
 @functools.cache
+def fbgemm_fp16_available() -> bool:
+    try:
+        packed = torch.ops.quantized.linear_prepack_fp16(torch.randn(8, 16), None)
+        torch.ops.quantized.linear_dynamic_fp16(torch.randn(2, 16), packed)
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+FP16_MAX = 65504.0
+
+
+class Half16Linear(nn.Module):
+    """y = x @ W.T (+ bias) with W held as fbgemm-packed fp16 [N, K]; fp32 in, fp32 out."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else bias.float()
+        self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
+
+    @staticmethod
+    def fits(weight: torch.Tensor) -> bool:
+        return bool(weight.abs().max() <= FP16_MAX)
+
+    def weight_bytes(self) -> int:
+        return 2 * self.in_features * self.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features).float(), self.packed)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+
+def half16_linears(module: nn.Module) -> int:
+    """Replaces every nn.Linear under `module` whose weight fits fp16 by a Half16Linear; returns how many."""
+    count = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear) and Half16Linear.fits(child.weight):
+            setattr(module, name, Half16Linear(child.weight.detach(), child.bias))
+            count += 1
+        elif not isinstance(child, nn.Linear):
+            count += half16_linears(child)
+    return count
+
+
+def use_half16(weights: str) -> bool:
+    """bf16 weights on a CPU that would emulate bf16 GEMM, where the fbgemm fp16 kernel exists."""
+    return weights == "bf16" and not fast_bf16() and fbgemm_fp16_available()
+
+
+@functools.cache
 def fast_bf16() -> bool:
     """Whether this CPU has bf16 matmul instructions (AMX or AVX512-BF16); without them bf16 GEMM is emulated."""
     cpu = getattr(torch._C, "_cpu", None)
@@ -149,5 +209,5 @@ def resolve_weights(name: str) -> str:
         log.info("weights auto -> %s (fast bf16 on this CPU: %s)", chosen, fast_bf16())
         return chosen
     if name == "bf16" and not fast_bf16():
-        log.warning("bf16 weights on a CPU without AMX/AVX512-BF16: matmuls are emulated; fp32 or int8 may be faster")
+        log.info("bf16 weights on a CPU without AMX/AVX512-BF16: linears run fbgemm's fp16 kernel (fp32 activations)")
     return name

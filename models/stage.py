@@ -32,7 +32,7 @@ from edgeinspect.models.checkpoint import (
     load_dtype,
 )
 from edgeinspect.models.kv import KVBuffer
-from edgeinspect.models.quant import Int8Linear, quantize_linears, resolve_weights
+from edgeinspect.models.quant import Int8Linear, half16_linears, quantize_linears, resolve_weights, use_half16
 
 log = logging.getLogger(__name__)
 
@@ -115,13 +115,24 @@ def load_stage(
     for group, names in groups.items():
         tensors = ckpt.read(names.values(), dtype)
         module.load_state_dict({ours: tensors[theirs] for ours, theirs in names.items()}, strict=False, assign=True)
-        if weights == "int8" and group.startswith("layers."):
-            quantize_linears(module.layers[int(group.split(".")[1])], int8_kernel)
+        if group.startswith("layers."):
+            layer = module.layers[int(group.split(".")[1])]
+            if weights == "int8":
+                quantize_linears(layer, int8_kernel)
+            elif use_half16(weights):
+                half16_linears(layer)
+                layer.float()  # norms: activations stay fp32 beside the 16-bit packed weights
     leftover = [n for n, p in module.named_parameters() if p.is_meta]
     if leftover:
         raise InvalidInput(f"checkpoint {ckpt.path} lacks weights for {', '.join(leftover[:5])}")
     if weights == "int8" and module.lm_head is not None:
         module.lm_head = Int8Linear.from_linear(module.lm_head, int8_kernel)
+    if use_half16(weights):
+        for part in (module.aligner, module.norm):
+            if part is not None:
+                part.float()
+        if module.lm_head is not None:
+            half16_linears(module)  # the lm_head (the layers are done); embeddings stay bf16, cast on lookup
     module.rotary_emb.to(torch.float32)
     module.weights = weights
     return module.eval()
@@ -329,7 +340,7 @@ class StageExecutor:
         if not self.range.is_first:
             return inp.hidden.to(self.dtype)
         ids = inp.input_ids
-        x = m.embed_tokens(ids)  # [T, D]
+        x = m.embed_tokens(ids).to(self.dtype)  # [T, D]
         if inp.visual_tokens is None:
             return x
         slots = ids == m.image_token_id  # [T]

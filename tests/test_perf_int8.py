@@ -11,11 +11,13 @@ from edgeinspect.models.accuracy import compare
 from edgeinspect.models.checkpoint import load_processor, open_checkpoint
 from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.quant import (
+    Half16Linear,
     Int8Linear,
     fbgemm_available,
     int8pack_available,
     quantize_per_channel,
     resolve_weights,
+    use_half16,
 )
 from edgeinspect.models.stage import LayerRange, load_stage
 from edgeinspect.models.tiny import TinySpec
@@ -97,3 +99,15 @@ def test_int8_keeps_the_first_token_on_the_chaotic_tiny_model(tiny_checkpoint, p
     print(f"tiny int8 vs fp32: {acc}")
     assert acc.mean_cosine >= 0.9
     assert acc.first_divergence >= 1
+
+
+def test_bf16_stage_on_a_cpu_without_bf16_instructions_runs_16_bit_packed_linears(mid_checkpoint, part_images):
+    ckpt = open_checkpoint(mid_checkpoint)
+    module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "bf16")
+    if use_half16("bf16"):
+        assert not [n for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+        assert isinstance(module.lm_head, Half16Linear)
+    acc = compare(*_case(mid_checkpoint, part_images[1]), "bf16", NEW_TOKENS)
+    print(f"mid-size bf16 vs fp32: {acc}")
+    assert acc.min_cosine >= 0.999
+    assert acc.token_agreement == 1.0
