@@ -65,26 +65,29 @@ def install_cache(executor: StageExecutor, kv: list[tuple]) -> int:
 
 
 def shared_split(mono: StageModule, ckpt: Checkpoint, ranges: list[LayerRange]) -> list[StageModule]:
-    """Stages over the monolith's own parameter tensors: the split's compute with no second copy of the weights."""
-    params = dict(mono.named_parameters())
+    """Stages over the monolith's own modules: the split's compute with no second copy of the weights.
+
+    Modules, not parameter tensors, are shared: packed linears (int8, fbgemm fp16) hold no nn.Parameter.
+    """
     stages = []
     for r in ranges:
         module = StageModule(ckpt, r)
-        state = {}
-        for name in module.checkpoint_keys(ckpt):
-            if name.startswith("layers."):
-                _, j, rest = name.split(".", 2)
-                state[name] = params[f"layers.{int(j) + r.start}.{rest}"]
-            else:
-                state[name] = params[name]
-        module.load_state_dict(state, strict=False, assign=True)
+        module.layers = nn.ModuleList(mono.layers[r.start : r.end])
+        for part in ("embed_tokens", "aligner", "norm", "lm_head"):
+            if getattr(module, part) is not None:
+                setattr(module, part, getattr(mono, part))
+        module.weights = mono.weights
         module.rotary_emb.to(torch.float32)
         stages.append(module.eval())
     return stages
 
 
 def param_bytes(module: nn.Module | None) -> int:
-    return 0 if module is None else sum(p.numel() * p.element_size() for p in module.parameters())
+    """Parameter bytes, counting packed linears (int8, fbgemm fp16: no nn.Parameter) by their weight_bytes()."""
+    if module is None:
+        return 0
+    packed = sum(m.weight_bytes() for m in module.modules() if hasattr(m, "weight_bytes"))
+    return packed + sum(p.numel() * p.element_size() for p in module.parameters())
 
 
 class SpanTimer:
