@@ -152,7 +152,9 @@ def main() -> None:
         r = pipeline_run(args.checkpoint, args.weights, stages, wire, chained, args.tokens, args.repeats)
         r["decode_ratio_vs_monolith"] = r["decode_ms_per_token"] / mono["decode_ms_per_token"]
         r["network_share"] = r["network_ms_per_token"] / r["decode_ms_per_token"]
-        r["hops_overhead"] = target(r["decode_ratio_vs_monolith"] - 1.0, HOP_TARGET, higher_is_better=False)
+        # What the hops add is the per-token time not spent computing in a stage (measured at the gateway on the
+        # same tokens); the ratio to the monolith is also recorded, but on a shared box it mostly measures load.
+        r["hops_overhead"] = target(r["network_share"], HOP_TARGET, higher_is_better=False)
         runs.append(r)
         print(
             f"{stages} stage(s) {'chained' if chained else 'via gateway'}: TTFT {r['ttft_ms']:.0f} ms, decode "
