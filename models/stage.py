@@ -205,7 +205,8 @@ class StageExecutor:
         return self.sessions.pop(session_id, None) is not None
 
     def kv_bytes(self) -> int:
-        return sum(s.nbytes for s in self.sessions.values())
+        # list() copies under the GIL: gauges read this from the event loop while a step may open a session
+        return sum(s.nbytes for s in list(self.sessions.values()))
 
     def kv_bytes_per_position(self) -> int:
         return 2 * len(self.module.layers) * self.kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).itemsize
