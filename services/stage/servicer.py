@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -53,6 +54,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         self._backend = backend
         self.next_stage = next_stage
         self.max_message_mb = max_message_mb
+        self._cleanup_tasks: set[asyncio.Task] = set()  # keeps release tasks referenced until they finish
 
     def attach(self, backend: StageBackend) -> None:
         """The loaded backend; until then every call answers UNAVAILABLE (health says NOT_SERVING meanwhile)."""
@@ -81,6 +83,9 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         """Steps sessions as requests arrive; every session opened on this stream is released when it ends."""
         opened: set[str] = set()
         downstream = _Downstream(self.next_stage, self.max_message_mb) if self.next_stage else None
+        # A cancelled call may leave this generator suspended at `yield` until garbage collection, so its
+        # `finally` can run minutes late: release on the RPC's own termination instead.
+        context.add_done_callback(lambda _ctx: self._cleanup_later(opened, downstream))
         try:
             async for request in request_iterator:
                 t0 = time.perf_counter()
@@ -99,9 +104,19 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         finally:
             if downstream is not None:
                 await downstream.close()
-            if opened:
-                released = await self.backend.release(sorted(opened))
-                log.info("stream ended: released %d of %d sessions", released, len(opened))
+
+    def _cleanup_later(self, opened: set[str], downstream: _Downstream | None) -> None:
+        task = asyncio.get_running_loop().create_task(self._cleanup(sorted(opened), downstream))
+        self._cleanup_tasks.add(task)
+        task.add_done_callback(self._cleanup_tasks.discard)
+
+    async def _cleanup(self, session_ids: list[str], downstream: _Downstream | None) -> None:
+        """The stream is over: end the chained stream (the next stage releases in turn) and drop our sessions."""
+        if downstream is not None:
+            await downstream.close()
+        if session_ids:
+            released = await self.backend.release(session_ids)
+            log.info("stream ended: released %d of %d sessions", released, len(session_ids))
 
     async def Release(self, request: stage_pb2.ReleaseRequest, context) -> stage_pb2.ReleaseResponse:
         """Drops sessions now (and downstream, when chained)."""
@@ -221,7 +236,8 @@ class _Downstream:
         return response
 
     async def close(self) -> None:
-        if self.call is not None:
-            self.call.cancel()
-        if self.channel is not None:
-            await self.channel.close()
+        call, channel, self.call, self.channel = self.call, self.channel, None, None
+        if call is not None:
+            call.cancel()
+        if channel is not None:
+            await channel.close()
