@@ -25,27 +25,12 @@ from edgeinspect.models.checkpoint import load_processor, open_checkpoint
 from edgeinspect.models.grammar import GrammarCache, grammar_cache_for
 from edgeinspect.models.sampling import SamplingParams, sample
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
-from edgeinspect.rag import sample_kb_dir
-from edgeinspect.rag.documents import Document, read_document, scan_folder
 from edgeinspect.services.gateway.schema import build_report_grammar
-from edgeinspect.v1 import retrieval_pb2
+from edgeinspect.testing import sample_spec_chunks
 
 CKPT_13B = Path("var/checkpoints/deepseek-vl-1.3b")
 PARTS = ["CVR-310", "PCB-410", "HSG-210", "ASM-100", "XYZ-999"]
 PREFILL = 64
-
-
-def kb_chunks() -> list[retrieval_pb2.SpecChunk]:
-    chunks = []
-    for path in scan_folder(sample_kb_dir()):
-        doc = read_document(path, sample_kb_dir())
-        if isinstance(doc, Document):
-            chunks.append(
-                retrieval_pb2.SpecChunk(
-                    product=", ".join(doc.product), defect_classes=doc.defect_classes, severities=doc.severities
-                )
-            )
-    return chunks
 
 
 def pct(values: list[float], q: float) -> float:
@@ -253,7 +238,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     ckpt = open_checkpoint(args.checkpoint)
-    chunks = kb_chunks()
+    chunks = sample_spec_chunks()
     grammar = build_report_grammar(chunks, "CVR-310", args.budget)
     result = {"machine": machine_info(), "budget_tokens": args.budget, "schema_max_tokens": grammar.max_tokens}
     print("decode, constraint vs plain ...", file=sys.stderr, flush=True)

@@ -30,3 +30,24 @@ def grpcurl_path() -> Path:
 def grpcurl(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
     """Runs grpcurl with `args` ("-plaintext", "127.0.0.1:50051", "list"); never raises on exit status."""
     return subprocess.run([str(grpcurl_path()), *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def sample_spec_chunks():
+    """One SpecChunk per sample spec, carrying its front matter as the retrieval node does (tests, benchmarks)."""
+    from edgeinspect.rag import sample_kb_dir
+    from edgeinspect.rag.documents import Document, read_document, scan_folder
+    from edgeinspect.v1 import retrieval_pb2
+
+    chunks = []
+    for path in scan_folder(sample_kb_dir()):
+        doc = read_document(path, sample_kb_dir())
+        if isinstance(doc, Document):
+            chunks.append(
+                retrieval_pb2.SpecChunk(
+                    doc_id=doc.doc_id,
+                    product=", ".join(doc.product),
+                    defect_classes=doc.defect_classes,
+                    severities=doc.severities,
+                )
+            )
+    return chunks

@@ -16,31 +16,13 @@ from edgeinspect.models.grammar import grammar_cache_for
 from edgeinspect.models.pipeline import LocalPipeline, Request, even_split, load_local_stages
 from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, prompt_ids, prompt_text
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
-from edgeinspect.rag import sample_kb_dir
-from edgeinspect.rag.documents import Document, read_document, scan_folder
 from edgeinspect.services.gateway.report_text import REASON_TRUNCATED
 from edgeinspect.services.gateway.schema import build_report_grammar, parse_structured, schema_instruction
-from edgeinspect.v1 import inspection_pb2, retrieval_pb2
+from edgeinspect.testing import sample_spec_chunks
+from edgeinspect.v1 import inspection_pb2
 
 PARTS = ["CVR-310", "PCB-410", "HSG-210", "WLD-710", "SHF-510", "XYZ-999"]  # the last: general specs only
 BUDGET = 200
-
-
-def kb_chunks() -> list[retrieval_pb2.SpecChunk]:
-    """One chunk per sample spec, carrying its front matter as the retrieval node does."""
-    chunks = []
-    for path in scan_folder(sample_kb_dir()):
-        doc = read_document(path, sample_kb_dir())
-        if isinstance(doc, Document):
-            chunks.append(
-                retrieval_pb2.SpecChunk(
-                    doc_id=doc.doc_id,
-                    product=", ".join(doc.product),
-                    defect_classes=doc.defect_classes,
-                    severities=doc.severities,
-                )
-            )
-    return chunks
 
 
 def varied_image(seed: int) -> Image.Image:
@@ -84,7 +66,7 @@ def run(model, image: Image.Image, grammar, budget: int):
 
 
 def test_fifty_images_give_reports_valid_against_their_parts_schema(model):
-    chunks = kb_chunks()
+    chunks = sample_spec_chunks()
     verdicts, named = set(), 0
     for i in range(50):
         part = PARTS[i % len(PARTS)]
@@ -108,7 +90,7 @@ def test_fifty_images_give_reports_valid_against_their_parts_schema(model):
 
 
 def test_a_budget_too_small_for_the_object_gives_uncertain_with_the_reason(model):
-    grammar = build_report_grammar(kb_chunks(), "CVR-310", 24)
+    grammar = build_report_grammar(sample_spec_chunks(), "CVR-310", 24)
     assert grammar.max_tokens > 24
     gen, raw = run(model, varied_image(7), grammar, 24)
     assert len(gen.tokens) == 24 and not gen.finished_by_eos
@@ -120,7 +102,7 @@ def test_a_budget_too_small_for_the_object_gives_uncertain_with_the_reason(model
 
 def test_sessions_decoded_together_keep_their_own_grammar_state(model):
     """Several sessions in one generate() (one step for all per token) each end exactly as when run alone."""
-    chunks = kb_chunks()
+    chunks = sample_spec_chunks()
     processor = model["processor"]
     cases = [(part, varied_image(100 + k)) for k, part in enumerate(["CVR-310", "PCB-410", "XYZ-999"])]
     alone, requests = {}, {}
