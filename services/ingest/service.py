@@ -220,10 +220,12 @@ class Ingestor:
             return
         finally:
             await self._finished(cam.id, capacity)
+        # Count and record together, before any await: a stop landing during the frame save must not leave the
+        # counter and the report list disagreeing.
         self.metrics.frames_inspected.labels(camera=cam.id).inc()
+        result.reports.append(report)
         if self._store is not None:
             await asyncio.to_thread(self._store.save, report.report_id, jpeg, frame.wall_time)
-        result.reports.append(report)
         logger.info("camera %s: report %s %s", cam.id, report.report_id, report.verdict)
         if self._on_report is not None:
             self._on_report(report)
