@@ -22,6 +22,16 @@ from edgeinspect.models.planner import (
 GB = 10**9
 REF = 1e9  # bytes per second at speed 1.0, for the hand-built cases
 
+# DeepSeek-VL 1.3B's language model, as its config.json gives it.
+TEXT_1_3B = dict(
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    vocab_size=102400,
+)
+
 
 def _splits(n_layers: int, n_nodes: int):
     """Every way to cut [0, n_layers) into n_nodes non-empty contiguous ranges."""
@@ -123,15 +133,7 @@ def test_speeds_3_1_1_give_the_fast_node_three_fifths_of_the_layers() -> None:
 
 
 def test_jetson_and_two_pis_at_1_3b_follow_the_speeds_and_count_the_lm_head() -> None:
-    text = dict(
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        vocab_size=102400,
-    )
-    costs = layer_costs_from_config(text, "bf16", aligner_in_features=1024)
+    costs = layer_costs_from_config(TEXT_1_3B, "bf16", aligner_in_features=1024)
     nodes = [
         Node("jetson", "10.0.0.1:50060", 9 * GB, speed=3.0, link_bytes_per_s=125e6),
         Node("pi-a", "10.0.0.2:50060", 5 * GB, speed=1.0, link_bytes_per_s=125e6),
@@ -205,19 +207,11 @@ def test_single_node_holds_tied_embeddings_once() -> None:
 
 
 def test_layer_costs_from_config_counts_the_1_3b_parts() -> None:
-    text = dict(
-        hidden_size=2048,
-        intermediate_size=5632,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        vocab_size=102400,
-    )
-    c = layer_costs_from_config(text, 4)
+    c = layer_costs_from_config(TEXT_1_3B, 4)
     assert c.layer_bytes == (4 * (4 * 2048 * 2048 + 3 * 2048 * 5632 + 2 * 2048),) * 24
     assert c.tail_bytes == 4 * (102400 * 2048 + 2048)  # lm_head ~ 4 layers' worth
     assert 4 * c.layer_bytes[0] < c.tail_bytes < 5 * c.layer_bytes[0]
-    tied = layer_costs_from_config({**text, "tie_word_embeddings": True}, "bf16")
+    tied = layer_costs_from_config({**TEXT_1_3B, "tie_word_embeddings": True}, "bf16")
     assert tied.shared_bytes == 2 * 102400 * 2048
 
 
