@@ -94,7 +94,9 @@ class VisionBackend(StrEnum):
 class VisionSettings(RoleSettings):
     checkpoint: Path = Field(..., description="DeepSeek-VL checkpoint folder (Hugging Face format)")
     backend: VisionBackend = Field(VisionBackend.onnxruntime, description="torch | onnxruntime | hailo")
-    onnx_path: Path | None = Field(None, description="exported vision tower (onnxruntime); exported on first start if missing")
+    onnx_path: Path | None = Field(
+        None, description="exported vision tower (onnxruntime); exported on first start if missing"
+    )
     hef_path: Path | None = Field(None, description="compiled Hailo HEF (hailo backend)")
     weights: WeightsDtype = Field(WeightsDtype.fp32, description="torch backend weight dtype")
     max_image_bytes: int = Field(20 * 1024 * 1024, description="largest encoded image accepted")
@@ -132,6 +134,11 @@ class GatewaySettings(RoleSettings):
     codec: WireCodec = Field(WireCodec.fp16, description="tensor codec between nodes")
     zstd: bool = Field(False, description="zstd on top of the codec")
     chained: bool = Field(False, description="stages forward to each other (exo) instead of via the gateway")
+    prefill_chunk_tokens: int = Field(
+        128,
+        ge=0,
+        description="prompt chunk size for pipelined prefill: stages work on different chunks at once (0: whole)",
+    )
     db_path: Path = Field(Path("var/reports.sqlite"), description="SQLite file every report is stored in")
     api_tokens: list[str] = Field(default_factory=list, description="bearer tokens accepted on the public API")
     max_new_tokens: int = Field(

@@ -146,6 +146,33 @@ class StepInput:
     input_ids: torch.Tensor | None = None  # [T] int64
     hidden: torch.Tensor | None = None  # [T, hidden]
     visual_tokens: torch.Tensor | None = None  # [N_img, vision_hidden], before the aligner
+    logits: bool = True  # last stage: compute the last position's logits (a prompt chunk with more to come: no)
+
+
+def step_positions(inputs: StepInput) -> int:
+    """How many positions a step adds (0 for a malformed input: the executor's checks then name the problem)."""
+    src = inputs.input_ids if inputs.input_ids is not None else inputs.hidden
+    return 0 if src is None or src.dim() == 0 else int(src.shape[0])
+
+
+def chunk_input(inputs: StepInput, start: int, n: int, image_token_id: int) -> StepInput:
+    """Positions [start, start + n) of a step, with the visual tokens of exactly the placeholders inside them.
+
+    Only the chunk that ends the step keeps the step's `logits` wish: earlier chunks are never sampled from.
+    """
+    if start == 0 and n == step_positions(inputs):
+        return inputs
+    logits = inputs.logits and start + n >= step_positions(inputs)
+    if inputs.hidden is not None:
+        return StepInput(position=inputs.position + start, hidden=inputs.hidden[start : start + n], logits=logits)
+    ids = inputs.input_ids
+    part = ids[start : start + n]
+    visual = None
+    if inputs.visual_tokens is not None:
+        slots = ids == image_token_id  # [T]
+        before, inside = int(slots[:start].sum()), int(slots[start : start + n].sum())
+        visual = inputs.visual_tokens[before : before + inside] if inside else None
+    return StepInput(position=inputs.position + start, input_ids=part, visual_tokens=visual, logits=logits)
 
 
 @dataclass
@@ -257,11 +284,16 @@ class StageExecutor:
         if not self.range.is_last:
             offsets = _offsets(spans)
             return [StepOutput(hidden=x[o : o + t], length=p + t) for o, (p, t) in zip(offsets, spans, strict=True)]
-        ends = torch.tensor([o + t - 1 for o, (_, t) in zip(_offsets(spans), spans, strict=True)])
-        last = self.module.norm(x[ends])  # [B, D]: one lm_head read for every session in the step
-        logits = self._rows(self.module.lm_head, last, [(0, 1)] * len(spans)).float()  # [B, vocab]
+        wanted = [i for i, (_, inp) in enumerate(batch) if inp.logits]  # prompt chunks with more to come: none
+        offsets = _offsets(spans)
+        logits = None
+        if wanted:
+            ends = torch.tensor([offsets[i] + spans[i][1] - 1 for i in wanted])
+            last = self.module.norm(x[ends])  # [B, D]: one lm_head read for every session in the step
+            logits = self._rows(self.module.lm_head, last, [(0, 1)] * len(wanted)).float()  # [B, vocab]
+        row = {i: k for k, i in enumerate(wanted)}
         for i, (p, t) in enumerate(spans):
-            outs.append(StepOutput(logits=logits[i], length=p + t))
+            outs.append(StepOutput(logits=logits[row[i]] if i in row else None, length=p + t))
         return outs
 
     def _layer(self, j: int, layer, x: torch.Tensor, rope, sessions: list[Session], spans) -> torch.Tensor:

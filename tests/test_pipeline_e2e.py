@@ -51,7 +51,8 @@ def stack(tiny_checkpoint, tmp_path_factory):
         checkpoint=tiny_checkpoint,
         stages=2,
         codec="fp32",
-        extra_env=UNCONSTRAINED,
+        # Small prefill chunks: the prompt flows through the stages pipelined, and must still give generate()'s tokens.
+        extra_env=UNCONSTRAINED | {"EDGEINSPECT_PREFILL_CHUNK_TOKENS": "16"},
     )
     with LocalStack(opts) as s:
         yield s

@@ -131,7 +131,12 @@ class Inspector:
         async with self.stages.session(session_id) as session:
             step_ids, visual = ids, enc.visual_tokens
             while len(journal.generated) < budget:
-                result = await session.step(step_ids, visual, sampling)
+                if journal.generated:
+                    result = await session.step(step_ids, visual, sampling)
+                else:
+                    result = await session.prefill(
+                        step_ids, visual, sampling, self.cfg.prefill_chunk_tokens, self.ckpt.config.image_token_id
+                    )
                 t_first = t_first or time.perf_counter()
                 if len(journal.generated) > 0:  # decode steps only: prefill is in time_to_first_token
                     network_ms += result.wire_ms

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from edgeinspect import PROTOCOL_VERSION, codec
-from edgeinspect.errors import Unavailable
+from edgeinspect.errors import InvalidInput, Unavailable
 from edgeinspect.services.common.channel import make_channel
 from edgeinspect.v1 import (
     common_pb2,
@@ -145,6 +146,104 @@ class PipelineSession:
         total_ms = (time.perf_counter() - t0) * 1e3
         self.position += len(input_ids)
         return StepResult(response.results[0].token_id, timings, total_ms - sum(t.compute_ms for t in timings))
+
+    async def prefill(
+        self,
+        input_ids: list[int],
+        visual_tokens: tensor_pb2.TensorFrame | None,
+        sampling: stage_pb2.SamplingParams,
+        chunk_tokens: int,
+        image_token_id: int,
+    ) -> StepResult:
+        """The prompt in chunks that flow through the stages overlapped: stage k+1 runs chunk c while stage k
+        runs chunk c+1, so time to first token approaches 1/S of a whole-prompt step plus one chunk per stage.
+
+        Only the last chunk is sampled from. Chained stages relay in lock step, so they take the prompt whole.
+        """
+        chunks = prompt_chunks(input_ids, visual_tokens, chunk_tokens, image_token_id)
+        if self.p.chained or len(chunks) == 1:
+            return await self.step(input_ids, visual_tokens, sampling)
+        out_codec = codec.codec_to_proto(self.p.codec)
+        requests = []
+        position = self.position
+        for k, (ids, frame) in enumerate(chunks):
+            last = k == len(chunks) - 1
+            step = stage_pb2.SessionStep(
+                session_id=self.session_id, position=position, input_ids=ids, prefill_chunk=not last
+            )
+            if last:
+                step.sampling.CopyFrom(sampling)
+            if frame is not None:
+                step.visual_tokens.CopyFrom(frame)
+            requests.append(stage_pb2.StepRequest(steps=[step], output_codec=out_codec, output_zstd=self.p.zstd))
+            position += len(ids)
+        t0 = time.perf_counter()
+        timings: list[stage_pb2.StageTiming] = []
+        responses: list[stage_pb2.StepResponse] = []
+
+        async def feed_first() -> None:
+            for request in requests:  # stage 0 reads them one by one as it finishes each chunk
+                await self.calls[0].write(request)
+
+        async def relay(k: int) -> None:
+            """Reads stage k's answers in order and hands each chunk's hidden states to stage k + 1."""
+            for request in requests:
+                response = await self.calls[k].read()
+                if response is grpc.aio.EOF:
+                    raise Unavailable(f"stage {self.p.addresses[k]} closed the stream")
+                timings.extend(response.timings)
+                if k + 1 == len(self.calls):
+                    responses.append(response)
+                    continue
+                step = request.steps[0]
+                nxt = stage_pb2.SessionStep(
+                    session_id=self.session_id, position=step.position, prefill_chunk=step.prefill_chunk
+                )
+                if step.HasField("sampling"):
+                    nxt.sampling.CopyFrom(step.sampling)
+                nxt.hidden.CopyFrom(response.results[0].hidden)
+                await self.calls[k + 1].write(
+                    stage_pb2.StepRequest(steps=[nxt], output_codec=out_codec, output_zstd=self.p.zstd)
+                )
+
+        try:
+            async with asyncio.TaskGroup() as group:  # one failure cancels the other relays
+                group.create_task(feed_first())
+                for k in range(len(self.calls)):
+                    group.create_task(relay(k))
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        total_ms = (time.perf_counter() - t0) * 1e3
+        self.position = position
+        # Stages overlap, so "not computing" is wall time minus the critical path's compute, not minus the sum.
+        busiest = max(sum(t.compute_ms for t in timings if t.stage == name) for name in {t.stage for t in timings})
+        return StepResult(responses[-1].results[0].token_id, timings, max(total_ms - busiest, 0.0))
+
+
+def prompt_chunks(
+    input_ids: list[int], visual_tokens: tensor_pb2.TensorFrame | None, chunk_tokens: int, image_token_id: int
+) -> list[tuple[list[int], tensor_pb2.TensorFrame | None]]:
+    """Splits a prompt into chunks of at most `chunk_tokens` ids, each with the visual tokens of its own image
+    placeholders (re-encoded in the frame's codec; block-int8 rows re-quantize to the same values)."""
+    if chunk_tokens <= 0 or len(input_ids) <= chunk_tokens:
+        return [(list(input_ids), visual_tokens)]
+    visual = None
+    if visual_tokens is not None:
+        visual = codec.decode_frame(visual_tokens, name="visual tokens")  # [N_img, vision_hidden]
+        frame_codec = codec.codec_from_proto(visual_tokens.codec)
+        slots = sum(1 for i in input_ids if i == image_token_id)
+        if visual.dim() != 2 or visual.shape[0] != slots:
+            raise InvalidInput(f"visual tokens {list(visual.shape)} do not fit the prompt's {slots} image placeholders")
+    out, used = [], 0
+    for start in range(0, len(input_ids), chunk_tokens):
+        ids = list(input_ids[start : start + chunk_tokens])
+        n = sum(1 for i in ids if i == image_token_id)
+        frame = None
+        if visual is not None and n:
+            frame = codec.encode_frame(visual[used : used + n].contiguous(), frame_codec, visual_tokens.zstd)
+            used += n
+        out.append((ids, frame))
+    return out
 
 
 class VisionClient:

@@ -21,9 +21,9 @@ from edgeinspect.errors import PeerMismatch
 from edgeinspect.models.checkpoint import Checkpoint, open_checkpoint
 from edgeinspect.models.grammar import SessionConstraints, grammar_cache_for
 from edgeinspect.models.sampling import SamplingParams, make_generator, sample
-from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
+from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, chunk_input, load_stage, step_positions
 from edgeinspect.services.common import metrics
-from edgeinspect.services.stage.batching import Job, chunk_input, step_positions
+from edgeinspect.services.stage.batching import Job
 from edgeinspect.services.stage.eviction import SessionUsage, choose_evictions
 from edgeinspect.services.stage.scheduler import BatchLimits, Pending, plan_step
 

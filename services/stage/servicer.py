@@ -148,7 +148,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         if step.position < 0:
             raise InvalidInput(f"position must be >= 0, got {step.position}")
         b = self.backend
-        inputs = StepInput(position=step.position)
+        inputs = StepInput(position=step.position, logits=not step.prefill_chunk)
         if b.is_first:
             if not step.input_ids or len(step.input_ids) > MAX_STEP_TOKENS:
                 raise InvalidInput(f"the first stage needs 1..{MAX_STEP_TOKENS} input_ids per step")
@@ -201,7 +201,10 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         steps = []
         for step, o in zip(request.steps, outcomes, strict=True):
             nxt = stage_pb2.SessionStep(
-                session_id=step.session_id, position=step.position, return_logits=step.return_logits
+                session_id=step.session_id,
+                position=step.position,
+                return_logits=step.return_logits,
+                prefill_chunk=step.prefill_chunk,
             )
             nxt.hidden.CopyFrom(codec.encode_frame(o.hidden, out_codec, request.output_zstd))
             if step.HasField("sampling"):
