@@ -116,6 +116,9 @@ class StageSettings(RoleSettings):
     max_step_tokens: int = Field(
         512, ge=1, description="rows per forward pass; longer prompts run in chunks so decode steps interleave"
     )
+    prefix_cache_mb: int = Field(
+        512, ge=0, description="keys/values of shared prompt prefixes (system prompt + spec context); 0: off"
+    )
     session_ttl_s: float = Field(300.0, description="an idle session's cache is dropped after this")
     threads: int = Field(0, description="intra-op threads (0 = library default)")
 
@@ -138,6 +141,9 @@ class GatewaySettings(RoleSettings):
         128,
         ge=0,
         description="prompt chunk size for pipelined prefill: stages work on different chunks at once (0: whole)",
+    )
+    prefix_cache: bool = Field(
+        True, description="reuse the stages' cached system prompt + spec context instead of prefilling it per frame"
     )
     db_path: Path = Field(Path("var/reports.sqlite"), description="SQLite file every report is stored in")
     api_tokens: list[str] = Field(default_factory=list, description="bearer tokens accepted on the public API")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -51,3 +52,33 @@ def sample_spec_chunks():
                 )
             )
     return chunks
+
+
+@contextlib.asynccontextmanager
+async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | None = None):
+    """Real DecoderStage servers in this process (one per even layer slice) and a gateway StagePipeline over them
+    (fp32 on the wire, handshaken); yields (pipeline, backends). `per_stage` adds settings to each stage."""
+    from edgeinspect import codec
+    from edgeinspect.config import StageSettings
+    from edgeinspect.models.checkpoint import open_checkpoint
+    from edgeinspect.services.gateway.upstream import StagePipeline, gateway_identity
+    from edgeinspect.services.stage.server import start
+
+    ckpt = open_checkpoint(checkpoint)
+    bounds = [round(k * ckpt.num_layers / n_stages) for k in range(n_stages + 1)]
+    servers, backends = [], []
+    pipeline = None
+    try:
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            extra = per_stage[k] if per_stage else {}
+            running, backend = await start(StageSettings(checkpoint=checkpoint, layer_start=a, layer_end=b, **extra))
+            servers.append(running)
+            backends.append(backend)
+        pipeline = StagePipeline([f"127.0.0.1:{s.port}" for s in servers], codec.Codec.fp32, False, False, 64)
+        await pipeline.handshake(gateway_identity(ckpt.fingerprint, ckpt.tokenizer_fingerprint), ckpt.num_layers)
+        yield pipeline, backends
+    finally:
+        if pipeline is not None:
+            await pipeline.close()
+        for s in servers:
+            await s.stop(0)

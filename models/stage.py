@@ -247,6 +247,18 @@ class StageExecutor:
         sess.kv.length = length
         return sess
 
+    def snapshot(self, session_id: str, length: int) -> torch.Tensor:
+        """A copy of positions [0, length) of a session's keys/values: [L, 2, H_kv, length, hd]."""
+        return self.sessions[session_id].kv.data[:, :, :, :length].clone()
+
+    def open_from(self, session_id: str, kv: torch.Tensor, now: float = 0.0, spare: int = 0) -> Session:
+        """A new session holding the given prefix keys/values ([L, 2, H_kv, length, hd], copied)."""
+        length = kv.shape[3]
+        sess = self.open(session_id, now, capacity=length + spare)
+        sess.kv.data[:, :, :, :length] = kv
+        sess.kv.length = length
+        return sess
+
     def check(self, session_id: str, inp: StepInput) -> None:
         """Raises what step() would for this input, without touching any state (lets a caller drop one bad item)."""
         sess = self.sessions.get(session_id)

@@ -9,13 +9,12 @@ import pytest
 import torch
 
 from edgeinspect import codec
-from edgeinspect.config import StageSettings
 from edgeinspect.errors import InvalidInput
 from edgeinspect.models.checkpoint import load_processor, load_reference_model, open_checkpoint
 from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
-from edgeinspect.services.gateway.upstream import StagePipeline, gateway_identity, prompt_chunks
-from edgeinspect.services.stage.server import start
+from edgeinspect.services.gateway.upstream import prompt_chunks
+from edgeinspect.testing import local_stages
 from edgeinspect.v1 import stage_pb2
 
 NEW_TOKENS = 10
@@ -38,27 +37,16 @@ def case(tiny_checkpoint, part_images):
 async def _run(path, case, n_stages: int, chunk: int) -> tuple[list[int], list[list[tuple[float, float]]]]:
     """Prefill (pipelined in `chunk`-token chunks) + greedy decode through `n_stages` real stage servers; returns
     the tokens and, per stage, the (start, end) time of every step it ran."""
-    ckpt = open_checkpoint(path)
-    bounds = [round(k * ckpt.num_layers / n_stages) for k in range(n_stages + 1)]
-    servers, spans = [], []
-    for a, b in zip(bounds, bounds[1:], strict=False):
-        running, backend = await start(StageSettings(checkpoint=path, layer_start=a, layer_end=b))
-        servers.append(running)
-        spans.append(_record_steps(backend))
-    pipeline = StagePipeline([f"127.0.0.1:{s.port}" for s in servers], codec.Codec.fp32, False, False, 64)
     ids, visual, _ = case
-    try:
-        await pipeline.handshake(gateway_identity(ckpt.fingerprint, ckpt.tokenizer_fingerprint), ckpt.num_layers)
+    image_id = open_checkpoint(path).config.image_token_id
+    async with local_stages(path, n_stages) as (pipeline, backends):
+        spans = [_record_steps(b) for b in backends]
         frame = codec.encode_frame(visual, codec.Codec.fp32)
         sampling = stage_pb2.SamplingParams()
         async with pipeline.session("s1") as session:
-            tokens = [(await session.prefill(ids, frame, sampling, chunk, ckpt.config.image_token_id)).token_id]
+            tokens = [(await session.prefill(ids, frame, sampling, chunk, image_id)).token_id]
             while len(tokens) < NEW_TOKENS:
                 tokens.append((await session.step([tokens[-1]], None, sampling)).token_id)
-    finally:
-        await pipeline.close()
-        for s in servers:
-            await s.stop(0)
     return tokens, spans
 
 

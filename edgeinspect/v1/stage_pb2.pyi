@@ -43,7 +43,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., grammar_id: _Optional[str] = ..., grammar_json: _Optional[str] = ...) -> None: ...
 
 class SessionStep(_message.Message):
-    __slots__ = ("session_id", "position", "input_ids", "hidden", "visual_tokens", "sampling", "return_logits", "prefill_chunk")
+    __slots__ = ("session_id", "position", "input_ids", "hidden", "visual_tokens", "sampling", "return_logits", "prefill_chunk", "prefix")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class SessionStep(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     position: int
     input_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -60,7 +61,16 @@ class SessionStep(_message.Message):
     sampling: SamplingParams
     return_logits: bool
     prefill_chunk: bool
-    def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., visual_tokens: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_logits: _Optional[bool] = ..., prefill_chunk: _Optional[bool] = ...) -> None: ...
+    prefix: PrefixRef
+    def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., visual_tokens: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_logits: _Optional[bool] = ..., prefill_chunk: _Optional[bool] = ..., prefix: _Optional[_Union[PrefixRef, _Mapping]] = ...) -> None: ...
+
+class PrefixRef(_message.Message):
+    __slots__ = ("key", "length")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    length: int
+    def __init__(self, key: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("steps", "output_codec", "output_zstd")
@@ -121,7 +131,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StageStats(_message.Message):
-    __slots__ = ("identity", "sessions", "kv_bytes", "kv_budget_bytes", "evicted_ttl", "evicted_budget", "released", "session_ids")
+    __slots__ = ("identity", "sessions", "kv_bytes", "kv_budget_bytes", "evicted_ttl", "evicted_budget", "released", "session_ids", "prefix_hits", "prefix_misses", "prefix_entries", "prefix_bytes")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +140,10 @@ class StageStats(_message.Message):
     EVICTED_BUDGET_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_HITS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_MISSES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_BYTES_FIELD_NUMBER: _ClassVar[int]
     identity: _common_pb2.PeerIdentity
     sessions: int
     kv_bytes: int
@@ -138,4 +152,8 @@ class StageStats(_message.Message):
     evicted_budget: int
     released: int
     session_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, identity: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., sessions: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., evicted_ttl: _Optional[int] = ..., evicted_budget: _Optional[int] = ..., released: _Optional[int] = ..., session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    prefix_hits: int
+    prefix_misses: int
+    prefix_entries: int
+    prefix_bytes: int
+    def __init__(self, identity: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., sessions: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., evicted_ttl: _Optional[int] = ..., evicted_budget: _Optional[int] = ..., released: _Optional[int] = ..., session_ids: _Optional[_Iterable[str]] = ..., prefix_hits: _Optional[int] = ..., prefix_misses: _Optional[int] = ..., prefix_entries: _Optional[int] = ..., prefix_bytes: _Optional[int] = ...) -> None: ...

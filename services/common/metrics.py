@@ -25,6 +25,9 @@ WIRE_BYTES = Counter("edgeinspect_wire_bytes", "tensor payload bytes on the wire
 TOKENS = Counter("edgeinspect_tokens", "tokens generated or processed", ["role"])
 KV_SESSIONS = Gauge("edgeinspect_kv_sessions", "sessions holding a KV cache", ["role"])
 KV_BYTES = Gauge("edgeinspect_kv_bytes", "bytes held by KV caches", ["role"])
+PREFIX_CACHE = Counter(
+    "edgeinspect_prefix_cache_lookups", "sessions asking to start from a cached prompt prefix", ["role", "result"]
+)
 INSPECTIONS = Counter("edgeinspect_inspections", "finished inspections by verdict", ["verdict"])
 
 

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 MAX_PROMPT_CHARS = 2000
 MAX_FIELD_CHARS = 128
 MAX_NEW_TOKENS_LIMIT = 2048
+MIN_PREFIX_TOKENS = 16  # shorter shared prefixes cost more in bookkeeping than they save
 
 
 @dataclass
@@ -135,8 +136,17 @@ class Inspector:
                     result = await session.step(step_ids, visual, sampling)
                 else:
                     result = await session.prefill(
-                        step_ids, visual, sampling, self.cfg.prefill_chunk_tokens, self.ckpt.config.image_token_id
+                        step_ids,
+                        visual,
+                        sampling,
+                        self.cfg.prefill_chunk_tokens,
+                        self.ckpt.config.image_token_id,
+                        self._prefix_length(ids),
                     )
+                    if session.prefix_reused:
+                        log.info(
+                            "session %s: %d prompt positions from the prefix cache", session_id, session.prefix_reused
+                        )
                 t_first = t_first or time.perf_counter()
                 if len(journal.generated) > 0:  # decode steps only: prefill is in time_to_first_token
                     network_ms += result.wire_ms
@@ -191,6 +201,15 @@ class Inspector:
             len(journal.generated),
         )
         yield inspection_pb2.InspectEvent(report=report)
+
+    def _prefix_length(self, ids: list[int]) -> int:
+        """The shared prompt prefix (system prompt + spec context): everything before the image, which is the same
+        for every frame of a part; 0 when prefix caching is off or the prefix is too short to be worth it."""
+        image_id = self.ckpt.config.image_token_id
+        if not self.cfg.prefix_cache or image_id not in ids:
+            return 0
+        n = ids.index(image_id)
+        return n if n >= MIN_PREFIX_TOKENS else 0
 
     async def _spec_context(self, req, timings) -> tuple[list[retrieval_pb2.SpecChunk], str]:
         if self.retrieval is None or self.cfg.spec_chunks == 0:

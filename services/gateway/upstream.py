@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
+from array import array
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import grpc
@@ -24,6 +27,7 @@ from edgeinspect.v1 import (
 )
 
 log = logging.getLogger(__name__)
+MAX_KNOWN_PREFIXES = 1024
 
 
 @dataclass
@@ -48,6 +52,17 @@ class StagePipeline:
         self.channels = [make_channel(a, max_message_mb) for a in addresses]
         self.stubs = [stage_pb2_grpc.DecoderStageStub(c) for c in self.channels]
         self.stages: list[StageInfo] = []
+        # Prompt prefixes every stage is believed to hold (a stage that evicted one says so, and it is forgotten).
+        self.cached_prefixes: OrderedDict[str, None] = OrderedDict()
+
+    def remember_prefix(self, key: str) -> None:
+        self.cached_prefixes[key] = None
+        self.cached_prefixes.move_to_end(key)
+        while len(self.cached_prefixes) > MAX_KNOWN_PREFIXES:
+            self.cached_prefixes.popitem(last=False)
+
+    def forget_prefix(self, key: str) -> None:
+        self.cached_prefixes.pop(key, None)
 
     async def handshake(self, identity: common_pb2.PeerIdentity, num_layers: int) -> list[StageInfo]:
         """Asks each stage what it serves, checks the ranges tile [0, num_layers), then handshakes for real."""
@@ -98,19 +113,19 @@ class PipelineSession:
 
     def __init__(self, pipeline: StagePipeline, session_id: str):
         self.p = pipeline
-        self.session_id = session_id
+        self.base_id = self.session_id = session_id
         self.calls: list = []
         self.position = 0
+        self.restarts = 0
+        self.prefix_reused = 0  # prompt positions taken from the stages' prefix caches
 
     async def __aenter__(self) -> PipelineSession:
-        stubs = self.p.stubs[:1] if self.p.chained else self.p.stubs
-        self.calls = [stub.Forward() for stub in stubs]
+        self._open()
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
-            for call in self.calls:  # cancellation ends the stage streams, which release the session
-                call.cancel()
+            self._cancel()
             return
         for call in self.calls:
             await call.done_writing()
@@ -118,31 +133,63 @@ class PipelineSession:
             async for _ in call:  # drain so the stage sees a clean end of stream
                 pass
 
+    def _open(self) -> None:
+        stubs = self.p.stubs[:1] if self.p.chained else self.p.stubs
+        self.calls = [stub.Forward() for stub in stubs]
+
+    def _cancel(self) -> None:
+        for call in self.calls:  # cancellation ends the stage streams, which release the session
+            call.cancel()
+
+    def _restart(self) -> None:
+        """Drops the session everywhere and starts over at position 0 under a new id (the old streams' release
+        runs asynchronously on the stages, so the id must not be reused)."""
+        self._cancel()
+        self.restarts += 1
+        self.session_id = f"{self.base_id}-r{self.restarts}"
+        self.position = 0
+        self._open()
+
+    def _request(self, step: stage_pb2.SessionStep) -> stage_pb2.StepRequest:
+        return stage_pb2.StepRequest(
+            steps=[step], output_codec=codec.codec_to_proto(self.p.codec), output_zstd=self.p.zstd
+        )
+
+    def _next_step(self, step: stage_pb2.SessionStep, hidden: tensor_pb2.TensorFrame) -> stage_pb2.SessionStep:
+        """The same step one stage further: the hidden states replace the inputs; sampling and flags travel along."""
+        nxt = stage_pb2.SessionStep(
+            session_id=step.session_id, position=step.position, prefill_chunk=step.prefill_chunk
+        )
+        for name in ("sampling", "prefix"):
+            if step.HasField(name):
+                getattr(nxt, name).CopyFrom(getattr(step, name))
+        nxt.hidden.CopyFrom(hidden)
+        return nxt
+
     async def step(
-        self, input_ids: list[int], visual_tokens: tensor_pb2.TensorFrame | None, sampling: stage_pb2.SamplingParams
+        self,
+        input_ids: list[int],
+        visual_tokens: tensor_pb2.TensorFrame | None,
+        sampling: stage_pb2.SamplingParams,
+        prefix: stage_pb2.PrefixRef | None = None,
     ) -> StepResult:
-        first = stage_pb2.SessionStep(
-            session_id=self.session_id, position=self.position, input_ids=input_ids, sampling=sampling
+        """One step through every stage in turn (a decode step, or a prompt sent whole)."""
+        step = stage_pb2.SessionStep(
+            session_id=self.session_id, position=self.position, input_ids=input_ids, sampling=sampling, prefix=prefix
         )
         if visual_tokens is not None:
-            first.visual_tokens.CopyFrom(visual_tokens)
-        request = stage_pb2.StepRequest(
-            steps=[first], output_codec=codec.codec_to_proto(self.p.codec), output_zstd=self.p.zstd
-        )
+            step.visual_tokens.CopyFrom(visual_tokens)
         t0 = time.perf_counter()
         timings: list[stage_pb2.StageTiming] = []
         response = None
         for k, call in enumerate(self.calls):
-            await call.write(request)
+            await call.write(self._request(step))
             response = await call.read()
             if response is grpc.aio.EOF:
                 raise Unavailable(f"stage {self.p.addresses[k]} closed the stream")
             timings.extend(response.timings)
             if k + 1 < len(self.calls):
-                result = response.results[0]
-                nxt = stage_pb2.SessionStep(session_id=self.session_id, position=self.position, sampling=sampling)
-                nxt.hidden.CopyFrom(result.hidden)
-                request = stage_pb2.StepRequest(steps=[nxt], output_codec=request.output_codec, output_zstd=self.p.zstd)
+                step = self._next_step(step, response.results[0].hidden)
         total_ms = (time.perf_counter() - t0) * 1e3
         self.position += len(input_ids)
         return StepResult(response.results[0].token_id, timings, total_ms - sum(t.compute_ms for t in timings))
@@ -154,57 +201,81 @@ class PipelineSession:
         sampling: stage_pb2.SamplingParams,
         chunk_tokens: int,
         image_token_id: int,
+        prefix_length: int = 0,
     ) -> StepResult:
-        """The prompt in chunks that flow through the stages overlapped: stage k+1 runs chunk c while stage k
-        runs chunk c+1, so time to first token approaches 1/S of a whole-prompt step plus one chunk per stage.
+        """The prompt, sampling its first token. `prefix_length` > 0 names the shared prefix (system prompt + spec
+        context, before the image): when the stages hold it, only the rest is sent; otherwise it is computed and
+        the stages keep it. A stage that has evicted it answers a prefix cache miss: the session starts over."""
+        if self.position != 0:
+            raise InvalidInput("prefill starts a session: it must be the session's first step")
+        if prefix_length <= 0:
+            return await self._prefill(input_ids, visual_tokens, sampling, chunk_tokens, image_token_id, None)
+        prefix = stage_pb2.PrefixRef(key=prefix_key(input_ids[:prefix_length]), length=prefix_length)
+        if prefix.key in self.p.cached_prefixes:
+            self.position = prefix_length
+            try:
+                result = await self._prefill(
+                    input_ids[prefix_length:], visual_tokens, sampling, chunk_tokens, image_token_id, prefix
+                )
+                self.prefix_reused = prefix_length
+                return result
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.FAILED_PRECONDITION or "prefix cache miss" not in (
+                    err.details() or ""
+                ):
+                    raise
+                log.info("session %s: %s; sending the whole prompt", self.session_id, err.details())
+                self.p.forget_prefix(prefix.key)
+                self._restart()
+        result = await self._prefill(input_ids, visual_tokens, sampling, chunk_tokens, image_token_id, prefix)
+        self.p.remember_prefix(prefix.key)
+        return result
 
-        Only the last chunk is sampled from. Chained stages relay in lock step, so they take the prompt whole.
-        """
-        chunks = prompt_chunks(input_ids, visual_tokens, chunk_tokens, image_token_id)
+    async def _prefill(self, input_ids, visual_tokens, sampling, chunk_tokens, image_token_id, prefix) -> StepResult:
+        """Prompt ids from the session's position on, in chunks that flow through the stages overlapped: stage k+1
+        runs chunk c while stage k runs chunk c+1, so time to first token approaches 1/S of a whole-prompt step
+        plus one chunk per stage. Only the last chunk is sampled from. Chained stages relay in lock step, so they
+        take the prompt whole; a prefix being stored is a chunk boundary, so the cached positions are exactly it."""
+        cut = max(0, prefix.length - self.position) if prefix is not None else 0
+        if 0 < cut < len(input_ids):
+            chunks = prompt_chunks(input_ids[:cut], None, chunk_tokens, image_token_id)
+            chunks += prompt_chunks(input_ids[cut:], visual_tokens, chunk_tokens, image_token_id)
+        else:
+            chunks = prompt_chunks(input_ids, visual_tokens, chunk_tokens, image_token_id)
         if self.p.chained or len(chunks) == 1:
-            return await self.step(input_ids, visual_tokens, sampling)
-        out_codec = codec.codec_to_proto(self.p.codec)
-        requests = []
+            return await self.step(input_ids, visual_tokens, sampling, prefix)
+        steps = []
         position = self.position
         for k, (ids, frame) in enumerate(chunks):
             last = k == len(chunks) - 1
             step = stage_pb2.SessionStep(
-                session_id=self.session_id, position=position, input_ids=ids, prefill_chunk=not last
+                session_id=self.session_id, position=position, input_ids=ids, prefill_chunk=not last, prefix=prefix
             )
             if last:
                 step.sampling.CopyFrom(sampling)
             if frame is not None:
                 step.visual_tokens.CopyFrom(frame)
-            requests.append(stage_pb2.StepRequest(steps=[step], output_codec=out_codec, output_zstd=self.p.zstd))
+            steps.append(step)
             position += len(ids)
         t0 = time.perf_counter()
         timings: list[stage_pb2.StageTiming] = []
         responses: list[stage_pb2.StepResponse] = []
 
         async def feed_first() -> None:
-            for request in requests:  # stage 0 reads them one by one as it finishes each chunk
-                await self.calls[0].write(request)
+            for step in steps:  # stage 0 reads them one by one as it finishes each chunk
+                await self.calls[0].write(self._request(step))
 
         async def relay(k: int) -> None:
             """Reads stage k's answers in order and hands each chunk's hidden states to stage k + 1."""
-            for request in requests:
+            for step in steps:
                 response = await self.calls[k].read()
                 if response is grpc.aio.EOF:
                     raise Unavailable(f"stage {self.p.addresses[k]} closed the stream")
                 timings.extend(response.timings)
                 if k + 1 == len(self.calls):
                     responses.append(response)
-                    continue
-                step = request.steps[0]
-                nxt = stage_pb2.SessionStep(
-                    session_id=self.session_id, position=step.position, prefill_chunk=step.prefill_chunk
-                )
-                if step.HasField("sampling"):
-                    nxt.sampling.CopyFrom(step.sampling)
-                nxt.hidden.CopyFrom(response.results[0].hidden)
-                await self.calls[k + 1].write(
-                    stage_pb2.StepRequest(steps=[nxt], output_codec=out_codec, output_zstd=self.p.zstd)
-                )
+                else:
+                    await self.calls[k + 1].write(self._request(self._next_step(step, response.results[0].hidden)))
 
         try:
             async with asyncio.TaskGroup() as group:  # one failure cancels the other relays
@@ -218,6 +289,11 @@ class PipelineSession:
         # Stages overlap, so "not computing" is wall time minus the critical path's compute, not minus the sum.
         busiest = max(sum(t.compute_ms for t in timings if t.stage == name) for name in {t.stage for t in timings})
         return StepResult(responses[-1].results[0].token_id, timings, max(total_ms - busiest, 0.0))
+
+
+def prefix_key(ids: list[int]) -> str:
+    """The prefix cache key of a prompt prefix: a hash of its token ids (the stages are bound to one checkpoint)."""
+    return hashlib.sha256(array("q", ids).tobytes()).hexdigest()[:32]
 
 
 def prompt_chunks(

@@ -17,9 +17,10 @@ import torch
 
 from edgeinspect import PROTOCOL_VERSION
 from edgeinspect.config import StageSettings
-from edgeinspect.errors import PeerMismatch
+from edgeinspect.errors import FailedPrecondition, PeerMismatch
 from edgeinspect.models.checkpoint import Checkpoint, open_checkpoint
 from edgeinspect.models.grammar import SessionConstraints, grammar_cache_for
+from edgeinspect.models.prefix_cache import PrefixCache
 from edgeinspect.models.sampling import SamplingParams, make_generator, sample
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, chunk_input, load_stage, step_positions
 from edgeinspect.services.common import metrics
@@ -51,6 +52,8 @@ class SessionWork:
     return_logits: bool = False
     grammar_id: str = ""  # constrained decoding (last stage): the schema's id ...
     grammar_json: str = ""  # ... and, on the session's first step, the schema
+    prefix_key: str = ""  # prefix cache: the shared prompt prefix's key ...
+    prefix_length: int = 0  # ... and its positions
 
 
 @dataclass
@@ -82,6 +85,7 @@ class StageBackend:
             cfg.weights.value,
         )
         self._generators: dict[str, torch.Generator | None] = {}
+        self.prefixes = PrefixCache(cfg.prefix_cache_mb << 20)
         # Per-session grammar matchers at the sampling stage; the tokenizer is loaded on the first constrained step.
         self.constraints = SessionConstraints(lambda: grammar_cache_for(self.ckpt))
         self._busy: set[str] = set()
@@ -179,6 +183,7 @@ class StageBackend:
         for i, (job, n) in enumerate(chosen):
             try:
                 if job.done == 0:
+                    self._start_from_prefix(job.work)
                     self.executor.check(job.work.session_id, job.work.inputs)  # the whole step, before any chunk
                 inputs = chunk_input(job.work.inputs, job.done, n, self.executor.module.image_token_id)
                 self.executor.check(job.work.session_id, inputs)
@@ -206,11 +211,32 @@ class StageBackend:
                 continue
             if len(job.hidden_parts) > 1:
                 out.hidden = torch.cat(job.hidden_parts)
+            self._store_prefix(job.work, out.length)
             try:
                 results[i] = self._finish(job.work, out)
             except Exception as exc:  # noqa: BLE001 (e.g. a grammar refused: that job's caller hears it)
                 results[i] = exc
         return results
+
+    def _start_from_prefix(self, w: SessionWork) -> None:
+        """A new session's first step at its prefix's end starts from the cached prefix keys/values."""
+        if not w.prefix_key or w.session_id in self.executor.sessions or w.inputs.position != w.prefix_length:
+            return
+        entry = self.prefixes.get(w.prefix_key, w.prefix_length)
+        metrics.PREFIX_CACHE.labels(role="stage", result="hit" if entry else "miss").inc()
+        if entry is None:
+            raise FailedPrecondition(
+                f"prefix cache miss: prefix {w.prefix_key} ({w.prefix_length} positions) is not cached on stage "
+                f"{self.range}; send the whole prompt"
+            )
+        self.executor.open_from(w.session_id, entry.kv, time.monotonic(), spare=step_positions(w.inputs))
+
+    def _store_prefix(self, w: SessionWork, length: int) -> None:
+        """Keeps the session's prefix keys/values once it holds them all (first session of a new prefix)."""
+        if not w.prefix_key or not 0 < w.prefix_length <= length or w.prefix_key in self.prefixes:
+            return
+        if self.prefixes.put(w.prefix_key, self.executor.snapshot(w.session_id, w.prefix_length)):
+            log.info("cached prompt prefix %s (%d positions)", w.prefix_key, w.prefix_length)
 
     def _run_sync(self, work: list[SessionWork]) -> list[SessionOutcome]:
         """All steps as one forward pass, now, on the calling thread (canary; no queue, no chunking)."""

@@ -138,6 +138,10 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             evicted_budget=b.evicted["budget"],
             released=b.released,
             session_ids=sorted(b.executor.sessions),
+            prefix_hits=b.prefixes.hits,
+            prefix_misses=b.prefixes.misses,
+            prefix_entries=len(b.prefixes),
+            prefix_bytes=b.prefixes.nbytes,
         )
 
     # -- translation -------------------------------------------------------------------------------------------
@@ -178,7 +182,18 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             s = step.sampling
             sampling = SamplingParams(temperature=s.temperature, top_p=s.top_p or 1.0, seed=s.seed)
             grammar_id, grammar_json = s.grammar_id, s.grammar_json
-        return SessionWork(step.session_id, inputs, sampling, step.return_logits, grammar_id, grammar_json)
+        if step.prefix.length < 0:
+            raise InvalidInput(f"prefix length must be >= 0, got {step.prefix.length}")
+        return SessionWork(
+            step.session_id,
+            inputs,
+            sampling,
+            step.return_logits,
+            grammar_id,
+            grammar_json,
+            step.prefix.key,
+            step.prefix.length,
+        )
 
     def _to_response(self, request, outcomes: list[SessionOutcome], timing) -> stage_pb2.StepResponse:
         out_codec = codec.codec_from_proto(request.output_codec) if request.output_codec else codec.Codec.fp32
@@ -206,6 +221,8 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
                 return_logits=step.return_logits,
                 prefill_chunk=step.prefill_chunk,
             )
+            if step.HasField("prefix"):
+                nxt.prefix.CopyFrom(step.prefix)
             nxt.hidden.CopyFrom(codec.encode_frame(o.hidden, out_codec, request.output_zstd))
             if step.HasField("sampling"):
                 nxt.sampling.CopyFrom(step.sampling)
