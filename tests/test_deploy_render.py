@@ -157,12 +157,23 @@ def test_rendered_settings_load_with_the_role_classes_and_cover_every_layer(rend
         settings = ROLE_CLASSES[role].load(path)
         if role == "ingest":
             assert settings.gateway == "10.20.7.10:50051"
+            assert settings.max_in_flight >= 2 * len(example.boxes_with(Role.stage))  # keeps every stage busy
             continue
         assert settings.server.port > 0
         if role == "stage":
             ranges.append((settings.layer_start, settings.layer_end))
             assert settings.weights.value == example.plant.weights.value
     assert sorted(ranges) == [(0, 14), (14, 24)]
+
+
+def test_ingest_keeps_two_inspections_per_stage_in_flight_unless_told_otherwise(example, tmp_path):
+    cameras = "\n".join(line for line in CAMERAS.splitlines() if not line.startswith("max_in_flight"))
+    r = render.render(example, placements(example, [0, 14, 24]), render.Target.compose, {"cell-pi": cameras})
+    render.write(r, tmp_path)
+    paths = list(tmp_path.glob("[!a]*/config/ingest*.yaml"))  # not the all-in-one folder
+    assert paths
+    for path in paths:
+        assert IngestSettings.load(path).max_in_flight == 2 * len(example.boxes_with(Role.stage))
 
 
 def test_chained_plant_points_each_stage_at_the_next(example, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic_settings import BaseSettings
@@ -16,6 +17,8 @@ from edgeinspect.config import (
 )
 from edgeinspect.services.deploy.inventory import Inventory, Role
 from edgeinspect.services.deploy.topology import Addressing, Instance
+
+log = logging.getLogger(__name__)
 
 
 def _isolated(cls: type[RoleSettings], data: dict[str, Any]) -> RoleSettings:
@@ -99,6 +102,17 @@ def ingest_settings(
     data["gateway"] = gateway.address(addressing)
     data["frames_dir"] = str(inv.plant.frames_dir)
     data.setdefault("log_level", inv.plant.log_level)
+    # Keep the pipeline full: with S decoder stages, at least S inspections must be in flight or stages idle
+    # while another works; two per stage leave each stage a queued step while its last one crosses the wire.
+    n_stages = sum(1 for i in everyone if i.role is Role.stage)
+    data.setdefault("max_in_flight", max(IngestSettings.model_fields["max_in_flight"].default, 2 * n_stages))
+    if data["max_in_flight"] < n_stages:
+        log.warning(
+            "box %s: max_in_flight %s is below the %d decoder stages: some stages will idle",
+            inst.box.name,
+            data["max_in_flight"],
+            n_stages,
+        )
     return _isolated(IngestSettings, data)
 
 
