@@ -4,10 +4,14 @@ without bf16 instructions.
 An int8 stage keeps activations, norms, attention and the KV cache in fp32 and replaces every nn.Linear of its
 layers (and the lm_head) by Int8Linear. The kernel is picked once per process by what this CPU runs fast:
 
-- "fbgemm": torch's dynamic-quantized linear (int8 weights prepacked per channel, activations quantized to 8 bits
-  per tensor on the fly; weights in 7 bits on CPUs without VNNI, see fbgemm_weight_qmax). Measured here (AVX2,
-  no VNNI) it is ~3x faster than fp32 at one row and barely slower at 4 rows, where fp32 GEMM falls off a cliff.
+- "fbgemm": torch's dynamic-quantized linear (int8 weights prepacked per channel, uint8 activations). Measured here
+  (AVX2, no VNNI) it is ~3x faster than fp32 at one row and barely slower at 4 rows, where fp32 GEMM falls off a
+  cliff. fbgemm quantizes activations per tensor; we give it rows scaled to absmax 1 (so the scale is per token)
+  and, for the linears in TWO_PASS_LINEARS, a second row per token holding the first pass's rounding residual
+  (see Int8Linear._fbgemm_two_pass). Weights: see quantize_pair_bounded.
 - "int8pack": `aten._weight_int8pack_mm` (weight-only; bf16 activations): the fallback where fbgemm is missing.
+  Here it is no faster than the fp16 packed kernel at one row (18 ms for the 1.3B lm_head, like fp16) and 2-4x
+  slower than fbgemm.
 - "dequant": int8 -> fp32 then F.linear, always available, only saves memory.
 
 bf16 weights on a CPU without AMX/AVX512-BF16 (this one: AVX2) make torch emulate bf16 GEMM: as slow as fp32 at
@@ -22,12 +26,18 @@ import functools
 import logging
 import warnings
 
+import numpy as np
 import torch
 from torch import nn
 
 log = logging.getLogger(__name__)
 
 KERNELS = ("fbgemm", "int8pack", "dequant")
+# Linears whose activations get a second, residual pass with the fbgemm kernel. down_proj reads silu(gate) * up,
+# heavy-tailed: one 8-bit pass there costs 4x the error of its int8 weights (1-cos 4e-4 vs 8e-5 per linear at
+# 1.3B dims); elsewhere inputs are post-norm or attention outputs, where one pass costs about what the weights do.
+# A second pass costs ~0.1 ms per linear at one row, so it is spent where the error is.
+TWO_PASS_LINEARS = frozenset({"down_proj"})
 
 
 def quantize_per_channel(weight: torch.Tensor, qmax: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,6 +46,33 @@ def quantize_per_channel(weight: torch.Tensor, qmax: int = 127) -> tuple[torch.T
     scales = (w.abs().amax(dim=1) / qmax).clamp(min=1e-12)  # [N]; an all-zero row keeps a usable scale
     q = torch.round(w / scales[:, None]).clamp(-qmax, qmax).to(torch.int8)
     return q, scales
+
+
+def quantize_pair_bounded(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] -> (int8 [N, K], scales [N]) with |q[n, 2j]| + |q[n, 2j + 1]| <= 128 for every pair.
+
+    Without VNNI, fbgemm multiplies u8 activations by s8 weights with vpmaddubsw, which adds the products of
+    inputs 2j and 2j + 1 in int16 (saturating). With the pair bound, 255 * 128 = 32640 fits: no saturation for any
+    activation. Each row's scale is the larger of (its largest pair sum) / 128 and absmax / 127: for Gaussian rows
+    of width 2048 that is ~1.4x finer than 7-bit weights (absmax / 63, what saturation forced before).
+    """
+    w = weight.float()
+    n, k = w.shape
+    a = nn.functional.pad(w.abs(), (0, k % 2))  # [N, K'] even width: fbgemm pads K with zeros too
+    pair_max = a.view(n, -1, 2).sum(-1).amax(dim=1)  # [N]
+    scales = torch.maximum(pair_max / 128, a.amax(dim=1) / 127).clamp(min=1e-12)  # [N]
+    q = torch.round(w / scales[:, None]).clamp(-127, 127)
+    q = nn.functional.pad(q, (0, k % 2)).view(n, -1, 2)  # [N, K'/2, 2]
+    # rounding both halves up can reach 129: take the excess (at most 1) off the larger magnitude
+    excess = (q.abs().sum(-1) - 128).clamp(min=0)  # [N, K'/2]
+    larger = nn.functional.one_hot(q.abs().argmax(-1), 2).bool()  # [N, K'/2, 2]
+    q = q - torch.where(larger, excess[..., None] * q.sign(), torch.zeros_like(q))
+    return q.view(n, -1)[:, :k].to(torch.int8), scales
+
+
+def fbgemm_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fbgemm kernel's weights: full 8 bits where VNNI accumulates in int32, pair-bounded elsewhere."""
+    return quantize_per_channel(weight) if fbgemm_vnni() else quantize_pair_bounded(weight)
 
 
 @functools.cache
@@ -79,12 +116,15 @@ def _fbgemm_pack(q: torch.Tensor, scales: torch.Tensor):
 class Int8Linear(nn.Module):
     """y = x @ (q * scale).T (+ bias): int8 weight [N, K] with fp32 scales [N]; fp32 in, fp32 out."""
 
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, kernel: str):
+    def __init__(
+        self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, kernel: str, two_pass: bool = False
+    ):
         super().__init__()
         if kernel not in KERNELS:
             raise ValueError(f"unknown int8 kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
         self.in_features, self.out_features = q.shape[1], q.shape[0]
         self.kernel = kernel
+        self.two_pass = two_pass and kernel == "fbgemm"  # the other kernels keep activations in 16/32 bits
         self.bias = None if bias is None else bias.float()
         self.scales = scales.float()  # [N]
         # Only the form the kernel reads is kept: fbgemm holds its own packed copy of the int8 weight.
@@ -93,10 +133,11 @@ class Int8Linear(nn.Module):
         self.scales_bf16 = self.scales.bfloat16() if kernel == "int8pack" else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, kernel: str | None = None) -> Int8Linear:
+    def from_linear(cls, linear: nn.Linear, kernel: str | None = None, two_pass: bool = False) -> Int8Linear:
         kernel = kernel or default_kernel()
-        q, s = quantize_per_channel(linear.weight.detach(), fbgemm_weight_qmax() if kernel == "fbgemm" else 127)
-        return cls(q, s, None if linear.bias is None else linear.bias.detach(), kernel)
+        w = linear.weight.detach()
+        q, s = fbgemm_quantize(w) if kernel == "fbgemm" else quantize_per_channel(w)
+        return cls(q, s, None if linear.bias is None else linear.bias.detach(), kernel, two_pass)
 
     def weight_bytes(self) -> int:
         """What a step reads: N*K int8 + N scales."""
@@ -113,8 +154,7 @@ class Int8Linear(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).float()  # [R, K]
         if self.kernel == "fbgemm":
-            # 8-bit activations (no reduce_range): saturation is avoided by the weights' range instead
-            y = torch.ops.quantized.linear_dynamic(x2, self.packed, False)
+            y = self._fbgemm(x2)
         elif self.kernel == "int8pack":
             y = torch.ops.aten._weight_int8pack_mm(x2.bfloat16(), self.qweight, self.scales_bf16).float()
         else:
@@ -123,8 +163,42 @@ class Int8Linear(nn.Module):
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
+    def _fbgemm(self, x: torch.Tensor) -> torch.Tensor:
+        """[R, K] -> [R, N]. 8-bit activations (no reduce_range: the weights' pair bound prevents saturation)."""
+        rows = x.shape[0]
+        norm = None
+        if rows > 1:  # fbgemm's scale is per tensor: rows scaled to absmax 1 make it per row (token)
+            norm = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)  # [R, 1]
+            x = x / norm
+        y = self._fbgemm_two_pass(x) if self.two_pass else None
+        if y is None:
+            y = torch.ops.quantized.linear_dynamic(x, self.packed, False)
+        return y if norm is None else y * norm
+
+    def _fbgemm_two_pass(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x @ W.T with activations in ~16 bits: fbgemm runs [x; residual * g] as one call ([2R, K]).
+
+        fbgemm's uint8 grid is reproduced here (its ChooseQuantizationParams and nearbyint(x / scale + zp)), so the
+        residual is exactly what the first pass lost. Scaled by g it stays inside the first rows' range, which
+        therefore still sets the per-tensor grid. At one row a GEMV reads the weights once for both rows.
+        None where the range is one-sided (no room to fit a signed residual): one pass then.
+        """
+        lo, hi = (float(v) for v in torch.aminmax(x))
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        room = min(-lo, hi) * 0.99
+        scale = float(np.float32((hi - lo) / 255))
+        if room <= 0 or scale < 1e-30:
+            return None
+        zero = float(min(max(round(-lo / scale), 0), 255))
+        q = torch.clamp(torch.round(x * float(np.float32(1) / np.float32(scale)) + zero), 0, 255)  # [R, K]
+        gain = room / (scale / 2)  # |residual| <= scale / 2
+        resid = (x - (q - zero) * scale) * gain  # [R, K]
+        y = torch.ops.quantized.linear_dynamic(torch.cat([x, resid]), self.packed, False)  # [2R, N]
+        rows = x.shape[0]
+        return y[:rows] + y[rows:] / gain
+
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}"
+        return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}, two_pass={self.two_pass}"
 
 
 def quantize_linears(module: nn.Module, kernel: str | None = None) -> int:
@@ -133,7 +207,7 @@ def quantize_linears(module: nn.Module, kernel: str | None = None) -> int:
     count = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(module, name, Int8Linear.from_linear(child, kernel))
+            setattr(module, name, Int8Linear.from_linear(child, kernel, two_pass=name in TWO_PASS_LINEARS))
             count += 1
         else:
             count += quantize_linears(child, kernel)
@@ -217,15 +291,9 @@ def fast_bf16() -> bool:
     return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
 
 
-def fbgemm_weight_qmax() -> int:
-    """Largest int8 weight magnitude for the fbgemm kernel.
-
-    Without VNNI, fbgemm multiplies u8 activations by s8 weights with vpmaddubsw, which saturates a pair's sum at
-    int16: 255 * 127 * 2 overflows, 255 * 63 * 2 does not. So there weights use 7 bits and activations keep all 8
-    (measured at 1.3B: 8-bit activations matter more than the weights' last bit; torch's alternative,
-    reduce_range, takes the bit from the activations instead and gave logits cosine 0.979).
-    """
-    return 127 if cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"} else 63
+def fbgemm_vnni() -> bool:
+    """Whether fbgemm's int8 kernel accumulates u8 x s8 pairs in int32 here (VNNI/AMX) rather than int16."""
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def resolve_weights(name: str) -> str:
