@@ -15,7 +15,9 @@ prefill, decode.
   instructions; int8 only where perf_accuracy.json's 1.3B record is met) runs the whole report, and the fastest
   whose first-token logits keep cosine >= 0.99 against the baseline's is "ours".
 
-Only one 1.3B model is held at a time besides nothing else: the baseline is freed before any stage loads.
+Only one 1.3B model is in memory at a time: the baseline is freed before any stage loads, each candidate stage
+before the next. Load times are not part of a report (transformers converts to bf16 while loading; an fp32 stage
+maps the safetensors files, so its first prefill also faults its weights in from the page cache).
 
     .venv/bin/python bench/perf_report.py [--checkpoint PATH] [--tokens 80] [--context-tokens 300] [--rounds 1]
         [--formats fp32,bf16,int8] [--warmup 0] [--out bench/results/perf_report.json]

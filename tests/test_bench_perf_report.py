@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "perf_report.py"
 
 
+@pytest.mark.slow  # ~1 min on the shared 2 cores: ONNX export + quantization, two stages, the baseline
 def test_perf_report_writes_baseline_ours_phases_and_the_ratio_target(tiny_checkpoint, tmp_path):
     out = tmp_path / "perf_report.json"
     proc = subprocess.run(
