@@ -4,7 +4,8 @@ Checkpoints: the tiny test model and a mid-size one (8 layers of width 512, ~30M
 each at two weight scales: std 0.3 (the tiny checkpoint's choice, so that greedy output varies; it makes the
 network chaotic: small weight errors grow from layer to layer) and std 0.02 (a trained model's scale); plus the
 1.3B-shaped checkpoint (std 0.02) on a text prompt. Formats: bf16, int8 with the default kernel (fbgemm: int8
-weights per channel, activations quantized per tensor on the fly) and int8 weight-only (dequantized to fp32).
+weights per channel, pair-bounded on CPUs without VNNI; 8-bit activations per token, two passes for down_proj; see
+models/quant.py) and int8 weight-only (dequantized to fp32).
 Cosine is per step, teacher-forced on fp32's tokens; agreement is free-running greedy, position by position.
 
     .venv/bin/python bench/perf_accuracy.py [--tokens 16] [--big-tokens 6] [--no-big]

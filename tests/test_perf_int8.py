@@ -90,7 +90,8 @@ def _case(path, image):
 def test_int8_logits_stay_close_to_fp32_at_trained_scale(mid_checkpoint, part_images):
     acc = compare(*_case(mid_checkpoint, part_images[1]), "int8", NEW_TOKENS)
     print(f"mid-size int8 vs fp32: {acc}")
-    assert acc.min_cosine >= 0.99
+    # 0.9985 measured; the former kernel (7-bit weights, one per-tensor activation pass) gave 0.9972
+    assert acc.min_cosine >= 0.998
     assert acc.token_agreement == 1.0
 
 
