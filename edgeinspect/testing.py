@@ -55,9 +55,10 @@ def sample_spec_chunks():
 
 
 @contextlib.asynccontextmanager
-async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | None = None):
+async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | None = None, chained: bool = False):
     """Real DecoderStage servers in this process (one per even layer slice) and a gateway StagePipeline over them
-    (fp32 on the wire, handshaken); yields (pipeline, backends). `per_stage` adds settings to each stage."""
+    (fp32 on the wire, handshaken); yields (pipeline, backends). `per_stage` adds settings to each stage;
+    `chained` has each stage forward to the next (the gateway then talks to stage 0 only)."""
     from edgeinspect import codec
     from edgeinspect.config import StageSettings
     from edgeinspect.models.checkpoint import open_checkpoint
@@ -69,12 +70,18 @@ async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | 
     servers, backends = [], []
     pipeline = None
     try:
-        for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        next_stage = None
+        for k in reversed(range(n_stages)):  # the last first: a chained stage needs the next one's address
             extra = per_stage[k] if per_stage else {}
-            running, backend = await start(StageSettings(checkpoint=checkpoint, layer_start=a, layer_end=b, **extra))
-            servers.append(running)
-            backends.append(backend)
-        pipeline = StagePipeline([f"127.0.0.1:{s.port}" for s in servers], codec.Codec.fp32, False, False, 64)
+            settings = StageSettings(
+                checkpoint=checkpoint, layer_start=bounds[k], layer_end=bounds[k + 1], next_stage=next_stage, **extra
+            )
+            running, backend = await start(settings)
+            servers.insert(0, running)
+            backends.insert(0, backend)
+            next_stage = f"127.0.0.1:{running.port}" if chained else None
+        addresses = [f"127.0.0.1:{s.port}" for s in servers]
+        pipeline = StagePipeline(addresses, codec.Codec.fp32, False, chained, 64)
         await pipeline.handshake(gateway_identity(ckpt.fingerprint, ckpt.tokenizer_fingerprint), ckpt.num_layers)
         yield pipeline, backends
     finally:

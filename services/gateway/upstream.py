@@ -234,15 +234,15 @@ class PipelineSession:
     async def _prefill(self, input_ids, visual_tokens, sampling, chunk_tokens, image_token_id, prefix) -> StepResult:
         """Prompt ids from the session's position on, in chunks that flow through the stages overlapped: stage k+1
         runs chunk c while stage k runs chunk c+1, so time to first token approaches 1/S of a whole-prompt step
-        plus one chunk per stage. Only the last chunk is sampled from. Chained stages relay in lock step, so they
-        take the prompt whole; a prefix being stored is a chunk boundary, so the cached positions are exactly it."""
+        plus one chunk per stage. Only the last chunk is sampled from. Chained stages overlap the same way, each
+        sending a chunk on as soon as it is computed. A prefix being stored is a chunk boundary."""
         cut = max(0, prefix.length - self.position) if prefix is not None else 0
         if 0 < cut < len(input_ids):
             chunks = prompt_chunks(input_ids[:cut], None, chunk_tokens, image_token_id)
             chunks += prompt_chunks(input_ids[cut:], visual_tokens, chunk_tokens, image_token_id)
         else:
             chunks = prompt_chunks(input_ids, visual_tokens, chunk_tokens, image_token_id)
-        if self.p.chained or len(chunks) == 1:
+        if len(chunks) == 1:
             return await self.step(input_ids, visual_tokens, sampling, prefix)
         steps = []
         position = self.position

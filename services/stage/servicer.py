@@ -87,23 +87,50 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         # `finally` can run minutes late: release on the RPC's own termination instead.
         context.add_done_callback(lambda _ctx: self._cleanup_later(opened, downstream))
         try:
-            async for request in request_iterator:
-                t0 = time.perf_counter()
-                work = [self._to_work(step) for step in request.steps]
-                opened |= {w.session_id for w in work}
-                outcomes = await self.backend.run(work)
-                compute_ms = (time.perf_counter() - t0) * 1e3
-                timing = stage_pb2.StageTiming(stage=self.name, compute_ms=compute_ms)
-                if downstream is not None and not self.backend.is_last:
-                    forwarded = self._next_request(request, outcomes)
-                    response = await downstream.step(forwarded)
-                    response.timings.insert(0, timing)
+            if downstream is not None and not self.backend.is_last:
+                async for response in self._relay_chained(request_iterator, downstream, opened):
                     yield response
-                else:
-                    yield self._to_response(request, outcomes, timing)
+                return
+            async for request in request_iterator:
+                outcomes, timing = await self._run(request, opened)
+                yield self._to_response(request, outcomes, timing)
         finally:
             if downstream is not None:
                 await downstream.close()
+
+    async def _run(self, request: stage_pb2.StepRequest, opened: set[str]):
+        t0 = time.perf_counter()
+        work = [self._to_work(step) for step in request.steps]
+        opened |= {w.session_id for w in work}
+        outcomes = await self.backend.run(work)
+        return outcomes, stage_pb2.StageTiming(stage=self.name, compute_ms=(time.perf_counter() - t0) * 1e3)
+
+    async def _relay_chained(self, request_iterator, downstream: _Downstream, opened: set[str]):
+        """Chained mode: computes each request and sends it on at once, without waiting for the next stage's
+        answer, so the next stage works on chunk c while this one computes chunk c + 1 (pipelined prefill).
+        Answers come back from downstream in request order."""
+        sent: asyncio.Queue = asyncio.Queue()  # per request sent on: its timing; then None at the end, or the error
+
+        async def compute_and_send() -> None:
+            try:
+                async for request in request_iterator:
+                    outcomes, timing = await self._run(request, opened)
+                    await downstream.write(self._next_request(request, outcomes))
+                    sent.put_nowait(timing)
+                sent.put_nowait(None)
+            except Exception as exc:  # noqa: BLE001 (ends the stream with this error after earlier answers)
+                sent.put_nowait(exc)
+
+        task = asyncio.get_running_loop().create_task(compute_and_send())
+        try:
+            while (item := await sent.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                response = await downstream.read()
+                response.timings.insert(0, item)
+                yield response
+        finally:
+            task.cancel()
 
     def _cleanup_later(self, opened: set[str], downstream: _Downstream | None) -> None:
         task = asyncio.get_running_loop().create_task(self._cleanup(sorted(opened), downstream))
@@ -245,14 +272,16 @@ class _Downstream:
         self.channel = None
         self.call = None
 
-    async def step(self, request: stage_pb2.StepRequest) -> stage_pb2.StepResponse:
+    async def write(self, request: stage_pb2.StepRequest) -> None:
         if self.call is None:
             self.channel = make_channel(self.address, self.max_message_mb)
             self.call = stage_pb2_grpc.DecoderStageStub(self.channel).Forward()
         await self.call.write(request)
+
+    async def read(self) -> stage_pb2.StepResponse:
         response = await self.call.read()
         if response is grpc.aio.EOF:
-            raise InvalidInput(f"next stage {self.address} closed the stream")
+            raise Unavailable(f"next stage {self.address} closed the stream")
         return response
 
     async def close(self) -> None:
