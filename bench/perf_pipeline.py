@@ -40,7 +40,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from common import RESULTS_DIR, load_average, machine_info, meminfo_gib, skip, target, write_json
+from common import (
+    RESULTS_DIR,
+    load_average,
+    machine_info,
+    meminfo_gib,
+    memory_bandwidth_gbs,
+    skip,
+    target,
+    write_json,
+)
 from perf_report import spec_context
 
 from edgeinspect import codec
@@ -324,6 +333,8 @@ def main() -> None:
     ap.add_argument("--no-bandwidth", action="store_true", help="skip the read-bandwidth probe (1 GiB array)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "perf_pipeline.json", help="JSON to write")
     args = ap.parse_args()
+    # SIGTERM unwinds like an exception, so the stage processes this run started are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args.chunks = [int(c) for c in args.chunks.split(",") if c]
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
@@ -338,6 +349,8 @@ def main() -> None:
     ckpt = open_checkpoint(args.checkpoint)
     wire = codec.Codec[args.codec]
     machine = machine_info(bandwidth=not args.no_bandwidth)
+    if not args.no_bandwidth:  # one core's share of the memory bus: what a pinned bandwidth-bound stage can read
+        machine["read_bandwidth_gbs_1_thread"] = memory_bandwidth_gbs(threads=1)
     payload: dict = {
         "checkpoint": str(args.checkpoint),
         "stages": STAGES,
