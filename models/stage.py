@@ -117,6 +117,8 @@ def load_stage(
         module.load_state_dict({ours: tensors[theirs] for ours, theirs in names.items()}, strict=False, assign=True)
         if group.startswith("layers."):
             layer = module.layers[int(group.split(".")[1])]
+            if weights != "fp32":
+                fuse_projections(layer)
             if weights == "int8":
                 quantize_linears(layer, int8_kernel)
             elif use_half16(weights):
@@ -136,6 +138,32 @@ def load_stage(
     module.rotary_emb.to(torch.float32)
     module.weights = weights
     return module.eval()
+
+
+def fuse_projections(layer: LlamaDecoderLayer) -> None:
+    """q/k/v into one `qkv_proj` and gate/up into one `gate_up_proj` (weights stacked by output rows).
+
+    A decode step is a read of every weight: two large GEMMs read the same bytes as five small ones with fewer
+    kernel launches and thread barriers (measured 10-15% faster per layer with fbgemm's fp16 kernel, one thread).
+    Each output row keeps its own weights and per-row scales, so results equal the separate projections' up to
+    summation order. fp32 stages keep them separate: only then do batched steps match generate() bit for bit.
+    """
+    attn, mlp = layer.self_attn, layer.mlp
+    for name, parts in (
+        ("qkv_proj", (attn, "q_proj", "k_proj", "v_proj")),
+        ("gate_up_proj", (mlp, "gate_proj", "up_proj")),
+    ):
+        owner, *names = parts
+        linears = [getattr(owner, n) for n in names]
+        fused = nn.Linear(
+            linears[0].in_features, sum(x.out_features for x in linears), bias=linears[0].bias is not None
+        )
+        fused.weight = nn.Parameter(torch.cat([x.weight for x in linears]), requires_grad=False)
+        if fused.bias is not None:
+            fused.bias = nn.Parameter(torch.cat([x.bias for x in linears]), requires_grad=False)
+        setattr(owner, name, fused)
+        for n in names:
+            delattr(owner, n)
 
 
 @dataclass
@@ -313,9 +341,14 @@ class StageExecutor:
         attn = layer.self_attn
         r = x.shape[0]
         h = layer.input_layernorm(x)  # [R, D]
-        q = self._rows(attn.q_proj, h, spans).view(r, self.heads, self.head_dim)  # [R, H, hd]
-        k = self._rows(attn.k_proj, h, spans).view(r, self.kv_heads, self.head_dim)  # [R, H_kv, hd]
-        v = self._rows(attn.v_proj, h, spans).view(r, self.kv_heads, self.head_dim)
+        if hasattr(attn, "qkv_proj"):  # fused at load (packed formats)
+            q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+            q, k, v = self._rows(attn.qkv_proj, h, spans).split([q_width, kv_width, kv_width], dim=-1)
+        else:
+            q, k, v = (self._rows(p, h, spans) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        q = q.reshape(r, self.heads, self.head_dim)  # [R, H, hd]
+        k = k.reshape(r, self.kv_heads, self.head_dim)  # [R, H_kv, hd]
+        v = v.reshape(r, self.kv_heads, self.head_dim)
         cos, sin = rope
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
         outs = []
@@ -325,7 +358,19 @@ class StageExecutor:
             outs.append(self._attend(attn, q[o : o + t].transpose(0, 1), keys, values, past))  # [t, H*hd]
         a = torch.cat(outs) if len(outs) > 1 else outs[0]  # [R, H*hd]
         x = x + self._rows(attn.o_proj, a, spans)
-        return x + self._rows(layer.mlp, layer.post_attention_layernorm(x), spans)
+        return x + self._rows(self._mlp(layer.mlp), layer.post_attention_layernorm(x), spans)
+
+    @staticmethod
+    def _mlp(mlp):
+        """LlamaMLP itself, or its fused form: down(act(gate(x)) * up(x)) with gate and up from one GEMM."""
+        if not hasattr(mlp, "gate_up_proj"):
+            return mlp
+
+        def fused(h: torch.Tensor) -> torch.Tensor:
+            gate, up = mlp.gate_up_proj(h).chunk(2, dim=-1)  # [R, I] each
+            return mlp.down_proj(mlp.act_fn(gate) * up)
+
+        return fused
 
     def _rows(self, fn, h: torch.Tensor, spans) -> torch.Tensor:
         """fn over all rows at once, or per session's rows when row-exact."""

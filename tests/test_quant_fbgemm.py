@@ -95,4 +95,4 @@ def test_int8_stage_runs_two_pass_only_on_the_listed_projections(tiny_checkpoint
     module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8", "fbgemm")
     flags = {name.rsplit(".", 1)[-1]: m.two_pass for name, m in module.named_modules() if isinstance(m, Int8Linear)}
     assert flags["down_proj"] and flags["down_proj"] == ("down_proj" in TWO_PASS_LINEARS)
-    assert not flags["o_proj"] and not flags["lm_head"]
+    assert not flags["o_proj"] and not flags["qkv_proj"] and not flags["lm_head"]
