@@ -81,6 +81,13 @@ def _tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when this benchmark dies, even by SIGKILL (run_all's timeout)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 def _wait_serving(role: RoleProcess, port_file: Path, timeout_s: float) -> None:
     """Waits for the port file, then for the health service to say SERVING (weights loaded, canary passed)."""
     import grpc
@@ -135,6 +142,7 @@ def stage_processes(
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
             roles.append(RoleProcess(name, proc, 0, log_path))
         for role in roles:
