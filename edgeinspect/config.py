@@ -116,6 +116,11 @@ class StageSettings(RoleSettings):
     max_step_tokens: int = Field(
         512, ge=1, description="rows per forward pass; longer prompts run in chunks so decode steps interleave"
     )
+    batch_window_ms: float = Field(
+        5.0,
+        ge=0,
+        description="after a batched pass, how long to wait for its sessions' next steps so they stay one batch",
+    )
     prefix_cache_mb: int = Field(
         512, ge=0, description="keys/values of shared prompt prefixes (system prompt + spec context); 0: off"
     )

@@ -131,7 +131,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StageStats(_message.Message):
-    __slots__ = ("identity", "sessions", "kv_bytes", "kv_budget_bytes", "evicted_ttl", "evicted_budget", "released", "session_ids", "prefix_hits", "prefix_misses", "prefix_entries", "prefix_bytes")
+    __slots__ = ("identity", "sessions", "kv_bytes", "kv_budget_bytes", "evicted_ttl", "evicted_budget", "released", "session_ids", "prefix_hits", "prefix_misses", "prefix_entries", "prefix_bytes", "passes", "session_steps")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +144,8 @@ class StageStats(_message.Message):
     PREFIX_MISSES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_STEPS_FIELD_NUMBER: _ClassVar[int]
     identity: _common_pb2.PeerIdentity
     sessions: int
     kv_bytes: int
@@ -156,4 +158,6 @@ class StageStats(_message.Message):
     prefix_misses: int
     prefix_entries: int
     prefix_bytes: int
-    def __init__(self, identity: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., sessions: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., evicted_ttl: _Optional[int] = ..., evicted_budget: _Optional[int] = ..., released: _Optional[int] = ..., session_ids: _Optional[_Iterable[str]] = ..., prefix_hits: _Optional[int] = ..., prefix_misses: _Optional[int] = ..., prefix_entries: _Optional[int] = ..., prefix_bytes: _Optional[int] = ...) -> None: ...
+    passes: int
+    session_steps: int
+    def __init__(self, identity: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., sessions: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., evicted_ttl: _Optional[int] = ..., evicted_budget: _Optional[int] = ..., released: _Optional[int] = ..., session_ids: _Optional[_Iterable[str]] = ..., prefix_hits: _Optional[int] = ..., prefix_misses: _Optional[int] = ..., prefix_entries: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., passes: _Optional[int] = ..., session_steps: _Optional[int] = ...) -> None: ...

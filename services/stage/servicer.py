@@ -169,6 +169,8 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             prefix_misses=b.prefixes.misses,
             prefix_entries=len(b.prefixes),
             prefix_bytes=b.prefixes.nbytes,
+            passes=b.steps_run,
+            session_steps=b.sessions_stepped,
         )
 
     # -- translation -------------------------------------------------------------------------------------------
