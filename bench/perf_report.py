@@ -13,7 +13,9 @@ prefill, decode.
   whole-model StageExecutor for prefill and N-1 decode steps. A stage holds one weights format (the KV cache lives
   in its executor), so every candidate format (fp32; bf16, i.e. fbgemm packed fp16 linears on CPUs without bf16
   instructions; int8 only where perf_accuracy.json's 1.3B record is met) runs the whole report, and the fastest
-  whose first-token logits keep cosine >= 0.99 against the baseline's is "ours".
+  whose first-token logits keep cosine >= 0.99 against fp32's on the same visual tokens is "ours" (fp32 always
+  runs, as that reference; cosine against the bf16 baseline is recorded too, but it carries the baseline's own
+  bf16 error).
 
 Only one 1.3B model is in memory at a time: the baseline is freed before any stage loads, each candidate stage
 before the next. Load times are not part of a report (transformers converts to bf16 while loading; an fp32 stage
@@ -285,6 +287,9 @@ def main() -> None:
     }
     int8_ok, int8_why = int8_allowed()
     formats = [f for f in args.formats.split(",") if f and (f != "int8" or int8_ok)]
+    # fp32 is the accuracy reference: the other formats' first-token logits are compared with it on the same
+    # visual tokens (the baseline's own bf16 error would otherwise count against them).
+    formats = ["fp32", *(f for f in formats if f != "fp32")]
     whole = LayerRange(0, ckpt.num_layers, ckpt.num_layers)
     candidates = {}
     for fmt in formats:
@@ -298,6 +303,9 @@ def main() -> None:
         row = summarise(runs)
         row["load_s"] = round(load_s, 1)
         row["first_logits_cosine_vs_baseline"] = round(cosine(runs[0]["first_logits"], base_runs[0]["first_logits"]), 6)
+        if fmt == "fp32":
+            reference_logits = runs[0]["first_logits"]
+        row["first_logits_cosine_vs_fp32"] = round(cosine(runs[0]["first_logits"], reference_logits), 6)
         row["weight_bytes_per_step"] = step_bytes(executor.module)
         row["kernel"] = "fbgemm fp16" if use_half16(fmt) else ("fbgemm int8" if fmt == "int8" else "torch " + fmt)
         candidates[fmt] = row
@@ -310,7 +318,7 @@ def main() -> None:
         if row.get("decode_ms_per_token") is not None:
             row["read_bound_ms"] = round(row["weight_bytes_per_step"] / (bw * 1e9) * 1e3, 2)
             row["x_read_bound"] = round(row["decode_ms_per_token"] / row["read_bound_ms"], 2)
-    eligible = {f: r for f, r in candidates.items() if r["first_logits_cosine_vs_baseline"] >= MIN_COSINE}
+    eligible = {f: r for f, r in candidates.items() if r["first_logits_cosine_vs_fp32"] >= MIN_COSINE}
     if not eligible:
         raise SystemExit(f"no format kept logits cosine >= {MIN_COSINE}: {candidates}")
     best = min(eligible, key=lambda f: eligible[f]["total_s"])
