@@ -25,7 +25,7 @@ from common import RESULTS_DIR, load_average, machine_info, write_json
 BENCH_DIR = Path(__file__).resolve().parent
 NOT_BENCHMARKS = {"common", "run_all"}
 # Perf benchmarks first (they answer the performance issue), then the others in name order.
-FIRST = ["perf_decode", "perf_batching", "stage_split", "perf_report", "perf_pipeline"]
+FIRST = ["perf_decode", "perf_batching", "stage_split", "perf_report", "perf_pipeline", "perf_prefix"]
 
 
 def scripts(only: set[str] | None, skip: set[str]) -> list[Path]:
