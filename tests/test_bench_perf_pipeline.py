@@ -2,54 +2,38 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "perf_pipeline.py"
+from bench_scripts import run_bench
 
 
 @pytest.mark.slow  # four configurations, each starting real stage processes: ~70 s on the shared 2-core box
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset (util-linux) is not installed")
 def test_perf_pipeline_writes_ttft_and_decode_records_against_the_monolith(tiny_checkpoint, tmp_path):
     out = tmp_path / "perf_pipeline.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--checkpoint",
-            str(tiny_checkpoint),
-            "--weights",
-            "fp32",
-            "--decode-weights",
-            "bf16",
-            "--chunks",
-            "16,32",
-            "--monolith-chunk",
-            "32",
-            "--context-tokens",
-            "40",
-            "--decode-tokens",
-            "3",
-            "--concurrency",
-            "2",
-            "--no-bandwidth",
-            "--out",
-            str(out),
-        ],
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    data = run_bench(
+        "perf_pipeline",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--weights",
+        "fp32",
+        "--decode-weights",
+        "bf16",
+        "--chunks",
+        "16,32",
+        "--monolith-chunk",
+        "32",
+        "--context-tokens",
+        "40",
+        "--decode-tokens",
+        "3",
+        "--concurrency",
+        "2",
+        "--no-bandwidth",
+        out=out,
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    data = json.loads(out.read_text())
     ttft = data["ttft"]
     assert ttft["weights"] == "fp32" and ttft["image_tokens"] > 0
     assert set(ttft["monolith"]["runs"]) == {"whole", "32"} and set(ttft["split"]["runs"]) == {"16", "32"}

@@ -2,45 +2,27 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "perf_report.py"
+from bench_scripts import run_bench
 
 
 @pytest.mark.slow  # ~1 min on the shared 2 cores: ONNX export + quantization, two stages, the baseline
 def test_perf_report_writes_baseline_ours_phases_and_the_ratio_target(tiny_checkpoint, tmp_path):
     out = tmp_path / "perf_report.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--checkpoint",
-            str(tiny_checkpoint),
-            "--tokens",
-            "4",
-            "--context-tokens",
-            "40",
-            "--formats",
-            "fp32,bf16",
-            "--onnx-dir",
-            str(tmp_path / "onnx"),
-            "--out",
-            str(out),
-        ],
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    data = run_bench(
+        "perf_report",
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--tokens",
+        "4",
+        "--context-tokens",
+        "40",
+        "--formats",
+        "fp32,bf16",
+        "--onnx-dir",
+        str(tmp_path / "onnx"),
+        out=out,
     )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    data = json.loads(out.read_text())
     rec = data["targets"]["report_time_ours_vs_transformers_bf16"]
     assert set(rec) == {"value", "target", "met"} and rec["target"] == 0.4 and rec["value"] > 0
     assert data["ours"]["format"] in {"fp32", "bf16"}
@@ -50,4 +32,5 @@ def test_perf_report_writes_baseline_ours_phases_and_the_ratio_target(tiny_check
         for phase in ("preprocess_s", "vision_s", "prefill_s", "decode_ms_per_token", "read_bound_ms"):
             assert row[phase] > 0
     assert data["candidates"]["fp32"]["first_logits_cosine_vs_baseline"] >= 0.99
+    assert data["candidates"]["fp32"]["first_logits_cosine_vs_fp32"] == 1.0  # fp32 is the formats' reference
     assert "loadavg_end" in data["machine"] and "read_bandwidth_gbs_2_threads" in data["machine"]

@@ -1,0 +1,25 @@
+"""Runs a bench/ script as a user would (its own process, offline) for the benchmark smoke tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+
+
+def run_bench(name: str, *args: str, out: Path, timeout: float = 300) -> dict:
+    """bench/<name>.py with `args` and `--out out`; asserts it succeeded and returns the JSON it wrote."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH_DIR / f"{name}.py"), *args, "--out", str(out)],
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
