@@ -17,7 +17,7 @@ import torch
 
 from edgeinspect import PROTOCOL_VERSION
 from edgeinspect.config import StageSettings
-from edgeinspect.errors import FailedPrecondition, PeerMismatch
+from edgeinspect.errors import FailedPrecondition, PeerMismatch, Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, open_checkpoint
 from edgeinspect.models.grammar import SessionConstraints, grammar_cache_for
 from edgeinspect.models.prefix_cache import PrefixCache
@@ -102,7 +102,7 @@ class StageBackend:
         self._jobs: dict[int, Job] = {}
         self._seq = 0
         self._drainer: asyncio.Task | None = None
-        self._arrived = asyncio.Event()  # set whenever a step is queued
+        self._arrived: asyncio.Event | None = None  # set whenever a step is queued (made by the drain task's loop)
         self._last_batch = 0  # sessions in the last forward pass
         self.steps_run = 0  # forward passes
         self.sessions_stepped = 0  # session-steps inside them (their ratio is the mean batch size)
@@ -143,9 +143,10 @@ class StageBackend:
             self._jobs[self._seq] = jobs[-1]
         ids = {w.session_id for w in work}
         self._busy |= ids
-        self._arrived.set()
         if self._drainer is None or self._drainer.done():
+            self._arrived = asyncio.Event()  # bound to this loop (a backend may outlive one asyncio.run)
             self._drainer = loop.create_task(self._drain())
+        self._arrived.set()
         try:
             return list(await asyncio.gather(*(j.future for j in jobs)))
         finally:
@@ -156,6 +157,18 @@ class StageBackend:
             self._update_gauges()
 
     async def _drain(self) -> None:
+        try:
+            await self._drain_loop()
+        except BaseException as exc:
+            # Never leave callers waiting on a queue nobody drains: they hear what stopped it.
+            log.exception("stage step queue stopped")
+            error = exc if isinstance(exc, Exception) else Unavailable("the stage is shutting down")
+            for job in self._jobs.values():
+                if not job.future.done():
+                    job.future.set_exception(error)
+            raise
+
+    async def _drain_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             for seq in [s for s, j in self._jobs.items() if j.future.done()]:
