@@ -362,8 +362,6 @@ class StageExecutor:
     def _attend(self, attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
         """q [H, t, hd] over keys/values [H_kv, past + t, hd] -> [t, H*hd]; SDPA exactly as transformers calls it."""
         t = q.shape[1]
-        if t == 1 and not self.row_exact:
-            return self._attend_one(attn, q, keys, values)
         mask, causal = None, False
         if t > 1 and past == 0:
             causal = True  # a prompt from position 0: transformers also passes is_causal with no mask
@@ -379,16 +377,6 @@ class StageExecutor:
             enable_gqa=self.heads != self.kv_heads,
         )  # [1, H, t, hd]
         return out[0].transpose(0, 1).reshape(t, self.heads * self.head_dim)
-
-    def _attend_one(self, attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """A decode step's single query row: two batched matmuls read K and V once each, where SDPA's flash kernel
-        spends as long again setting up for one row. Query head h attends kv head h // group, as repeat_kv pairs
-        them. Not for row-exact (fp32) stages: their summation order must stay SDPA's."""
-        group = self.heads // self.kv_heads
-        qg = q.reshape(self.kv_heads, group, self.head_dim)  # [H_kv, g, hd]
-        scores = torch.bmm(qg, keys.transpose(1, 2)) * attn.scaling  # [H_kv, g, L]
-        out = torch.bmm(scores.softmax(dim=-1), values)  # [H_kv, g, hd]
-        return out.reshape(1, self.heads * self.head_dim)
 
     def _check_inputs(self, inp: StepInput) -> None:
         m = self.module
