@@ -69,6 +69,9 @@ def test_two_stage_report_tokens_equal_generate(stack, references):
         assert list(report.generated_token_ids) == references[name]
         assert report.model.checkpoint_fingerprint == open_checkpoint(stack.checkpoint).fingerprint
         assert len(report.model.partition) == 2
+    # Same part, same spec context: the second frame started from the stages' cached prompt prefix.
+    for k in range(2):
+        assert _stage_stub(stack, k).Stats(stage_pb2.StatsRequest()).prefix_hits >= 1
 
 
 @pytest.mark.parametrize("stages,wire", [(3, "fp32"), (3, "fp16")])
