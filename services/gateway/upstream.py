@@ -15,6 +15,7 @@ import grpc
 from edgeinspect import PROTOCOL_VERSION, codec
 from edgeinspect.errors import InvalidInput, Unavailable
 from edgeinspect.services.common.channel import make_channel
+from edgeinspect.services.stage.protocol import next_stage_step
 from edgeinspect.v1 import (
     common_pb2,
     retrieval_pb2,
@@ -155,17 +156,6 @@ class PipelineSession:
             steps=[step], output_codec=codec.codec_to_proto(self.p.codec), output_zstd=self.p.zstd
         )
 
-    def _next_step(self, step: stage_pb2.SessionStep, hidden: tensor_pb2.TensorFrame) -> stage_pb2.SessionStep:
-        """The same step one stage further: the hidden states replace the inputs; sampling and flags travel along."""
-        nxt = stage_pb2.SessionStep(
-            session_id=step.session_id, position=step.position, prefill_chunk=step.prefill_chunk
-        )
-        for name in ("sampling", "prefix"):
-            if step.HasField(name):
-                getattr(nxt, name).CopyFrom(getattr(step, name))
-        nxt.hidden.CopyFrom(hidden)
-        return nxt
-
     async def step(
         self,
         input_ids: list[int],
@@ -189,7 +179,7 @@ class PipelineSession:
                 raise Unavailable(f"stage {self.p.addresses[k]} closed the stream")
             timings.extend(response.timings)
             if k + 1 < len(self.calls):
-                step = self._next_step(step, response.results[0].hidden)
+                step = next_stage_step(step, response.results[0].hidden)
         total_ms = (time.perf_counter() - t0) * 1e3
         self.position += len(input_ids)
         return StepResult(response.results[0].token_id, timings, total_ms - sum(t.compute_ms for t in timings))
@@ -275,7 +265,7 @@ class PipelineSession:
                 if k + 1 == len(self.calls):
                     responses.append(response)
                 else:
-                    await self.calls[k + 1].write(self._request(self._next_step(step, response.results[0].hidden)))
+                    await self.calls[k + 1].write(self._request(next_stage_step(step, response.results[0].hidden)))
 
         try:
             async with asyncio.TaskGroup() as group:  # one failure cancels the other relays

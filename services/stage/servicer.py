@@ -16,6 +16,7 @@ from edgeinspect.models.stage import StepInput
 from edgeinspect.services.common import metrics
 from edgeinspect.services.common.channel import make_channel
 from edgeinspect.services.stage.backend import Identity, SessionOutcome, SessionWork, StageBackend
+from edgeinspect.services.stage.protocol import next_stage_step
 from edgeinspect.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -242,20 +243,10 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
     def _next_request(self, request, outcomes: list[SessionOutcome]) -> stage_pb2.StepRequest:
         """The same sessions one stage further: our hidden states replace the inputs, sampling travels along."""
         out_codec = codec.codec_from_proto(request.output_codec) if request.output_codec else codec.Codec.fp32
-        steps = []
-        for step, o in zip(request.steps, outcomes, strict=True):
-            nxt = stage_pb2.SessionStep(
-                session_id=step.session_id,
-                position=step.position,
-                return_logits=step.return_logits,
-                prefill_chunk=step.prefill_chunk,
-            )
-            if step.HasField("prefix"):
-                nxt.prefix.CopyFrom(step.prefix)
-            nxt.hidden.CopyFrom(codec.encode_frame(o.hidden, out_codec, request.output_zstd))
-            if step.HasField("sampling"):
-                nxt.sampling.CopyFrom(step.sampling)
-            steps.append(nxt)
+        steps = [
+            next_stage_step(step, codec.encode_frame(o.hidden, out_codec, request.output_zstd))
+            for step, o in zip(request.steps, outcomes, strict=True)
+        ]
         return stage_pb2.StepRequest(steps=steps, output_codec=request.output_codec, output_zstd=request.output_zstd)
 
 

@@ -1,0 +1,20 @@
+"""DecoderStage protocol helpers shared by the stage (chained mode) and the gateway (gateway-driven mode)."""
+
+from __future__ import annotations
+
+from edgeinspect.v1 import stage_pb2, tensor_pb2
+
+
+def next_stage_step(step: stage_pb2.SessionStep, hidden: tensor_pb2.TensorFrame) -> stage_pb2.SessionStep:
+    """The same step one stage further: the hidden states replace the inputs; sampling, prefix and flags travel."""
+    nxt = stage_pb2.SessionStep(
+        session_id=step.session_id,
+        position=step.position,
+        return_logits=step.return_logits,
+        prefill_chunk=step.prefill_chunk,
+    )
+    for name in ("sampling", "prefix"):
+        if step.HasField(name):
+            getattr(nxt, name).CopyFrom(getattr(step, name))
+    nxt.hidden.CopyFrom(hidden)
+    return nxt
