@@ -42,21 +42,21 @@ from pathlib import Path
 import torch
 from common import (
     RESULTS_DIR,
+    inspection_prompt,
     load_average,
     machine_info,
     meminfo_gib,
     memory_bandwidth_gbs,
     skip,
+    spec_context,
     target,
     write_json,
 )
-from perf_report import spec_context
 
 from edgeinspect import codec
 from edgeinspect.config import ServerConfig, StageSettings, write_yaml
 from edgeinspect.errors import Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, load_processor, open_checkpoint
-from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.services.gateway.upstream import StagePipeline, gateway_identity
 from edgeinspect.services.launcher import RoleProcess, stage_ranges
 from edgeinspect.v1 import stage_pb2
@@ -74,13 +74,6 @@ SAMPLING = stage_pb2.SamplingParams()  # greedy
 # -- processes --------------------------------------------------------------------------------------------------
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 def _die_with_parent() -> None:
     """Runs in the child before exec: SIGTERM it when this benchmark dies, even by SIGKILL (run_all's timeout)."""
     import ctypes
@@ -96,7 +89,7 @@ def _wait_serving(role: RoleProcess, port_file: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if role.proc.poll() is not None:
-            raise Unavailable(f"{role.name} exited with {role.proc.returncode}:\n{_tail(role.log_path)}")
+            raise Unavailable(f"{role.name} exited with {role.proc.returncode}:\n{role.log_tail()}")
         if not role.port and port_file.is_file() and port_file.read_text().strip():
             role.port = int(port_file.read_text())
         if role.port:
@@ -167,16 +160,6 @@ async def _pipeline(ckpt: Checkpoint, addresses: list[str], wire: codec.Codec) -
 
 
 # -- 1. time to first token -------------------------------------------------------------------------------------
-
-
-def inspection_prompt(ckpt: Checkpoint, context_tokens: int) -> tuple[list[int], torch.Tensor]:
-    """(prompt ids with the image placeholders where DeepSeek-VL puts them, random visual tokens [N_img, Dv])."""
-    processor = load_processor(ckpt)
-    context = spec_context(processor.tokenizer, context_tokens)
-    ids = prompt_ids(processor, prompt_text(processor, build_messages(context=context)))
-    n_img = sum(1 for i in ids if i == ckpt.config.image_token_id)
-    visual = torch.randn(n_img, ckpt.config.vision_config.hidden_size, generator=torch.Generator().manual_seed(0))
-    return ids, visual
 
 
 async def ttft_runs(ckpt, addresses, wire, ids, visual, chunks: list[int], repeats: int) -> dict[str, dict]:

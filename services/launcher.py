@@ -57,6 +57,13 @@ class RoleProcess:
     port: int
     log_path: Path
 
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the role's log (what to show when it died)."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
 
 def ensure_tiny_checkpoint(workdir: Path) -> Path:
     from edgeinspect.models.tiny import make_tiny
@@ -195,8 +202,7 @@ class LocalStack:
         while time.monotonic() < deadline:
             if role.proc.poll() is not None:
                 raise Unavailable(
-                    f"{role.name} exited with code {role.proc.returncode}; see {role.log_path}:\n"
-                    + _tail(role.log_path)
+                    f"{role.name} exited with code {role.proc.returncode}; see {role.log_path}:\n" + role.log_tail()
                 )
             if port_file.is_file() and port_file.read_text().strip():
                 return int(port_file.read_text())
@@ -213,9 +219,7 @@ class LocalStack:
             while time.monotonic() < deadline:
                 for role in self.roles:
                     if role.proc.poll() is not None:
-                        raise Unavailable(
-                            f"{role.name} exited with code {role.proc.returncode}:\n" + _tail(role.log_path)
-                        )
+                        raise Unavailable(f"{role.name} exited with code {role.proc.returncode}:\n" + role.log_tail())
                 try:
                     if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == 1:
                         return
@@ -260,10 +264,3 @@ class LocalStack:
                 role.proc.kill()
                 role.proc.wait()
         self.roles = []
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
