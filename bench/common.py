@@ -126,3 +126,37 @@ def write_json(name: str, payload: dict, out: Path | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+def spec_context(tokenizer, n_tokens: int) -> str:
+    """The sample KB's chunks as the gateway formats retrieved ones ("[doc / section] text"), cut to n_tokens."""
+    from edgeinspect.rag import sample_kb_dir
+    from edgeinspect.rag.chunking import ChunkConfig, chunk_document
+    from edgeinspect.rag.documents import Document, read_document, scan_folder
+
+    lines = []
+    for path in scan_folder(sample_kb_dir()):
+        doc = read_document(path, sample_kb_dir())
+        if isinstance(doc, Document):
+            lines += [f"[{c.doc_id} / {c.section}] {c.text}" for c in chunk_document(doc, ChunkConfig())[0]]
+        if len(tokenizer("\n".join(lines))["input_ids"]) > n_tokens:
+            break
+    ids = tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"][:n_tokens]
+    return tokenizer.decode(ids)
+
+
+def inspection_prompt(ckpt, context_tokens: int):
+    """The gateway's inspection prompt with ~context_tokens of sample-KB spec context: (ids with the image
+    placeholders where DeepSeek-VL puts them, random visual tokens [N_img, Dv]: prefill cost does not depend on
+    their values)."""
+    import torch
+
+    from edgeinspect.models.checkpoint import load_processor
+    from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
+
+    processor = load_processor(ckpt)
+    context = spec_context(processor.tokenizer, context_tokens)
+    ids = prompt_ids(processor, prompt_text(processor, build_messages(context=context)))
+    n_img = ids.count(ckpt.config.image_token_id)
+    visual = torch.randn(n_img, ckpt.config.vision_config.hidden_size, generator=torch.Generator().manual_seed(0))
+    return ids, visual

@@ -17,12 +17,10 @@ import time
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, skip, target, write_json
-from perf_report import spec_context
+from common import inspection_prompt, load_average, machine_info, skip, target, write_json
 
 from edgeinspect.config import StageSettings
-from edgeinspect.models.checkpoint import load_processor, open_checkpoint
-from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
+from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.stage import StepInput
 from edgeinspect.services.gateway.upstream import prefix_key
 from edgeinspect.services.stage.backend import SessionWork, StageBackend
@@ -76,13 +74,9 @@ def main() -> None:
         skip(f"no checkpoint at {args.checkpoint}: `edgeinspect model make-tiny DIR --preset deepseek-vl-1.3b`")
     torch.set_num_threads(args.threads)
     ckpt = open_checkpoint(args.checkpoint)
-    processor = load_processor(ckpt)
-    context = spec_context(processor.tokenizer, args.context_tokens)
-    ids = prompt_ids(processor, prompt_text(processor, build_messages(context=context)))
-    image_id = ckpt.config.image_token_id
-    prefix = ids.index(image_id)
-    n_visual = ids.count(image_id)
-    visual = torch.randn(n_visual, ckpt.config.vision_config.hidden_size, generator=torch.Generator().manual_seed(0))
+    ids, visual = inspection_prompt(ckpt, args.context_tokens)
+    prefix = ids.index(ckpt.config.image_token_id)
+    n_visual = visual.shape[0]
     print(f"prompt {len(ids)} tokens: prefix {prefix}, visual {n_visual}, rest {len(ids) - prefix - n_visual}")
     cfg = StageSettings(
         checkpoint=args.checkpoint, layer_start=0, layer_end=ckpt.num_layers, weights=args.weights, threads=args.threads

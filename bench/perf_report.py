@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import RESULTS_DIR, load_average, machine_info, skip, target, write_json
+from common import RESULTS_DIR, load_average, machine_info, skip, spec_context, target, write_json
 from perf_decode import step_bytes
 from PIL import Image
 
@@ -57,23 +57,6 @@ RATIO_TARGET = 0.4  # our report time over transformers bf16's
 MIN_COSINE = 0.99  # logits cosine a format must keep to count
 MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS = 20 << 20, 40_000_000  # the vision node's limits (far above this image)
 SID = "report"
-
-
-def spec_context(tokenizer, n_tokens: int) -> str:
-    """The sample KB's chunks as the gateway formats retrieved ones ("[doc / section] text"), cut to n_tokens."""
-    from edgeinspect.rag import sample_kb_dir
-    from edgeinspect.rag.chunking import ChunkConfig, chunk_document
-    from edgeinspect.rag.documents import Document, read_document, scan_folder
-
-    lines = []
-    for path in scan_folder(sample_kb_dir()):
-        doc = read_document(path, sample_kb_dir())
-        if isinstance(doc, Document):
-            lines += [f"[{c.doc_id} / {c.section}] {c.text}" for c in chunk_document(doc, ChunkConfig())[0]]
-        if len(tokenizer("\n".join(lines))["input_ids"]) > n_tokens:
-            break
-    ids = tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"][:n_tokens]
-    return tokenizer.decode(ids)
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
