@@ -126,6 +126,10 @@ class StageSettings(RoleSettings):
     )
     session_ttl_s: float = Field(300.0, description="an idle session's cache is dropped after this")
     threads: int = Field(0, description="intra-op threads (0 = library default)")
+    native_kernels: bool = Field(
+        True,
+        description="int8/bf16-as-fp16 stages: fp16 KV cache + compiled decode attention (needs a C compiler)",
+    )
 
 
 class RetrievalSettings(RoleSettings):
