@@ -305,8 +305,11 @@ class StageExecutor:
         x = torch.cat(xs) if len(xs) > 1 else xs[0]  # [R, D], R = sum T_i
         positions = torch.cat([torch.arange(p, p + t) for p, t in spans])  # [R]
         rope = self.module.rotary_emb(x, position_ids=positions)  # cos, sin: [R, head_dim]
+        decode = None  # every session adds one row: one native call per layer stores and attends for all of them
+        if self.native and all(t == 1 for _, t in spans):
+            decode = kernels.DecodeAttention([s.kv for s in sessions], [p for p, _ in spans])
         for j, layer in enumerate(self.module.layers):
-            x = self._layer(j, layer, x, rope, sessions, spans)
+            x = self._layer(j, layer, x, rope, sessions, spans, decode)
         outs = []
         for s, (past, t) in zip(sessions, spans, strict=True):
             s.kv.length = past + t
@@ -326,7 +329,7 @@ class StageExecutor:
             outs.append(StepOutput(logits=logits[row[i]] if i in row else None, length=p + t))
         return outs
 
-    def _layer(self, j: int, layer, x: torch.Tensor, rope, sessions: list[Session], spans) -> torch.Tensor:
+    def _layer(self, j: int, layer, x: torch.Tensor, rope, sessions: list[Session], spans, decode) -> torch.Tensor:
         """LlamaDecoderLayer.forward with the layer's own modules, its cache write replaced by KVBuffer.write."""
         attn = layer.self_attn
         r = x.shape[0]
@@ -341,14 +344,26 @@ class StageExecutor:
         v = v.reshape(r, self.kv_heads, self.head_dim)
         cos, sin = rope
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
+        if decode is not None:
+            a = decode(j, q, k, v, attn.scaling)  # [R, H*hd]
+        else:
+            a = self._attend_each(j, attn, q, k, v, sessions, spans)
+        x = x + self._rows(attn.o_proj, a, spans)
+        return x + self._rows(self._mlp(layer.mlp), layer.post_attention_layernorm(x), spans)
+
+    def _attend_each(self, j: int, attn, q, k, v, sessions: list[Session], spans) -> torch.Tensor:
+        """Attention session by session (prompt chunks, mixed steps): q [R, H, hd], k/v [R, H_kv, hd] -> [R, H*hd]."""
         outs = []
         for s, o, (past, t) in zip(sessions, _offsets(spans), spans, strict=True):
+            if self.native and t == 1:
+                outs.append(
+                    kernels.DecodeAttention([s.kv], [past])(j, q[o : o + 1], k[o : o + 1], v[o : o + 1], attn.scaling)
+                )
+                continue
             s.kv.write(j, k[o : o + t].transpose(0, 1), v[o : o + t].transpose(0, 1), past)
             keys, values = s.kv.view(j, past + t)  # [H_kv, past + t, hd]
             outs.append(self._attend(attn, q[o : o + t].transpose(0, 1), keys, values, past))  # [t, H*hd]
-        a = torch.cat(outs) if len(outs) > 1 else outs[0]  # [R, H*hd]
-        x = x + self._rows(attn.o_proj, a, spans)
-        return x + self._rows(self._mlp(layer.mlp), layer.post_attention_layernorm(x), spans)
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     @staticmethod
     def _mlp(mlp):
@@ -371,8 +386,6 @@ class StageExecutor:
     def _attend(self, attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
         """q [H, t, hd] over keys/values [H_kv, past + t, hd] -> [t, H*hd]; SDPA exactly as transformers calls it."""
         t = q.shape[1]
-        if self.native and t == 1:
-            return kernels.decode_attention(q[:, 0], keys, values, attn.scaling).reshape(1, -1)
         if keys.dtype != self.dtype:  # a 16-bit cache: SDPA has no fast fp16 path here, so prompts attend in fp32
             keys, values = keys.to(self.dtype), values.to(self.dtype)
         mask, causal = None, False

@@ -17,41 +17,49 @@ needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compile
 
 
 def sdpa_one_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [H, hd] over [H_kv, L, hd] -> [H, hd], as the executor calls SDPA (fp32)."""
+    """q [H, hd] over [H_kv, L, hd] -> [H * hd], as the executor calls SDPA (fp32)."""
     out = scaled_dot_product_attention(
         q[None, :, None], keys.float()[None], values.float()[None], scale=scale, enable_gqa=True
     )
-    return out[0, :, 0]
+    return out[0, :, 0].reshape(-1)
 
 
 @needs_kernels
-@pytest.mark.parametrize(
-    ("heads", "kv_heads", "head_dim", "length"), [(4, 4, 32, 1), (8, 2, 24, 37), (16, 16, 128, 300)]
-)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_kernel_equals_sdpa_over_a_kv_buffer_view(heads, kv_heads, head_dim, length, dtype):
-    g = torch.Generator().manual_seed(length)
-    kv = KVBuffer(n_layers=2, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, capacity=length + 5)
-    kv.write(
-        1, torch.randn(kv_heads, length, head_dim, generator=g), torch.randn(kv_heads, length, head_dim, generator=g), 0
-    )
-    keys, values = kv.view(1, length)  # strided: heads are `capacity` rows apart
-    q = torch.randn(heads, head_dim, generator=g)
-    got = kernels.decode_attention(q, keys, values, head_dim**-0.5)
-    want = sdpa_one_row(q, keys, values, head_dim**-0.5)  # over the same (16-bit) values, in fp32
-    assert got.shape == (heads, head_dim)
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(4, 4, 32), (8, 2, 24), (16, 16, 128)])
+def test_one_call_stores_each_sessions_row_and_attends_as_sdpa(heads, kv_heads, head_dim):
+    g = torch.Generator().manual_seed(head_dim)
+    pasts = [0, 36, 299]  # a first row, odd lengths, sessions of different capacity in one call
+    buffers = [KVBuffer(3, kv_heads, head_dim, torch.float16, capacity=p + 1) for p in pasts]
+    for kv, past in zip(buffers, pasts, strict=True):
+        kv.data.zero_()  # capacity is uninitialised memory: NaN patterns there would defeat the equality below
+        kv.write(2, *(torch.randn(kv_heads, past, head_dim, generator=g) for _ in range(2)), 0)
+    expected = [KVBuffer(3, kv_heads, head_dim, torch.float16, capacity=p + 1) for p in pasts]
+    for kv, ref in zip(buffers, expected, strict=True):
+        ref.data.copy_(kv.data)
+    q = torch.randn(3, heads, head_dim, generator=g)
+    qkv = torch.randn(3, 2 * kv_heads * head_dim, generator=g)  # k and v as strided views of one fused output
+    k, v = (x.reshape(3, kv_heads, head_dim) for x in qkv.split(kv_heads * head_dim, dim=-1))
+    got = kernels.DecodeAttention(buffers, pasts)(2, q, k, v, head_dim**-0.5)
+    assert got.shape == (3, heads * head_dim)
+    for b, (ref, past) in enumerate(zip(expected, pasts, strict=True)):
+        ref.write(2, k[b : b + 1].transpose(0, 1), v[b : b + 1].transpose(0, 1), past)  # torch's own fp16 rounding
+        assert torch.equal(buffers[b].data, ref.data)  # the new row, bit for bit, and nothing else touched
+        want = sdpa_one_row(q[b], *ref.view(2, past + 1), head_dim**-0.5)
+        torch.testing.assert_close(got[b], want, atol=2e-5, rtol=1e-4)
 
 
 @needs_kernels
-def test_kernel_refuses_layouts_it_cannot_read():
-    q = torch.randn(4, 8)
-    with pytest.raises(ValueError, match="fp32 or fp16"):
-        kernels.decode_attention(q, torch.randn(4, 3, 8).bfloat16(), torch.randn(4, 3, 8).bfloat16(), 1.0)
-    with pytest.raises(ValueError, match="contiguous rows"):
-        kernels.decode_attention(q, torch.randn(4, 8, 3).transpose(1, 2), torch.randn(4, 8, 3).transpose(1, 2), 1.0)
-    with pytest.raises(ValueError, match="do not fit"):
-        kernels.decode_attention(torch.randn(5, 8), torch.randn(2, 3, 8), torch.randn(2, 3, 8), 1.0)
+def test_decode_attention_refuses_what_it_cannot_read():
+    kv = KVBuffer(1, 2, 8, torch.float16, capacity=4)
+    with pytest.raises(ValueError, match="fp16 KV buffers"):
+        kernels.DecodeAttention([KVBuffer(1, 2, 8, torch.float32, capacity=4)], [0])
+    with pytest.raises(ValueError, match="room for one more row"):
+        kernels.DecodeAttention([kv], [kv.capacity])
+    step = kernels.DecodeAttention([kv], [0])
+    with pytest.raises(ValueError, match=r"want \[1, 4, 8\] fp32 rows"):
+        step(0, torch.randn(1, 4, 8).half(), torch.randn(1, 2, 8), torch.randn(1, 2, 8), 1.0)
+    with pytest.raises(ValueError, match="do not group"):
+        step(0, torch.randn(1, 3, 8), torch.randn(1, 2, 8), torch.randn(1, 2, 8), 1.0)
 
 
 @needs_kernels

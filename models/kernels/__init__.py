@@ -2,9 +2,11 @@
 
 Decode attention reads one session's whole KV cache for a single query row. torch's SDPA runs that through a
 blocked flash kernel built for many rows: at 1.3B dimensions it reads the cache at about half of memory speed,
-and over a 16-bit cache it is slower still (it has no fast fp16 path on AVX2). decode_attention.c is one plain
-pass over keys then values, with fp16 rows converted in registers (F16C), so a 16-bit KV cache halves the bytes
-read instead of costing more. At 4 concurrent sessions this attention is what bounds batching (bench/README.md).
+and over a 16-bit cache it is slower still (no fast fp16 path on AVX2). decode_attention.c is one plain pass over
+keys then values, fp16 rows converted in registers (F16C), so a 16-bit KV cache halves the bytes read instead of
+costing more; one call per layer stores the new row of every session in the step and attends for all of them
+(measured at 1.3B, 24 layers, one query: SDPA over fp32 18 ms, this kernel over fp16 7.5 ms at 600 positions).
+With several concurrent sessions this attention is what bounds batching (bench/README.md, perf_batching).
 
 The source is compiled with the system C compiler (`$CC`, else `cc`) at -O3 -march=native -fopenmp into a cache
 folder ($EDGEINSPECT_KERNEL_DIR, default ~/.cache/edgeinspect/kernels), under a name keyed by the source, the
@@ -28,12 +30,13 @@ from pathlib import Path
 
 import torch
 
+from edgeinspect.models.kv import KVBuffer
 from edgeinspect.models.quant import cpu_flags
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
-ABI_VERSION = 1  # ei_abi_version() of the source this wrapper is written against
+ABI_VERSION = 2  # ei_abi_version() of the source this wrapper is written against
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 ARCH_FLAGS = ("-march=native",)
 COMPILE_TIMEOUT_S = 120
@@ -76,10 +79,11 @@ def _library_path(cc: str, flags: tuple[str, ...]) -> Path:
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    args = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + [ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_int]
-    for fn in (lib.ei_decode_attention_f32, lib.ei_decode_attention_f16):
-        fn.argtypes, fn.restype = args, ctypes.c_int
-    lib.ei_abi_version.restype = ctypes.c_int
+    i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    fn = lib.ei_decode_attention_f16
+    fn.argtypes = [i32, i32, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, i32, i32, i32, ctypes.c_float, i32]
+    fn.restype = i32
+    lib.ei_abi_version.restype = i32
     if lib.ei_abi_version() != ABI_VERSION:
         raise OSError(f"kernel ABI {lib.ei_abi_version()} != {ABI_VERSION}")
     return lib
@@ -114,41 +118,41 @@ def available() -> bool:
     return library() is not None
 
 
-def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
+class DecodeAttention:
+    """One step's decode attention for sessions that each add one row, built once per step and called per layer.
 
+    The caches must hold room for the new row (KVBuffer.reserve) and stay where they are for the whole step.
+    """
 
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(q k^T * scale) v for one query row per head: q [H, hd] fp32; keys/values [H_kv, L, hd] (fp32 or fp16,
-    rows contiguous, heads `stride` rows apart as in a KVBuffer view) -> [H, hd] fp32."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("native kernels are not available here")
-    heads, head_dim = q.shape
-    kv_heads, length, _ = keys.shape
-    same_layout = keys.dtype == values.dtype and keys.stride() == values.stride()
-    if not same_layout or keys.stride(2) != 1 or keys.stride(1) != head_dim:
-        raise ValueError("keys and values must share one layout with contiguous rows")
-    if heads % kv_heads or keys.stride(0) % head_dim:
-        raise ValueError(f"{heads} query heads over {kv_heads} kv heads / stride {keys.stride(0)} do not fit")
-    fn = {torch.float32: lib.ei_decode_attention_f32, torch.float16: lib.ei_decode_attention_f16}.get(keys.dtype)
-    if fn is None:
-        raise ValueError(f"decode attention reads fp32 or fp16 caches, not {keys.dtype}")
-    q = q.contiguous().float()
-    out = torch.empty(heads, head_dim)
-    rc = fn(
-        _ptr(q),
-        _ptr(keys),
-        _ptr(values),
-        _ptr(out),
-        heads,
-        kv_heads,
-        length,
-        keys.stride(0) // head_dim,
-        head_dim,
-        scale,
-        torch.get_num_threads(),
-    )
-    if rc != 0:
-        raise MemoryError(f"decode attention could not allocate {length} scores")
-    return out
+    def __init__(self, buffers: list[KVBuffer], pasts: list[int]):
+        lib = library()
+        if lib is None:
+            raise RuntimeError("native kernels are not available here")
+        for kv, past in zip(buffers, pasts, strict=True):
+            if kv.dtype != torch.float16 or not kv.data.is_contiguous() or past >= kv.capacity:
+                raise ValueError("decode attention needs contiguous fp16 KV buffers with room for one more row")
+        n = len(buffers)
+        self.fn = lib.ei_decode_attention_f16
+        self.n, self.kv_heads, self.head_dim = n, buffers[0].shape[2], buffers[0].shape[3]
+        self.caches = (ctypes.c_void_p * n)(*(kv.data.data_ptr() for kv in buffers))
+        self.capacities = (ctypes.c_int64 * n)(*(kv.capacity for kv in buffers))
+        self.pasts = (ctypes.c_int * n)(*pasts)
+        self.keep = buffers  # the pointers above are only valid while these live
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """q [B, H, hd], k/v [B, H_kv, hd] fp32 (rows may be strided, heads contiguous) -> [B, H * hd] fp32."""
+        b, heads, head_dim = q.shape
+        for t, h in ((q, heads), (k, self.kv_heads), (v, self.kv_heads)):
+            if t.dtype != torch.float32 or t.shape != (self.n, h, self.head_dim) or t.stride()[1:] != (head_dim, 1):
+                raise ValueError(f"decode attention: want [{self.n}, {h}, {self.head_dim}] fp32 rows, got {t.shape}")
+        if heads % self.kv_heads:
+            raise ValueError(f"{heads} query heads do not group over {self.kv_heads} kv heads")
+        out = torch.empty(b, heads * head_dim)
+        rc = self.fn(
+            self.n, layer, q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+            self.caches, self.capacities, self.pasts, out.data_ptr(),
+            heads, self.kv_heads, head_dim, scale, torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("decode attention could not allocate its score buffers")
+        return out

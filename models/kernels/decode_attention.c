@@ -1,12 +1,16 @@
-/* Decode attention: one new query row per head over a session's cached keys/values.
+/* Decode attention over fp16 KV caches: each session of a step adds one key/value row and attends with one query.
  *
- * Built and loaded at run time by models/kernels/__init__.py (ctypes; no Python API). OpenMP parallel regions
- * run on the libgomp torch has already loaded (same soname), so they share torch's threads and thread count.
+ * Built and loaded at run time by models/kernels/__init__.py (ctypes; no Python API). OpenMP regions run on the
+ * libgomp torch has already loaded (same soname), so they share torch's threads.
  *
- * q [heads, head_dim] fp32; k, v [kv_heads, stride, head_dim] (positions [0, length) valid), fp32 or fp16;
- * out [heads, head_dim] fp32; threads: the OpenMP team size (torch's intra-op thread count). Head h reads kv head h / (heads / kv_heads) (grouped-query attention).
- * Keys are read once (scores), values once (weighted sum): the cost is one pass over the cache at memory speed,
- * where SDPA's blocked kernel, built for many query rows, runs one row at about half that.
+ * One call per layer serves every session of the step:
+ *   q [B, heads, head_dim], k/v [B, kv_heads, head_dim] fp32, rows q_row/k_row/v_row floats apart (the new rows,
+ *   rotary already applied to q and k); cache[b] is session b's KVBuffer data [layers, 2, kv_heads, capacity[b],
+ *   head_dim] fp16, holding past[b] valid positions; out [B, heads * head_dim] fp32.
+ * First the new rows are stored at position past[b] (rounded to nearest even, as torch's .half() does), then each
+ * (session, head) pair is softmax(q k^T * scale) v over past[b] + 1 positions: one pass over keys, one over values,
+ * fp16 converted in registers, so the cost is reading the cache once at memory speed. Head h reads kv head
+ * h / (heads / kv_heads) (grouped-query attention). Returns 0, or -1 when score buffers cannot be allocated.
  */
 #include <math.h>
 #include <stdint.h>
@@ -20,94 +24,105 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
-static inline __m256 load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+static inline __m256 load8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline float to_float(uint16_t h) { return _cvtsh_ss(h); }
+static inline uint16_t to_half(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
 
-static inline float dot_f16(const float *q, const uint16_t *k, int n) {
+static inline float dot(const float *q, const uint16_t *k, int n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int d = 0;
     for (; d + 16 <= n; d += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load_f16(k + d), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), load_f16(k + d + 8), a1);
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(k + d), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), load8(k + d + 8), a1);
     }
     float s = hsum8(_mm256_add_ps(a0, a1));
-    for (; d < n; d++) s += q[d] * half_to_float(k[d]);
+    for (; d < n; d++) s += q[d] * to_float(k[d]);
     return s;
 }
 
-static inline void axpy_f16(float *o, float w, const uint16_t *v, int n) {
+static inline void axpy(float *o, float w, const uint16_t *v, int n) {
     __m256 wv = _mm256_set1_ps(w);
     int d = 0;
-    for (; d + 8 <= n; d += 8)
-        _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, load_f16(v + d), _mm256_loadu_ps(o + d)));
-    for (; d < n; d++) o[d] += w * half_to_float(v[d]);
+    for (; d + 8 <= n; d += 8) _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, load8(v + d), _mm256_loadu_ps(o + d)));
+    for (; d < n; d++) o[d] += w * to_float(v[d]);
 }
 #else
-/* Portable path (ARM and CPUs without F16C): the compiler's own half type and auto-vectorisation. */
-static inline float half_to_float(uint16_t h) {
+/* Portable path (Arm, CPUs without F16C): the compiler's half type and its auto-vectorisation. */
+static inline float to_float(uint16_t h) {
     _Float16 f;
     __builtin_memcpy(&f, &h, 2);
     return (float)f;
 }
-static inline float dot_f16(const float *q, const uint16_t *k, int n) {
+static inline uint16_t to_half(float f) {
+    _Float16 h = (_Float16)f;
+    uint16_t u;
+    __builtin_memcpy(&u, &h, 2);
+    return u;
+}
+static inline float dot(const float *q, const uint16_t *k, int n) {
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
-    for (int d = 0; d < n; d++) s += q[d] * half_to_float(k[d]);
+    for (int d = 0; d < n; d++) s += q[d] * to_float(k[d]);
     return s;
 }
-static inline void axpy_f16(float *o, float w, const uint16_t *v, int n) {
+static inline void axpy(float *o, float w, const uint16_t *v, int n) {
 #pragma omp simd
-    for (int d = 0; d < n; d++) o[d] += w * half_to_float(v[d]);
+    for (int d = 0; d < n; d++) o[d] += w * to_float(v[d]);
 }
 #endif
 
-static inline float dot_f32(const float *q, const float *k, int n) {
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int d = 0; d < n; d++) s += q[d] * k[d];
-    return s;
-}
-static inline void axpy_f32(float *o, float w, const float *v, int n) {
-#pragma omp simd
-    for (int d = 0; d < n; d++) o[d] += w * v[d];
+/* Row t of kv head g (which = 0: keys, 1: values) of one layer in a session's cache. */
+static inline uint16_t *cache_row(uint16_t *cache, int layer, int which, int g, int t, int kv_heads, int64_t cap,
+                                  int head_dim) {
+    return cache + ((((int64_t)layer * 2 + which) * kv_heads + g) * cap + t) * head_dim;
 }
 
-/* The body for one element type T (dot_T / axpy_T): softmax(q k^T * scale) v per head, heads in parallel. */
-#define DECODE_ATTENTION(T, DOT, AXPY)                                                                  \
-    int group = heads / kv_heads;                                                                       \
-    int failed = 0;                                                                                     \
-    _Pragma("omp parallel num_threads(threads)") {                                                                           \
-        float *p = malloc(sizeof(float) * (size_t)length); /* this thread's scores */                  \
-        if (!p) {                                                                                       \
-            _Pragma("omp atomic write") failed = 1;                                                     \
-        }                                                                                               \
-        _Pragma("omp for schedule(static)") for (int h = 0; h < heads; h++) {                          \
-            if (!p) continue;                                                                           \
-            const float *qh = q + (int64_t)h * head_dim;                                                \
-            const T *kh = k + (int64_t)(h / group) * stride * head_dim;                                 \
-            const T *vh = v + (int64_t)(h / group) * stride * head_dim;                                 \
-            float m = -INFINITY, sum = 0.f;                                                             \
-            for (int t = 0; t < length; t++) {                                                          \
-                p[t] = DOT(qh, kh + (int64_t)t * head_dim, head_dim) * scale;                           \
-                m = p[t] > m ? p[t] : m;                                                                \
-            }                                                                                           \
-            for (int t = 0; t < length; t++) sum += (p[t] = expf(p[t] - m));                           \
-            float *oh = out + (int64_t)h * head_dim, inv = 1.f / sum;                                   \
-            for (int d = 0; d < head_dim; d++) oh[d] = 0.f;                                             \
-            for (int t = 0; t < length; t++) AXPY(oh, p[t] * inv, vh + (int64_t)t * head_dim, head_dim); \
-        }                                                                                               \
-        free(p);                                                                                        \
-    }                                                                                                   \
+int ei_decode_attention_f16(int batch, int layer, const float *q, int64_t q_row, const float *k, int64_t k_row,
+                            const float *v, int64_t v_row, uint16_t *const *cache, const int64_t *capacity,
+                            const int *past, float *out, int heads, int kv_heads, int head_dim, float scale,
+                            int threads) {
+    int group = heads / kv_heads, longest = 0, failed = 0;
+    for (int b = 0; b < batch; b++) longest = past[b] + 1 > longest ? past[b] + 1 : longest;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < batch; b++)
+            for (int g = 0; g < kv_heads; g++) {
+                uint16_t *kd = cache_row(cache[b], layer, 0, g, past[b], kv_heads, capacity[b], head_dim);
+                uint16_t *vd = cache_row(cache[b], layer, 1, g, past[b], kv_heads, capacity[b], head_dim);
+                const float *ks = k + b * k_row + (int64_t)g * head_dim, *vs = v + b * v_row + (int64_t)g * head_dim;
+                for (int d = 0; d < head_dim; d++) {
+                    kd[d] = to_half(ks[d]);
+                    vd[d] = to_half(vs[d]);
+                }
+            }
+        /* the implicit barrier above: every new row is stored before any head reads it */
+        float *p = malloc(sizeof(float) * (size_t)longest); /* this thread's scores */
+        if (!p) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < batch; b++)
+            for (int h = 0; h < heads; h++) {
+                if (!p) continue;
+                int n = past[b] + 1, g = h / group;
+                const float *qh = q + b * q_row + (int64_t)h * head_dim;
+                const uint16_t *kh = cache_row(cache[b], layer, 0, g, 0, kv_heads, capacity[b], head_dim);
+                const uint16_t *vh = cache_row(cache[b], layer, 1, g, 0, kv_heads, capacity[b], head_dim);
+                float m = -INFINITY, sum = 0.f;
+                for (int t = 0; t < n; t++) {
+                    p[t] = dot(qh, kh + (int64_t)t * head_dim, head_dim) * scale;
+                    m = p[t] > m ? p[t] : m;
+                }
+                for (int t = 0; t < n; t++) sum += (p[t] = expf(p[t] - m));
+                float *oh = out + ((int64_t)b * heads + h) * head_dim, inv = 1.f / sum;
+                for (int d = 0; d < head_dim; d++) oh[d] = 0.f;
+                for (int t = 0; t < n; t++) axpy(oh, p[t] * inv, vh + (int64_t)t * head_dim, head_dim);
+            }
+        free(p);
+    }
     return failed ? -1 : 0;
-
-int ei_decode_attention_f32(const float *q, const float *k, const float *v, float *out, int heads, int kv_heads,
-                            int length, int64_t stride, int head_dim, float scale, int threads) {
-    DECODE_ATTENTION(float, dot_f32, axpy_f32)
 }
 
-int ei_decode_attention_f16(const float *q, const uint16_t *k, const uint16_t *v, float *out, int heads,
-                            int kv_heads, int length, int64_t stride, int head_dim, float scale, int threads) {
-    DECODE_ATTENTION(uint16_t, dot_f16, axpy_f16)
-}
-
-int ei_abi_version(void) { return 1; }
+int ei_abi_version(void) { return 2; }
