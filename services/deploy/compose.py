@@ -41,7 +41,7 @@ def _volumes(inv: Inventory, inst: Instance) -> list[dict[str, Any]]:
     ckpt = str(plant.data_dir / "checkpoints")
     if inst.role in (Role.vision, Role.stage, Role.gateway):
         vols.append(_bind(ckpt, ckpt, True))
-    if inst.role is Role.vision:
+    if inst.role in (Role.vision, Role.stage):  # the vision ONNX export; a stage's compiled decode kernel
         vols.append(_bind(str(plant.cache_dir), str(plant.cache_dir), False))
     if inst.role is Role.retrieval:
         vols.append(_bind(str(plant.kb_dir), str(plant.kb_dir), True))

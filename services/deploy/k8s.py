@@ -40,10 +40,10 @@ def _storage(inv: Inventory, inst: Instance) -> tuple[list[dict[str, Any]], list
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": CONFIGMAP}}]
     mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     # Checkpoints and the knowledge base are copied onto each box beforehand (they are gigabytes, read at start);
-    # reports and the ONNX export are written where the pod is pinned.
+    # reports, the ONNX export and stages' compiled kernels are written where the pod is pinned.
     wanted = {
         Role.vision: [("checkpoints", "Directory", True), ("cache", "DirectoryOrCreate", False)],
-        Role.stage: [("checkpoints", "Directory", True)],
+        Role.stage: [("checkpoints", "Directory", True), ("cache", "DirectoryOrCreate", False)],
         Role.gateway: [("checkpoints", "Directory", True), ("reports", "DirectoryOrCreate", False)],
         Role.retrieval: [("kb", "Directory", True)],
         Role.ingest: [("frames", "DirectoryOrCreate", False)],
