@@ -70,3 +70,9 @@ def test_every_plan_respects_the_limits_and_progresses(items, max_sessions, max_
     by_seq = {p.seq: p for p in pending}
     assert len({by_seq[p.seq].session_id for p in plan}) == len(plan)
     assert all(1 <= p.tokens <= by_seq[p.seq].remaining for p in plan)
+
+
+def test_a_pass_holds_only_the_oldest_steps_micro_batch_group():
+    pending = [Pending(1, "a", 1, group=1), Pending(2, "b", 1, group=0), Pending(3, "c", 1, group=1)]
+    assert _ids(plan_step(pending, BatchLimits())) == [1, 3]  # b waits: its group runs on the next pass
+    assert _ids(plan_step(pending[1:2], BatchLimits())) == [2]

@@ -43,7 +43,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., grammar_id: _Optional[str] = ..., grammar_json: _Optional[str] = ...) -> None: ...
 
 class SessionStep(_message.Message):
-    __slots__ = ("session_id", "position", "input_ids", "hidden", "visual_tokens", "sampling", "return_logits", "prefill_chunk", "prefix")
+    __slots__ = ("session_id", "position", "input_ids", "hidden", "visual_tokens", "sampling", "return_logits", "prefill_chunk", "prefix", "micro_batch")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class SessionStep(_message.Message):
     RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_CHUNK_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     position: int
     input_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -62,7 +63,8 @@ class SessionStep(_message.Message):
     return_logits: bool
     prefill_chunk: bool
     prefix: PrefixRef
-    def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., visual_tokens: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_logits: _Optional[bool] = ..., prefill_chunk: _Optional[bool] = ..., prefix: _Optional[_Union[PrefixRef, _Mapping]] = ...) -> None: ...
+    micro_batch: int
+    def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., visual_tokens: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_logits: _Optional[bool] = ..., prefill_chunk: _Optional[bool] = ..., prefix: _Optional[_Union[PrefixRef, _Mapping]] = ..., micro_batch: _Optional[int] = ...) -> None: ...
 
 class PrefixRef(_message.Message):
     __slots__ = ("key", "length")

@@ -55,6 +55,17 @@ class StagePipeline:
         self.stages: list[StageInfo] = []
         # Prompt prefixes every stage is believed to hold (a stage that evicted one says so, and it is forgotten).
         self.cached_prefixes: OrderedDict[str, None] = OrderedDict()
+        # Open sessions per micro-batch group: one group per stage, so S groups can occupy S stages at once.
+        self.group_sessions = [0] * len(addresses)
+
+    def join_group(self) -> int:
+        """The micro-batch group with the fewest open sessions (groups stay balanced as inspections come and go)."""
+        group = min(range(len(self.group_sessions)), key=self.group_sessions.__getitem__)
+        self.group_sessions[group] += 1
+        return group
+
+    def leave_group(self, group: int) -> None:
+        self.group_sessions[group] -= 1
 
     def remember_prefix(self, key: str) -> None:
         self.cached_prefixes[key] = None
@@ -119,12 +130,15 @@ class PipelineSession:
         self.position = 0
         self.restarts = 0
         self.prefix_reused = 0  # prompt positions taken from the stages' prefix caches
+        self.group = 0  # pipeline micro-batch group, held while the session is open
 
     async def __aenter__(self) -> PipelineSession:
+        self.group = self.p.join_group()
         self._open()
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
+        self.p.leave_group(self.group)
         if exc_type is not None:
             self._cancel()
             return
@@ -165,7 +179,12 @@ class PipelineSession:
     ) -> StepResult:
         """One step through every stage in turn (a decode step, or a prompt sent whole)."""
         step = stage_pb2.SessionStep(
-            session_id=self.session_id, position=self.position, input_ids=input_ids, sampling=sampling, prefix=prefix
+            session_id=self.session_id,
+            position=self.position,
+            input_ids=input_ids,
+            sampling=sampling,
+            prefix=prefix,
+            micro_batch=self.group,
         )
         if visual_tokens is not None:
             step.visual_tokens.CopyFrom(visual_tokens)
@@ -239,7 +258,12 @@ class PipelineSession:
         for k, (ids, frame) in enumerate(chunks):
             last = k == len(chunks) - 1
             step = stage_pb2.SessionStep(
-                session_id=self.session_id, position=position, input_ids=ids, prefill_chunk=not last, prefix=prefix
+                session_id=self.session_id,
+                position=position,
+                input_ids=ids,
+                prefill_chunk=not last,
+                prefix=prefix,
+                micro_batch=self.group,
             )
             if last:
                 step.sampling.CopyFrom(sampling)

@@ -55,6 +55,7 @@ class SessionWork:
     grammar_json: str = ""  # ... and, on the session's first step, the schema
     prefix_key: str = ""  # prefix cache: the shared prompt prefix's key ...
     prefix_length: int = 0  # ... and its positions
+    micro_batch: int = 0  # pipeline micro-batch group: one group per forward pass
 
 
 @dataclass
@@ -179,7 +180,7 @@ class StageBackend:
             await self._wait_for_recent_sessions()
             jobs = dict(self._jobs)
             chosen, results = await loop.run_in_executor(self._pool, self._plan_and_run, jobs)
-            self._recent.append({job.work.session_id for job, _ in chosen})
+            self._recent.append({(job.work.session_id, job.work.micro_batch) for job, _ in chosen})
             for (job, _), res in zip(chosen, results, strict=True):
                 if job.future.done() or res is None:
                     continue
@@ -197,8 +198,13 @@ class StageBackend:
         merged. The wait ends as soon as they are all queued: in steady state it costs nothing; a session that
         is busy elsewhere (another pipeline stage) costs at most the window."""
         window = self.cfg.batch_window_ms / 1e3
-        expected = set().union(*self._recent) & set(self.executor.sessions)  # released ones will not come back
-        if window <= 0 or len(expected) < 2:
+        live = [j for j in self._jobs.values() if not j.future.done()]
+        if window <= 0 or not live:
+            return
+        group = min(live, key=lambda j: j.seq).work.micro_batch  # the next pass runs the oldest step's group
+        recent = {sid for sid, g in set().union(*self._recent) if g == group}
+        expected = recent & set(self.executor.sessions)  # released ones will not come back
+        if len(expected) < 2:
             return
         deadline = asyncio.get_running_loop().time() + window
         while expected - {j.work.session_id for j in self._jobs.values() if not j.future.done()}:
@@ -213,7 +219,7 @@ class StageBackend:
 
     def _plan_and_run(self, jobs: dict[int, Job]) -> tuple[list[tuple[Job, int]], list]:
         """On the compute thread (the KV byte count must not race a step): plan the next pass, then run it."""
-        pending = [Pending(j.seq, j.work.session_id, max(j.remaining, 1)) for j in jobs.values()]
+        pending = [Pending(j.seq, j.work.session_id, max(j.remaining, 1), j.work.micro_batch) for j in jobs.values()]
         chosen = [(jobs[p.seq], p.tokens) for p in plan_step(pending, self.limits, self.executor.kv_bytes())]
         return chosen, self._run_planned(chosen)
 

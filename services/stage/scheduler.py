@@ -5,10 +5,14 @@ queue of pending steps (one per session and request, from any number of concurre
 is free it asks plan_step() for the next batch, runs it as one forward pass, and asks again. Steps that arrive
 while a step runs are gathered into the next one.
 
-Fairness: the oldest pending step always runs (nothing starves), then others join in arrival order while they
-fit the session limit, the rows-per-step limit and the KV byte budget. A long prompt is cut into chunks of at
-most the rows still free in the step, so decode steps of other sessions keep flowing between its chunks instead
-of waiting for the whole prefill; a prompt's chunks stay in order because a session appears at most once per step.
+Fairness: the oldest pending step always runs (nothing starves), then others of its micro-batch group join in
+arrival order while they fit the session limit, the rows-per-step limit and the KV byte budget. Groups are how a
+pipeline stays full (vLLM's micro-batches for pipeline parallelism): the gateway puts each session in one of S
+groups, and since a pass holds one group, group A runs on stage 1 while group B runs on stage 0 instead of every
+session moving through the stages together, one stage working while the others wait.
+A long prompt is cut into chunks of at most the rows still free in the step, so decode steps of other sessions
+keep flowing between its chunks instead of waiting for the whole prefill; a prompt's chunks stay in order because
+a session appears at most once per step.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class Pending:
     seq: int
     session_id: str
     remaining: int
+    group: int = 0  # pipeline micro-batch group
 
 
 @dataclass(frozen=True)
@@ -44,10 +49,11 @@ class Planned:
 
 
 def plan_step(pending: list[Pending], limits: BatchLimits, kv_in_use: int = 0) -> list[Planned]:
-    """The next batch: the oldest step always, then others in arrival order while they fit the limits."""
+    """The next batch: the oldest step always, then others of its group in arrival order while they fit."""
     if not pending:
         return []
     queue = sorted(pending, key=lambda p: p.seq)
+    queue = [p for p in queue if p.group == queue[0].group]
     planned: list[Planned] = []
     sessions: set[str] = set()
     rows = 0

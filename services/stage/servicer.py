@@ -223,6 +223,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             grammar_json,
             step.prefix.key,
             step.prefix.length,
+            step.micro_batch,
         )
 
     def _to_response(self, request, outcomes: list[SessionOutcome], timing) -> stage_pb2.StepResponse:
