@@ -154,6 +154,12 @@ class GatewaySettings(RoleSettings):
     prefix_cache: bool = Field(
         True, description="reuse the stages' cached system prompt + spec context instead of prefilling it per frame"
     )
+    micro_batches: int = Field(
+        0,
+        ge=0,
+        description="session groups a stage pass keeps apart so several stages work at once (0: one per stage; "
+        "1: all sessions batch together, better where all stages share one box's memory bus)",
+    )
     db_path: Path = Field(Path("var/reports.sqlite"), description="SQLite file every report is stored in")
     api_tokens: list[str] = Field(default_factory=list, description="bearer tokens accepted on the public API")
     max_new_tokens: int = Field(

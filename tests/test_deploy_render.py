@@ -137,6 +137,13 @@ def test_every_address_in_the_settings_reaches_the_role_it_names(rendered, examp
     assert served[gateway.retrieval] == "retrieval"
     assert [served[s] for s in gateway.stages] == ["stage-0", "stage-1"]
     assert gateway.codec.value == example.plant.codec.value
+    stage_boxes = {b.name for b in example.boxes if "stage" in b.roles}
+    assert gateway.micro_batches == len(stage_boxes)  # one micro-batch group per memory bus holding stages
+
+
+def test_stages_sharing_one_box_batch_as_one_group(rendered):
+    gateway = GatewaySettings.load(rendered / "all-in-one" / "config" / "gateway.yaml")
+    assert len(gateway.stages) >= 2 and gateway.micro_batches == 1
 
 
 def test_all_in_one_names_peers_by_service_and_publishes_only_the_gateway(rendered):

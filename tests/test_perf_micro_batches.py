@@ -21,6 +21,8 @@ def test_groups_stay_balanced_as_sessions_come_and_go():
     pipeline.leave_group(1)
     pipeline.leave_group(1)
     assert pipeline.join_group() == 1 and pipeline.join_group() == 1  # refills the emptied group first
+    lockstep = StagePipeline(["127.0.0.1:1", "127.0.0.1:2"], None, False, False, 4, micro_batches=1)
+    assert {lockstep.join_group() for _ in range(4)} == {0}  # micro_batches=1: every session batches together
 
 
 async def _decode(path) -> tuple[list[int], list[stage_pb2.StageStats]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
-from edgeinspect.config import RoleSettings
+from edgeinspect.config import GatewaySettings, RoleSettings
 from edgeinspect.services.deploy import compose, k8s
 from edgeinspect.services.deploy.inventory import Inventory, Role
 from edgeinspect.services.deploy.settings import ingest_settings, role_settings, settings_yaml
@@ -92,6 +92,11 @@ def _compose_files(inv: Inventory, insts: list[Instance], plan: str, cameras: di
     # its vision runs on the CPU (ONNX Runtime): the machine a pilot runs on rarely has the Hailo box's accelerator.
     insts = [replace(i, box=i.box.model_copy(update={"hailo": False})) for i in insts]
     settings = _settings(inv, insts, insts, Addressing.service, cameras)
+    # every stage on one machine: one memory bus, so sessions batch as one micro-batch group
+    settings = {
+        n: s.model_copy(update={"micro_batches": 1}) if isinstance(s, GatewaySettings) else s
+        for n, s in settings.items()
+    }
     doc = compose.compose_project(inv, f"edgeinspect-{inv.plant.name}", insts, publish=False, client_ports={})
     head = _header(inv, "All-in-one compose file (every role on one machine)") + "\n" + plan
     files[f"{ALL_IN_ONE}/compose.yaml"] = compose.compose_yaml(doc, head)

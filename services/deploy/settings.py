@@ -78,6 +78,9 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             "chained": plant.chained,
             "db_path": plant.reports_dir / "reports.sqlite",
             "max_new_tokens": plant.max_new_tokens,
+            # one micro-batch group per box that holds stages: stages on one box share its memory bus, and decode
+            # there gains more from one bigger batch than from groups taking turns (bench/README.md, perf_pipeline)
+            "micro_batches": len({s.box.name for s in stages}),
         }
         if Role.retrieval in by_role:
             data["retrieval"] = by_role[Role.retrieval].address(addressing)

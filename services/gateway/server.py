@@ -38,7 +38,7 @@ async def connect(cfg: GatewaySettings, store: ReportStore) -> Inspector:
             f"vision node {cfg.vision} runs checkpoint {info.identity.checkpoint_fingerprint}, "
             f"this gateway {ckpt.fingerprint}"
         )
-    stages = StagePipeline(cfg.stages, codec.Codec(cfg.codec.value), cfg.zstd, cfg.chained, mb)
+    stages = StagePipeline(cfg.stages, codec.Codec(cfg.codec.value), cfg.zstd, cfg.chained, mb, cfg.micro_batches)
     await stages.handshake(gateway_identity(ckpt.fingerprint, ckpt.tokenizer_fingerprint), ckpt.num_layers)
     retrieval = RetrievalClient(cfg.retrieval, mb) if cfg.retrieval else None
     return Inspector(cfg, ckpt, store, vision, stages, retrieval)

@@ -45,7 +45,15 @@ class StagePipeline:
     Chained (exo-style): the gateway talks to stage 0 only, which forwards along the chain.
     """
 
-    def __init__(self, addresses: list[str], wire_codec: codec.Codec, zstd: bool, chained: bool, max_message_mb: int):
+    def __init__(
+        self,
+        addresses: list[str],
+        wire_codec: codec.Codec,
+        zstd: bool,
+        chained: bool,
+        max_message_mb: int,
+        micro_batches: int = 0,
+    ):
         self.addresses = addresses
         self.codec = wire_codec
         self.zstd = zstd
@@ -55,8 +63,10 @@ class StagePipeline:
         self.stages: list[StageInfo] = []
         # Prompt prefixes every stage is believed to hold (a stage that evicted one says so, and it is forgotten).
         self.cached_prefixes: OrderedDict[str, None] = OrderedDict()
-        # Open sessions per micro-batch group: one group per stage, so S groups can occupy S stages at once.
-        self.group_sessions = [0] * len(addresses)
+        # Open sessions per micro-batch group: by default one group per stage, so S groups can occupy S stages at
+        # once. On separate boxes that is S x the work per step time; where stages share one memory bus, groups
+        # read the weights once per group instead of once per pass and a single group (lockstep) can be faster.
+        self.group_sessions = [0] * (micro_batches or len(addresses))
 
     def join_group(self) -> int:
         """The micro-batch group with the fewest open sessions (groups stay balanced as inspections come and go)."""
