@@ -89,3 +89,40 @@ async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | 
             await pipeline.close()
         for s in servers:
             await s.stop(0)
+
+
+async def decode_concurrently(
+    checkpoint: Path, n_stages: int, sessions: int, steps: int, per_stage: list[dict] | None = None
+) -> tuple[list[int], list, list[int]]:
+    """`sessions` short text prompts through `n_stages` real stage servers, then `steps` greedy steps each, all at
+    once. Returns each session's micro-batch group, each stage's StageStats over the decode phase (passes and
+    session-steps: their ratio is the mean batch), and the gateway's open sessions per group after closing."""
+    import asyncio
+
+    from edgeinspect.models.checkpoint import load_processor, open_checkpoint
+    from edgeinspect.v1 import stage_pb2
+
+    ckpt = open_checkpoint(checkpoint)
+    tokenizer = load_processor(ckpt).tokenizer
+    async with local_stages(checkpoint, n_stages, per_stage) as (pipeline, _):
+        opened = [pipeline.session(f"s{k}") for k in range(sessions)]
+        tokens = {}
+        for k, s in enumerate(opened):
+            await s.__aenter__()
+            ids = tokenizer(f"Part {k}: inspect the weld seam for porosity and cracks.")["input_ids"]
+            tokens[k] = (await s.prefill(ids, None, stage_pb2.SamplingParams(), 0, ckpt.config.image_token_id)).token_id
+        before = [await stub.Stats(stage_pb2.StatsRequest()) for stub in pipeline.stubs]
+
+        async def decode(k: int) -> None:
+            for _ in range(steps):
+                tokens[k] = (await opened[k].step([tokens[k]], None, stage_pb2.SamplingParams())).token_id
+
+        await asyncio.gather(*(decode(k) for k in range(sessions)))
+        after = [await stub.Stats(stage_pb2.StatsRequest()) for stub in pipeline.stubs]
+        for s in opened:
+            await s.__aexit__(None, None, None)
+        stats = [
+            stage_pb2.StageStats(passes=a.passes - b.passes, session_steps=a.session_steps - b.session_steps)
+            for a, b in zip(after, before, strict=True)
+        ]
+        return [s.group for s in opened], stats, list(pipeline.group_sessions)

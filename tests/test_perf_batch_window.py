@@ -8,46 +8,20 @@ import asyncio
 import torch
 
 from edgeinspect.config import StageSettings
-from edgeinspect.models.checkpoint import load_processor, open_checkpoint
+from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.stage import StepInput
 from edgeinspect.services.stage.backend import SessionWork, StageBackend
-from edgeinspect.testing import local_stages
-from edgeinspect.v1 import stage_pb2
+from edgeinspect.testing import decode_concurrently
 
 SESSIONS = 4
 DECODE_STEPS = 8
 
 
-async def _decode_concurrently(path, window_ms: float) -> stage_pb2.StageStats:
-    """Four sessions decode at once through one real stage server; returns its Stats over the decode phase."""
-    ckpt = open_checkpoint(path)
-    tokenizer = load_processor(ckpt).tokenizer
-    async with local_stages(path, 1, per_stage=[{"batch_window_ms": window_ms}]) as (pipeline, _):
-        stub = pipeline.stubs[0]
-        sessions = [pipeline.session(f"s{k}") for k in range(SESSIONS)]
-        tokens = {}
-        for k, s in enumerate(sessions):
-            await s.__aenter__()
-            ids = tokenizer(f"Part {k}: inspect the weld seam for porosity and cracks.")["input_ids"]
-            tokens[k] = (await s.prefill(ids, None, stage_pb2.SamplingParams(), 0, ckpt.config.image_token_id)).token_id
-        before = await stub.Stats(stage_pb2.StatsRequest())
-
-        async def decode(k: int) -> None:
-            for _ in range(DECODE_STEPS):
-                tokens[k] = (await sessions[k].step([tokens[k]], None, stage_pb2.SamplingParams())).token_id
-
-        await asyncio.gather(*(decode(k) for k in range(SESSIONS)))
-        after = await stub.Stats(stage_pb2.StatsRequest())
-        for s in sessions:
-            await s.__aexit__(None, None, None)
-    return stage_pb2.StageStats(
-        passes=after.passes - before.passes, session_steps=after.session_steps - before.session_steps
-    )
-
-
 def test_concurrent_decodes_stay_one_batch(tiny_checkpoint):
     """Without the window the batch splits (here 10 passes on the tiny model; 1.3B: halves that never merge)."""
-    stats = asyncio.run(_decode_concurrently(tiny_checkpoint, window_ms=500))
+    _, (stats,), _ = asyncio.run(
+        decode_concurrently(tiny_checkpoint, 1, SESSIONS, DECODE_STEPS, per_stage=[{"batch_window_ms": 500}])
+    )
     assert stats.session_steps == SESSIONS * DECODE_STEPS
     # One pass per step for all four; only the first step may catch them in two groups.
     assert stats.passes <= DECODE_STEPS + 1
