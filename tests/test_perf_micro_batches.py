@@ -33,7 +33,7 @@ def test_groups_stay_balanced_as_sessions_come_and_go():
 
 def test_each_stage_pass_runs_one_micro_batch_group(tiny_checkpoint):
     # a long window: without groups, all four sessions would be gathered into every pass
-    window = [{"batch_window_ms": 300}] * 2
+    window = [{"batch_window_ms": 1000}] * 2  # ends as soon as a group is back: only bounds a stalled session
     groups, stats, open_after = asyncio.run(decode_concurrently(tiny_checkpoint, 2, SESSIONS, DECODE_STEPS, window))
     assert sorted(groups) == [0, 0, 1, 1] and open_after == [0, 0]
     for s in stats:

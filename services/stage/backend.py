@@ -105,7 +105,8 @@ class StageBackend:
         self._seq = 0
         self._drainer: asyncio.Task | None = None
         self._arrived: asyncio.Event | None = None  # set whenever a step is queued (made by the drain task's loop)
-        self._recent: deque[set[str]] = deque(maxlen=2)  # sessions of the last two forward passes
+        # sessions of the last two forward passes of each micro-batch group
+        self._recent: dict[int, deque[set[str]]] = {}
         self.steps_run = 0  # forward passes
         self.sessions_stepped = 0  # session-steps inside them (their ratio is the mean batch size)
 
@@ -180,7 +181,9 @@ class StageBackend:
             await self._wait_for_recent_sessions()
             jobs = dict(self._jobs)
             chosen, results = await loop.run_in_executor(self._pool, self._plan_and_run, jobs)
-            self._recent.append({(job.work.session_id, job.work.micro_batch) for job, _ in chosen})
+            if chosen:  # a pass holds one group (plan_step)
+                recent = self._recent.setdefault(chosen[0][0].work.micro_batch, deque(maxlen=2))
+                recent.append({job.work.session_id for job, _ in chosen})
             for (job, _), res in zip(chosen, results, strict=True):
                 if job.future.done() or res is None:
                     continue
@@ -190,20 +193,22 @@ class StageBackend:
                     job.future.set_result(res)
 
     async def _wait_for_recent_sessions(self) -> None:
-        """Gives the sessions of the last two passes up to batch_window_ms to queue their next steps.
+        """Gives the sessions of the last two passes of the next pass's micro-batch group up to batch_window_ms
+        to queue their next steps.
 
         Their answers travel to the client and back, so the first to return would otherwise start a pass alone
         and the rest wait for it: batches split into groups that alternate and never merge again (measured: mean
         batch 2.0 of 4 concurrent sessions; 1.0 of 2). Two passes, so that alternating groups are seen and
-        merged. The wait ends as soon as they are all queued: in steady state it costs nothing; a session that
-        is busy elsewhere (another pipeline stage) costs at most the window."""
+        merged (per group: groups take turns by design, and a group split once must merge again). The wait ends
+        as soon as they are all queued: in steady state it costs nothing; a session that is busy elsewhere
+        (another pipeline stage) costs at most the window."""
         window = self.cfg.batch_window_ms / 1e3
         live = [j for j in self._jobs.values() if not j.future.done()]
         if window <= 0 or not live:
             return
         group = min(live, key=lambda j: j.seq).work.micro_batch  # the next pass runs the oldest step's group
-        recent = {sid for sid, g in set().union(*self._recent) if g == group}
-        expected = recent & set(self.executor.sessions)  # released ones will not come back
+        # released ones will not come back
+        expected = set().union(*self._recent.get(group, ())) & set(self.executor.sessions)
         if len(expected) < 2:
             return
         deadline = asyncio.get_running_loop().time() + window
