@@ -305,11 +305,13 @@ class StageExecutor:
         x = torch.cat(xs) if len(xs) > 1 else xs[0]  # [R, D], R = sum T_i
         positions = torch.cat([torch.arange(p, p + t) for p, t in spans])  # [R]
         rope = self.module.rotary_emb(x, position_ids=positions)  # cos, sin: [R, head_dim]
-        decode = None  # every session adds one row: one native call per layer stores and attends for all of them
-        if self.native and all(t == 1 for _, t in spans):
-            decode = kernels.DecodeAttention([s.kv for s in sessions], [p for p, _ in spans])
+        # Sessions adding one row (decode): one native call per layer stores and attends for all of them.
+        one_row = [i for i, (_, t) in enumerate(spans) if t == 1] if self.native else []
+        decode = None
+        if one_row:
+            decode = kernels.DecodeAttention([sessions[i].kv for i in one_row], [spans[i][0] for i in one_row])
         for j, layer in enumerate(self.module.layers):
-            x = self._layer(j, layer, x, rope, sessions, spans, decode)
+            x = self._layer(j, layer, x, rope, sessions, spans, (decode, one_row))
         outs = []
         for s, (past, t) in zip(sessions, spans, strict=True):
             s.kv.length = past + t
@@ -344,25 +346,28 @@ class StageExecutor:
         v = v.reshape(r, self.kv_heads, self.head_dim)
         cos, sin = rope
         q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
-        if decode is not None:
-            a = decode(j, q, k, v, attn.scaling)  # [R, H*hd]
-        else:
-            a = self._attend_each(j, attn, q, k, v, sessions, spans)
+        a = self._attention(j, attn, q, k, v, sessions, spans, decode)  # [R, H*hd]
         x = x + self._rows(attn.o_proj, a, spans)
         return x + self._rows(self._mlp(layer.mlp), layer.post_attention_layernorm(x), spans)
 
-    def _attend_each(self, j: int, attn, q, k, v, sessions: list[Session], spans) -> torch.Tensor:
-        """Attention session by session (prompt chunks, mixed steps): q [R, H, hd], k/v [R, H_kv, hd] -> [R, H*hd]."""
-        outs = []
-        for s, o, (past, t) in zip(sessions, _offsets(spans), spans, strict=True):
-            if self.native and t == 1:
-                outs.append(
-                    kernels.DecodeAttention([s.kv], [past])(j, q[o : o + 1], k[o : o + 1], v[o : o + 1], attn.scaling)
-                )
+    def _attention(self, j: int, attn, q, k, v, sessions: list[Session], spans, decode) -> torch.Tensor:
+        """q [R, H, hd], k/v [R, H_kv, hd] -> [R, H*hd]: the one-row sessions in `decode` (a DecodeAttention and
+        their indices) in one native call, the others (prompt chunks, fp32 stages) session by session with SDPA."""
+        native, one_row = decode
+        if native is not None and len(one_row) == len(spans):  # a pure decode step: its rows are the batch's rows
+            return native(j, q, k, v, attn.scaling)
+        offsets = _offsets(spans)
+        outs: list[torch.Tensor | None] = [None] * len(spans)
+        if native is not None:
+            rows = [offsets[i] for i in one_row]
+            for n, row in zip(one_row, native(j, q[rows], k[rows], v[rows], attn.scaling).split(1), strict=True):
+                outs[n] = row
+        for i, (s, o, (past, t)) in enumerate(zip(sessions, offsets, spans, strict=True)):
+            if outs[i] is not None:
                 continue
             s.kv.write(j, k[o : o + t].transpose(0, 1), v[o : o + t].transpose(0, 1), past)
             keys, values = s.kv.view(j, past + t)  # [H_kv, past + t, hd]
-            outs.append(self._attend(attn, q[o : o + t].transpose(0, 1), keys, values, past))  # [t, H*hd]
+            outs[i] = self._attend(attn, q[o : o + t].transpose(0, 1), keys, values, past)  # [t, H*hd]
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     @staticmethod

@@ -75,19 +75,16 @@ def test_packed_stages_decode_over_a_half_size_cache_as_sdpa_does(tiny_checkpoin
     tokens = {}
     for name, ex in (("native", native), ("plain", plain)):
         out = ex.step([("a", StepInput(0, input_ids=ids))])[0]
-        # a second session in the same passes: the kernel runs per session in a batched step
-        other = ex.step([("b", StepInput(0, input_ids=ids[:17]))])[0]
-        seq, logits = [int(out.logits.argmax())], []
+        seq, logits, b_lengths = [int(out.logits.argmax())], [], []
         for i in range(6):
-            outs = ex.step(
-                [
-                    ("a", StepInput(40 + i, input_ids=torch.tensor([seq[-1]]))),
-                    ("b", StepInput(17 + i, input_ids=torch.tensor([7]))),
-                ]
-            )
+            # a second session in the same passes; the first is a mixed step: a decodes (native) while b's
+            # 17-token prompt attends with SDPA over the fp16 cache; then both decode in one native call
+            b = StepInput(0, input_ids=ids[:17]) if i == 0 else StepInput(16 + i, input_ids=torch.tensor([7]))
+            outs = ex.step([("a", StepInput(40 + i, input_ids=torch.tensor([seq[-1]]))), ("b", b)])
             logits.append(outs[0].logits)
             seq.append(int(outs[0].logits.argmax()))
-        assert other.length == 17
+            b_lengths.append(outs[1].length)
+        assert b_lengths == [17, 18, 19, 20, 21, 22]
         tokens[name] = (seq, torch.stack(logits))
     assert tokens["native"][0] == tokens["plain"][0]
     # fp16 rounding of keys/values only; the tiny model (init std 0.3) is chaotic and int8 requantizes activations,
