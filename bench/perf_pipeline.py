@@ -298,24 +298,16 @@ def measure_throughput(ckpt, cores, args, wire, workdir) -> dict:
                     )
             rows[label] = row
         s = len(cores)
-        split = rows["split"]
+        mono, split = rows["monolith"]["runs"], rows["split"]
+        modes = {"micro_batches=S": split["runs"], "micro_batches=1": split["runs_one_group"]}
+        vs = {  # split / (S x monolith) per mode and C
+            m: {str(c): runs[str(c)]["tokens_per_s"] / (s * mono[str(c)]["tokens_per_s"]) for c in args.concurrency}
+            for m, runs in modes.items()
+        }
         # the gateway's micro_batches setting picks the mode: the better one counts, and it is named
-        best = {
-            str(c): max(("micro_batches=S", split["runs"]), ("micro_batches=1", split["runs_one_group"]),
-                        key=lambda m: m[1][str(c)]["tokens_per_s"])
-            for c in args.concurrency
-        }  # fmt: skip
-        rows["split_mode"] = {c: mode for c, (mode, _) in best.items()}
-        ratios = {
-            c: runs[c]["tokens_per_s"] / (s * rows["monolith"]["runs"][c]["tokens_per_s"])
-            for c, (_, runs) in best.items()
-        }
-        rows["split_micro_batches_vs_S_x_monolith"] = {
-            str(c): round(
-                split["runs"][str(c)]["tokens_per_s"] / (s * rows["monolith"]["runs"][str(c)]["tokens_per_s"]), 4
-            )
-            for c in args.concurrency
-        }
+        rows["split_mode"] = {str(c): max(vs, key=lambda m, c=str(c): vs[m][c]) for c in args.concurrency}
+        ratios = {c: vs[m][c] for c, m in rows["split_mode"].items()}
+        rows["split_micro_batches_vs_S_x_monolith"] = {c: round(r, 4) for c, r in vs["micro_batches=S"].items()}
         rows["split_vs_S_x_monolith"] = {c: round(r, 4) for c, r in ratios.items()}
         rows["split_vs_monolith"] = {c: round(r * s, 4) for c, r in ratios.items()}
         result["formats"][weights] = rows
