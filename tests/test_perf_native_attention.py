@@ -11,6 +11,7 @@ from torch.nn.functional import cosine_similarity, scaled_dot_product_attention
 from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.kv import KVBuffer
+from edgeinspect.models.quant import use_half16
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the native kernels")
@@ -69,6 +70,12 @@ def test_packed_stages_decode_over_a_half_size_cache_as_sdpa_does(tiny_checkpoin
     whole = LayerRange(0, ckpt.num_layers, ckpt.num_layers)
     native = StageExecutor(load_stage(ckpt, whole, weights))
     plain = StageExecutor(load_stage(ckpt, whole, weights), native=False)
+    if weights == "bf16" and not use_half16("bf16"):
+        # This CPU has bf16 instructions (AVX512-BF16 or AMX): bf16 stages run real bf16 GEMMs with a bf16 cache
+        # and SDPA; the fp16 cache and the native kernel belong to packed fp32-activation stages only.
+        assert not native.native and native.kv_dtype == plain.kv_dtype == torch.bfloat16
+        assert native.kv_bytes_per_position() == plain.kv_bytes_per_position()
+        return
     assert native.native and native.kv_dtype == torch.float16 and plain.kv_dtype == torch.float32
     assert 2 * native.kv_bytes_per_position() == plain.kv_bytes_per_position()
     ids = torch.randint(10, 500, (40,), generator=torch.Generator().manual_seed(3))
