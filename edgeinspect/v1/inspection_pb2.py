@@ -26,35 +26,67 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from edgeinspect.v1 import stage_pb2 as edgeinspect_dot_v1_dot_stage__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x64geinspect/v1/inspection.proto\x12\x0e\x65\x64geinspect.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1a\x65\x64geinspect/v1/stage.proto\"\xda\x01\n\x0eInspectRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x0f\n\x07station\x18\x02 \x01(\t\x12\x0c\n\x04part\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x30\n\x0c\x63\x61pture_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0emax_new_tokens\x18\x07 \x01(\x05\x12\x11\n\tcamera_id\x18\x08 \x01(\t\x12\x14\n\x0cverification\x18\t \x01(\x08\"T\n\x06\x44\x65\x66\x65\x63t\x12\x14\n\x0c\x64\x65\x66\x65\x63t_class\x18\x01 \x01(\t\x12\x10\n\x08severity\x18\x02 \x01(\t\x12\x10\n\x08location\x18\x03 \x01(\t\x12\x10\n\x08\x65vidence\x18\x04 \x01(\t\"n\n\tReference\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x15\n\rindex_version\x18\x04 \x01(\t\x12\x0c\n\x04path\x18\x05 \x01(\t\x12\x0c\n\x04page\x18\x06 \x01(\x05\"\x80\x01\n\tModelInfo\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12\x1e\n\x16\x63heckpoint_fingerprint\x18\x02 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x03(\t\x12\r\n\x05\x63odec\x18\x05 \x01(\t\"\xe1\x04\n\x0c\x44\x65\x66\x65\x63tReport\x12\x11\n\treport_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0f\n\x07station\x18\x04 \x01(\t\x12\x0c\n\x04part\x18\x05 \x01(\t\x12\x11\n\tcamera_id\x18\x06 \x01(\t\x12\x30\n\x0c\x63\x61pture_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63reated_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x07verdict\x18\t \x01(\x0e\x32\x17.edgeinspect.v1.Verdict\x12\'\n\x07\x64\x65\x66\x65\x63ts\x18\n \x03(\x0b\x32\x16.edgeinspect.v1.Defect\x12\x13\n\x0b\x64\x65scription\x18\x0b \x01(\t\x12-\n\nreferences\x18\x0c \x03(\x0b\x32\x19.edgeinspect.v1.Reference\x12(\n\x05model\x18\r \x01(\x0b\x32\x19.edgeinspect.v1.ModelInfo\x12,\n\x07timings\x18\x0e \x03(\x0b\x32\x1b.edgeinspect.v1.StageTiming\x12\x10\n\x08raw_text\x18\x0f \x01(\t\x12\x1b\n\x13generated_token_ids\x18\x10 \x03(\x03\x12\x16\n\x0everdict_reason\x18\x11 \x01(\t\x12\x14\n\x0cimage_sha256\x18\x12 \x01(\t\x12\x15\n\rprompt_tokens\x18\x13 \x01(\x05\x12\x18\n\x10prompt_token_ids\x18\x14 \x03(\x03\"-\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\"t\n\x0cInspectEvent\x12+\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x1a.edgeinspect.v1.TokenDeltaH\x00\x12.\n\x06report\x18\x02 \x01(\x0b\x32\x1c.edgeinspect.v1.DefectReportH\x00\x42\x07\n\x05\x65vent\"%\n\x10GetReportRequest\x12\x11\n\treport_id\x18\x01 \x01(\t\"\xda\x01\n\x12ListReportsRequest\x12\x0f\n\x07station\x18\x01 \x01(\t\x12\x0c\n\x04part\x18\x02 \x01(\t\x12(\n\x07verdict\x18\x03 \x01(\x0e\x32\x17.edgeinspect.v1.Verdict\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\"]\n\x13ListReportsResponse\x12-\n\x07reports\x18\x01 \x03(\x0b\x32\x1c.edgeinspect.v1.DefectReport\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*]\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0e\n\nVERDICT_OK\x10\x01\x12\x12\n\x0eVERDICT_DEFECT\x10\x02\x12\x15\n\x11VERDICT_UNCERTAIN\x10\x03\x32\xd2\x02\n\x11InspectionService\x12G\n\x07Inspect\x12\x1e.edgeinspect.v1.InspectRequest\x1a\x1c.edgeinspect.v1.DefectReport\x12O\n\rInspectStream\x12\x1e.edgeinspect.v1.InspectRequest\x1a\x1c.edgeinspect.v1.InspectEvent0\x01\x12K\n\tGetReport\x12 .edgeinspect.v1.GetReportRequest\x1a\x1c.edgeinspect.v1.DefectReport\x12V\n\x0bListReports\x12\".edgeinspect.v1.ListReportsRequest\x1a#.edgeinspect.v1.ListReportsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x64geinspect/v1/inspection.proto\x12\x0e\x65\x64geinspect.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1a\x65\x64geinspect/v1/stage.proto\"\xda\x01\n\x0eInspectRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x0f\n\x07station\x18\x02 \x01(\t\x12\x0c\n\x04part\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x30\n\x0c\x63\x61pture_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0emax_new_tokens\x18\x07 \x01(\x05\x12\x11\n\tcamera_id\x18\x08 \x01(\t\x12\x14\n\x0cverification\x18\t \x01(\x08\"~\n\x06\x44\x65\x66\x65\x63t\x12\x14\n\x0c\x64\x65\x66\x65\x63t_class\x18\x01 \x01(\t\x12\x10\n\x08severity\x18\x02 \x01(\t\x12\x10\n\x08location\x18\x03 \x01(\t\x12\x10\n\x08\x65vidence\x18\x04 \x01(\t\x12(\n\x03\x62ox\x18\x05 \x01(\x0b\x32\x1b.edgeinspect.v1.BoundingBox\"B\n\x0b\x42oundingBox\x12\t\n\x01x\x18\x01 \x01(\x02\x12\t\n\x01y\x18\x02 \x01(\x02\x12\r\n\x05width\x18\x03 \x01(\x02\x12\x0e\n\x06height\x18\x04 \x01(\x02\"n\n\tReference\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x0f\n\x07section\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x15\n\rindex_version\x18\x04 \x01(\t\x12\x0c\n\x04path\x18\x05 \x01(\t\x12\x0c\n\x04page\x18\x06 \x01(\x05\"\x80\x01\n\tModelInfo\x12\x12\n\ncheckpoint\x18\x01 \x01(\t\x12\x1e\n\x16\x63heckpoint_fingerprint\x18\x02 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x03(\t\x12\r\n\x05\x63odec\x18\x05 \x01(\t\"\xa6\x05\n\x0c\x44\x65\x66\x65\x63tReport\x12\x11\n\treport_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x0f\n\x07station\x18\x04 \x01(\t\x12\x0c\n\x04part\x18\x05 \x01(\t\x12\x11\n\tcamera_id\x18\x06 \x01(\t\x12\x30\n\x0c\x63\x61pture_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0c\x63reated_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12(\n\x07verdict\x18\t \x01(\x0e\x32\x17.edgeinspect.v1.Verdict\x12\'\n\x07\x64\x65\x66\x65\x63ts\x18\n \x03(\x0b\x32\x16.edgeinspect.v1.Defect\x12\x13\n\x0b\x64\x65scription\x18\x0b \x01(\t\x12-\n\nreferences\x18\x0c \x03(\x0b\x32\x19.edgeinspect.v1.Reference\x12(\n\x05model\x18\r \x01(\x0b\x32\x19.edgeinspect.v1.ModelInfo\x12,\n\x07timings\x18\x0e \x03(\x0b\x32\x1b.edgeinspect.v1.StageTiming\x12\x10\n\x08raw_text\x18\x0f \x01(\t\x12\x1b\n\x13generated_token_ids\x18\x10 \x03(\x03\x12\x16\n\x0everdict_reason\x18\x11 \x01(\t\x12\x14\n\x0cimage_sha256\x18\x12 \x01(\t\x12\x15\n\rprompt_tokens\x18\x13 \x01(\x05\x12\x18\n\x10prompt_token_ids\x18\x14 \x03(\x03\x12&\n\x06review\x18\x15 \x01(\x0b\x32\x16.edgeinspect.v1.Review\x12\x1b\n\x13previous_attempt_id\x18\x16 \x01(\t\"\xba\x02\n\x06Review\x12\x11\n\treview_id\x18\x01 \x01(\t\x12\x11\n\treport_id\x18\x02 \x01(\t\x12(\n\x07verdict\x18\x03 \x01(\x0e\x32\x17.edgeinspect.v1.Verdict\x12\x16\n\x0e\x64\x65\x66\x65\x63t_classes\x18\x04 \x03(\t\x12\x0f\n\x07\x63omment\x18\x05 \x01(\t\x12\x10\n\x08reviewer\x18\x06 \x01(\t\x12\x15\n\rreviewer_role\x18\x07 \x01(\t\x12\x30\n\x0c\x63reated_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\rmodel_verdict\x18\t \x01(\x0e\x32\x17.edgeinspect.v1.Verdict\x12\x1c\n\x14model_defect_classes\x18\n \x03(\t\x12\x0e\n\x06\x61grees\x18\x0b \x01(\x08\"{\n\x13ReviewReportRequest\x12\x11\n\treport_id\x18\x01 \x01(\t\x12(\n\x07verdict\x18\x02 \x01(\x0e\x32\x17.edgeinspect.v1.Verdict\x12\x16\n\x0e\x64\x65\x66\x65\x63t_classes\x18\x03 \x03(\t\x12\x0f\n\x07\x63omment\x18\x04 \x01(\t\"=\n\x15GetReportImageRequest\x12\x11\n\treport_id\x18\x01 \x01(\t\x12\x11\n\tthumbnail\x18\x02 \x01(\x08\"\xa2\x01\n\x0bReportImage\x12\x11\n\treport_id\x18\x01 \x01(\t\x12\x14\n\x0cimage_sha256\x18\x02 \x01(\t\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.edgeinspect.v1.ImageState\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x12\n\nmedia_type\x18\x05 \x01(\t\x12\r\n\x05width\x18\x06 \x01(\x05\x12\x0e\n\x06height\x18\x07 \x01(\x05\"\xb9\x01\n\x17\x41ggregateReportsRequest\x12\x0f\n\x07station\x18\x01 \x01(\t\x12\x0c\n\x04part\x18\x02 \x01(\t\x12\x11\n\tcamera_id\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x62ucket_seconds\x18\x06 \x01(\x03\"\xe5\x02\n\x0cReportCounts\x12\x0f\n\x07station\x18\x01 \x01(\t\x12\x30\n\x0c\x62ucket_start\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05total\x18\x03 \x01(\x03\x12?\n\nby_verdict\x18\x04 \x03(\x0b\x32+.edgeinspect.v1.ReportCounts.ByVerdictEntry\x12;\n\x08\x62y_class\x18\x05 \x03(\x0b\x32).edgeinspect.v1.ReportCounts.ByClassEntry\x12\x10\n\x08reviewed\x18\x06 \x01(\x03\x12\x11\n\tdisagreed\x18\x07 \x01(\x03\x1a\x30\n\x0e\x42yVerdictEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a.\n\x0c\x42yClassEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"H\n\x18\x41ggregateReportsResponse\x12,\n\x06\x63ounts\x18\x01 \x03(\x0b\x32\x1c.edgeinspect.v1.ReportCounts\"\x12\n\x10GetCallerRequest\"8\n\x06\x43\x61ller\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x12\n\nmay_review\x18\x03 \x01(\x08\"-\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\"t\n\x0cInspectEvent\x12+\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x1a.edgeinspect.v1.TokenDeltaH\x00\x12.\n\x06report\x18\x02 \x01(\x0b\x32\x1c.edgeinspect.v1.DefectReportH\x00\x42\x07\n\x05\x65vent\"%\n\x10GetReportRequest\x12\x11\n\treport_id\x18\x01 \x01(\t\"\xb1\x02\n\x12ListReportsRequest\x12\x0f\n\x07station\x18\x01 \x01(\t\x12\x0c\n\x04part\x18\x02 \x01(\t\x12(\n\x07verdict\x18\x03 \x01(\x0e\x32\x17.edgeinspect.v1.Verdict\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\t\x12\x11\n\tcamera_id\x18\x08 \x01(\t\x12\x14\n\x0c\x64\x65\x66\x65\x63t_class\x18\t \x01(\t\x12,\n\x06review\x18\n \x01(\x0e\x32\x1c.edgeinspect.v1.ReviewFilter\"]\n\x13ListReportsResponse\x12-\n\x07reports\x18\x01 \x03(\x0b\x32\x1c.edgeinspect.v1.DefectReport\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*]\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0e\n\nVERDICT_OK\x10\x01\x12\x12\n\x0eVERDICT_DEFECT\x10\x02\x12\x15\n\x11VERDICT_UNCERTAIN\x10\x03*v\n\nImageState\x12\x1b\n\x17IMAGE_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12IMAGE_STATE_STORED\x10\x01\x12\x17\n\x13IMAGE_STATE_EXPIRED\x10\x02\x12\x1a\n\x16IMAGE_STATE_NOT_STORED\x10\x03*|\n\x0cReviewFilter\x12\x15\n\x11REVIEW_FILTER_ANY\x10\x00\x12\x1a\n\x16REVIEW_FILTER_REVIEWED\x10\x01\x12\x1c\n\x18REVIEW_FILTER_UNREVIEWED\x10\x02\x12\x1b\n\x17REVIEW_FILTER_DISAGREED\x10\x03\x32\xa3\x05\n\x11InspectionService\x12G\n\x07Inspect\x12\x1e.edgeinspect.v1.InspectRequest\x1a\x1c.edgeinspect.v1.DefectReport\x12O\n\rInspectStream\x12\x1e.edgeinspect.v1.InspectRequest\x1a\x1c.edgeinspect.v1.InspectEvent0\x01\x12K\n\tGetReport\x12 .edgeinspect.v1.GetReportRequest\x1a\x1c.edgeinspect.v1.DefectReport\x12V\n\x0bListReports\x12\".edgeinspect.v1.ListReportsRequest\x1a#.edgeinspect.v1.ListReportsResponse\x12T\n\x0eGetReportImage\x12%.edgeinspect.v1.GetReportImageRequest\x1a\x1b.edgeinspect.v1.ReportImage\x12\x65\n\x10\x41ggregateReports\x12\'.edgeinspect.v1.AggregateReportsRequest\x1a(.edgeinspect.v1.AggregateReportsResponse\x12K\n\x0cReviewReport\x12#.edgeinspect.v1.ReviewReportRequest\x1a\x16.edgeinspect.v1.Review\x12\x45\n\tGetCaller\x12 .edgeinspect.v1.GetCallerRequest\x1a\x16.edgeinspect.v1.Callerb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'edgeinspect.v1.inspection_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERDICT']._serialized_start=1794
-  _globals['_VERDICT']._serialized_end=1887
+  _globals['_REPORTCOUNTS_BYVERDICTENTRY']._loaded_options = None
+  _globals['_REPORTCOUNTS_BYVERDICTENTRY']._serialized_options = b'8\001'
+  _globals['_REPORTCOUNTS_BYCLASSENTRY']._loaded_options = None
+  _globals['_REPORTCOUNTS_BYCLASSENTRY']._serialized_options = b'8\001'
+  _globals['_VERDICT']._serialized_start=3430
+  _globals['_VERDICT']._serialized_end=3523
+  _globals['_IMAGESTATE']._serialized_start=3525
+  _globals['_IMAGESTATE']._serialized_end=3643
+  _globals['_REVIEWFILTER']._serialized_start=3645
+  _globals['_REVIEWFILTER']._serialized_end=3769
   _globals['_INSPECTREQUEST']._serialized_start=113
   _globals['_INSPECTREQUEST']._serialized_end=331
   _globals['_DEFECT']._serialized_start=333
-  _globals['_DEFECT']._serialized_end=417
-  _globals['_REFERENCE']._serialized_start=419
-  _globals['_REFERENCE']._serialized_end=529
-  _globals['_MODELINFO']._serialized_start=532
-  _globals['_MODELINFO']._serialized_end=660
-  _globals['_DEFECTREPORT']._serialized_start=663
-  _globals['_DEFECTREPORT']._serialized_end=1272
-  _globals['_TOKENDELTA']._serialized_start=1274
-  _globals['_TOKENDELTA']._serialized_end=1319
-  _globals['_INSPECTEVENT']._serialized_start=1321
-  _globals['_INSPECTEVENT']._serialized_end=1437
-  _globals['_GETREPORTREQUEST']._serialized_start=1439
-  _globals['_GETREPORTREQUEST']._serialized_end=1476
-  _globals['_LISTREPORTSREQUEST']._serialized_start=1479
-  _globals['_LISTREPORTSREQUEST']._serialized_end=1697
-  _globals['_LISTREPORTSRESPONSE']._serialized_start=1699
-  _globals['_LISTREPORTSRESPONSE']._serialized_end=1792
-  _globals['_INSPECTIONSERVICE']._serialized_start=1890
-  _globals['_INSPECTIONSERVICE']._serialized_end=2228
+  _globals['_DEFECT']._serialized_end=459
+  _globals['_BOUNDINGBOX']._serialized_start=461
+  _globals['_BOUNDINGBOX']._serialized_end=527
+  _globals['_REFERENCE']._serialized_start=529
+  _globals['_REFERENCE']._serialized_end=639
+  _globals['_MODELINFO']._serialized_start=642
+  _globals['_MODELINFO']._serialized_end=770
+  _globals['_DEFECTREPORT']._serialized_start=773
+  _globals['_DEFECTREPORT']._serialized_end=1451
+  _globals['_REVIEW']._serialized_start=1454
+  _globals['_REVIEW']._serialized_end=1768
+  _globals['_REVIEWREPORTREQUEST']._serialized_start=1770
+  _globals['_REVIEWREPORTREQUEST']._serialized_end=1893
+  _globals['_GETREPORTIMAGEREQUEST']._serialized_start=1895
+  _globals['_GETREPORTIMAGEREQUEST']._serialized_end=1956
+  _globals['_REPORTIMAGE']._serialized_start=1959
+  _globals['_REPORTIMAGE']._serialized_end=2121
+  _globals['_AGGREGATEREPORTSREQUEST']._serialized_start=2124
+  _globals['_AGGREGATEREPORTSREQUEST']._serialized_end=2309
+  _globals['_REPORTCOUNTS']._serialized_start=2312
+  _globals['_REPORTCOUNTS']._serialized_end=2669
+  _globals['_REPORTCOUNTS_BYVERDICTENTRY']._serialized_start=2573
+  _globals['_REPORTCOUNTS_BYVERDICTENTRY']._serialized_end=2621
+  _globals['_REPORTCOUNTS_BYCLASSENTRY']._serialized_start=2623
+  _globals['_REPORTCOUNTS_BYCLASSENTRY']._serialized_end=2669
+  _globals['_AGGREGATEREPORTSRESPONSE']._serialized_start=2671
+  _globals['_AGGREGATEREPORTSRESPONSE']._serialized_end=2743
+  _globals['_GETCALLERREQUEST']._serialized_start=2745
+  _globals['_GETCALLERREQUEST']._serialized_end=2763
+  _globals['_CALLER']._serialized_start=2765
+  _globals['_CALLER']._serialized_end=2821
+  _globals['_TOKENDELTA']._serialized_start=2823
+  _globals['_TOKENDELTA']._serialized_end=2868
+  _globals['_INSPECTEVENT']._serialized_start=2870
+  _globals['_INSPECTEVENT']._serialized_end=2986
+  _globals['_GETREPORTREQUEST']._serialized_start=2988
+  _globals['_GETREPORTREQUEST']._serialized_end=3025
+  _globals['_LISTREPORTSREQUEST']._serialized_start=3028
+  _globals['_LISTREPORTSREQUEST']._serialized_end=3333
+  _globals['_LISTREPORTSRESPONSE']._serialized_start=3335
+  _globals['_LISTREPORTSRESPONSE']._serialized_end=3428
+  _globals['_INSPECTIONSERVICE']._serialized_start=3772
+  _globals['_INSPECTIONSERVICE']._serialized_end=4447
 # @@protoc_insertion_point(module_scope)

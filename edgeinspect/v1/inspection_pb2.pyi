@@ -17,10 +17,32 @@ class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERDICT_OK: _ClassVar[Verdict]
     VERDICT_DEFECT: _ClassVar[Verdict]
     VERDICT_UNCERTAIN: _ClassVar[Verdict]
+
+class ImageState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    IMAGE_STATE_UNSPECIFIED: _ClassVar[ImageState]
+    IMAGE_STATE_STORED: _ClassVar[ImageState]
+    IMAGE_STATE_EXPIRED: _ClassVar[ImageState]
+    IMAGE_STATE_NOT_STORED: _ClassVar[ImageState]
+
+class ReviewFilter(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REVIEW_FILTER_ANY: _ClassVar[ReviewFilter]
+    REVIEW_FILTER_REVIEWED: _ClassVar[ReviewFilter]
+    REVIEW_FILTER_UNREVIEWED: _ClassVar[ReviewFilter]
+    REVIEW_FILTER_DISAGREED: _ClassVar[ReviewFilter]
 VERDICT_UNSPECIFIED: Verdict
 VERDICT_OK: Verdict
 VERDICT_DEFECT: Verdict
 VERDICT_UNCERTAIN: Verdict
+IMAGE_STATE_UNSPECIFIED: ImageState
+IMAGE_STATE_STORED: ImageState
+IMAGE_STATE_EXPIRED: ImageState
+IMAGE_STATE_NOT_STORED: ImageState
+REVIEW_FILTER_ANY: ReviewFilter
+REVIEW_FILTER_REVIEWED: ReviewFilter
+REVIEW_FILTER_UNREVIEWED: ReviewFilter
+REVIEW_FILTER_DISAGREED: ReviewFilter
 
 class InspectRequest(_message.Message):
     __slots__ = ("image", "station", "part", "prompt", "idempotency_key", "capture_time", "max_new_tokens", "camera_id", "verification")
@@ -45,16 +67,30 @@ class InspectRequest(_message.Message):
     def __init__(self, image: _Optional[bytes] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., prompt: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., camera_id: _Optional[str] = ..., verification: _Optional[bool] = ...) -> None: ...
 
 class Defect(_message.Message):
-    __slots__ = ("defect_class", "severity", "location", "evidence")
+    __slots__ = ("defect_class", "severity", "location", "evidence", "box")
     DEFECT_CLASS_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    BOX_FIELD_NUMBER: _ClassVar[int]
     defect_class: str
     severity: str
     location: str
     evidence: str
-    def __init__(self, defect_class: _Optional[str] = ..., severity: _Optional[str] = ..., location: _Optional[str] = ..., evidence: _Optional[str] = ...) -> None: ...
+    box: BoundingBox
+    def __init__(self, defect_class: _Optional[str] = ..., severity: _Optional[str] = ..., location: _Optional[str] = ..., evidence: _Optional[str] = ..., box: _Optional[_Union[BoundingBox, _Mapping]] = ...) -> None: ...
+
+class BoundingBox(_message.Message):
+    __slots__ = ("x", "y", "width", "height")
+    X_FIELD_NUMBER: _ClassVar[int]
+    Y_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    x: float
+    y: float
+    width: float
+    height: float
+    def __init__(self, x: _Optional[float] = ..., y: _Optional[float] = ..., width: _Optional[float] = ..., height: _Optional[float] = ...) -> None: ...
 
 class Reference(_message.Message):
     __slots__ = ("doc_id", "section", "score", "index_version", "path", "page")
@@ -87,7 +123,7 @@ class ModelInfo(_message.Message):
     def __init__(self, checkpoint: _Optional[str] = ..., checkpoint_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., partition: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class DefectReport(_message.Message):
-    __slots__ = ("report_id", "request_id", "idempotency_key", "station", "part", "camera_id", "capture_time", "created_time", "verdict", "defects", "description", "references", "model", "timings", "raw_text", "generated_token_ids", "verdict_reason", "image_sha256", "prompt_tokens", "prompt_token_ids")
+    __slots__ = ("report_id", "request_id", "idempotency_key", "station", "part", "camera_id", "capture_time", "created_time", "verdict", "defects", "description", "references", "model", "timings", "raw_text", "generated_token_ids", "verdict_reason", "image_sha256", "prompt_tokens", "prompt_token_ids", "review", "previous_attempt_id")
     REPORT_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +144,8 @@ class DefectReport(_message.Message):
     IMAGE_SHA256_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    REVIEW_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     report_id: str
     request_id: str
     idempotency_key: str
@@ -128,7 +166,141 @@ class DefectReport(_message.Message):
     image_sha256: str
     prompt_tokens: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, report_id: _Optional[str] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defects: _Optional[_Iterable[_Union[Defect, _Mapping]]] = ..., description: _Optional[str] = ..., references: _Optional[_Iterable[_Union[Reference, _Mapping]]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[_stage_pb2.StageTiming, _Mapping]]] = ..., raw_text: _Optional[str] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., verdict_reason: _Optional[str] = ..., image_sha256: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    review: Review
+    previous_attempt_id: str
+    def __init__(self, report_id: _Optional[str] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defects: _Optional[_Iterable[_Union[Defect, _Mapping]]] = ..., description: _Optional[str] = ..., references: _Optional[_Iterable[_Union[Reference, _Mapping]]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[_stage_pb2.StageTiming, _Mapping]]] = ..., raw_text: _Optional[str] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., verdict_reason: _Optional[str] = ..., image_sha256: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., review: _Optional[_Union[Review, _Mapping]] = ..., previous_attempt_id: _Optional[str] = ...) -> None: ...
+
+class Review(_message.Message):
+    __slots__ = ("review_id", "report_id", "verdict", "defect_classes", "comment", "reviewer", "reviewer_role", "created_time", "model_verdict", "model_defect_classes", "agrees")
+    REVIEW_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    DEFECT_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    REVIEWER_FIELD_NUMBER: _ClassVar[int]
+    REVIEWER_ROLE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_TIME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DEFECT_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    AGREES_FIELD_NUMBER: _ClassVar[int]
+    review_id: str
+    report_id: str
+    verdict: Verdict
+    defect_classes: _containers.RepeatedScalarFieldContainer[str]
+    comment: str
+    reviewer: str
+    reviewer_role: str
+    created_time: _timestamp_pb2.Timestamp
+    model_verdict: Verdict
+    model_defect_classes: _containers.RepeatedScalarFieldContainer[str]
+    agrees: bool
+    def __init__(self, review_id: _Optional[str] = ..., report_id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defect_classes: _Optional[_Iterable[str]] = ..., comment: _Optional[str] = ..., reviewer: _Optional[str] = ..., reviewer_role: _Optional[str] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., model_verdict: _Optional[_Union[Verdict, str]] = ..., model_defect_classes: _Optional[_Iterable[str]] = ..., agrees: _Optional[bool] = ...) -> None: ...
+
+class ReviewReportRequest(_message.Message):
+    __slots__ = ("report_id", "verdict", "defect_classes", "comment")
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    DEFECT_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    COMMENT_FIELD_NUMBER: _ClassVar[int]
+    report_id: str
+    verdict: Verdict
+    defect_classes: _containers.RepeatedScalarFieldContainer[str]
+    comment: str
+    def __init__(self, report_id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defect_classes: _Optional[_Iterable[str]] = ..., comment: _Optional[str] = ...) -> None: ...
+
+class GetReportImageRequest(_message.Message):
+    __slots__ = ("report_id", "thumbnail")
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    THUMBNAIL_FIELD_NUMBER: _ClassVar[int]
+    report_id: str
+    thumbnail: bool
+    def __init__(self, report_id: _Optional[str] = ..., thumbnail: _Optional[bool] = ...) -> None: ...
+
+class ReportImage(_message.Message):
+    __slots__ = ("report_id", "image_sha256", "state", "data", "media_type", "width", "height")
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MEDIA_TYPE_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    report_id: str
+    image_sha256: str
+    state: ImageState
+    data: bytes
+    media_type: str
+    width: int
+    height: int
+    def __init__(self, report_id: _Optional[str] = ..., image_sha256: _Optional[str] = ..., state: _Optional[_Union[ImageState, str]] = ..., data: _Optional[bytes] = ..., media_type: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
+
+class AggregateReportsRequest(_message.Message):
+    __slots__ = ("station", "part", "camera_id", "since", "until", "bucket_seconds")
+    STATION_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    CAMERA_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    station: str
+    part: str
+    camera_id: str
+    since: _timestamp_pb2.Timestamp
+    until: _timestamp_pb2.Timestamp
+    bucket_seconds: int
+    def __init__(self, station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., bucket_seconds: _Optional[int] = ...) -> None: ...
+
+class ReportCounts(_message.Message):
+    __slots__ = ("station", "bucket_start", "total", "by_verdict", "by_class", "reviewed", "disagreed")
+    class ByVerdictEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ByClassEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    STATION_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_START_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BY_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    BY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    REVIEWED_FIELD_NUMBER: _ClassVar[int]
+    DISAGREED_FIELD_NUMBER: _ClassVar[int]
+    station: str
+    bucket_start: _timestamp_pb2.Timestamp
+    total: int
+    by_verdict: _containers.ScalarMap[str, int]
+    by_class: _containers.ScalarMap[str, int]
+    reviewed: int
+    disagreed: int
+    def __init__(self, station: _Optional[str] = ..., bucket_start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., total: _Optional[int] = ..., by_verdict: _Optional[_Mapping[str, int]] = ..., by_class: _Optional[_Mapping[str, int]] = ..., reviewed: _Optional[int] = ..., disagreed: _Optional[int] = ...) -> None: ...
+
+class AggregateReportsResponse(_message.Message):
+    __slots__ = ("counts",)
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    counts: _containers.RepeatedCompositeFieldContainer[ReportCounts]
+    def __init__(self, counts: _Optional[_Iterable[_Union[ReportCounts, _Mapping]]] = ...) -> None: ...
+
+class GetCallerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Caller(_message.Message):
+    __slots__ = ("name", "role", "may_review")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    MAY_REVIEW_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    may_review: bool
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., may_review: _Optional[bool] = ...) -> None: ...
 
 class TokenDelta(_message.Message):
     __slots__ = ("text", "token_ids")
@@ -153,7 +325,7 @@ class GetReportRequest(_message.Message):
     def __init__(self, report_id: _Optional[str] = ...) -> None: ...
 
 class ListReportsRequest(_message.Message):
-    __slots__ = ("station", "part", "verdict", "since", "until", "page_size", "page_token")
+    __slots__ = ("station", "part", "verdict", "since", "until", "page_size", "page_token", "camera_id", "defect_class", "review")
     STATION_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +333,9 @@ class ListReportsRequest(_message.Message):
     UNTIL_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CAMERA_ID_FIELD_NUMBER: _ClassVar[int]
+    DEFECT_CLASS_FIELD_NUMBER: _ClassVar[int]
+    REVIEW_FIELD_NUMBER: _ClassVar[int]
     station: str
     part: str
     verdict: Verdict
@@ -168,7 +343,10 @@ class ListReportsRequest(_message.Message):
     until: _timestamp_pb2.Timestamp
     page_size: int
     page_token: str
-    def __init__(self, station: _Optional[str] = ..., part: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    camera_id: str
+    defect_class: str
+    review: ReviewFilter
+    def __init__(self, station: _Optional[str] = ..., part: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., camera_id: _Optional[str] = ..., defect_class: _Optional[str] = ..., review: _Optional[_Union[ReviewFilter, str]] = ...) -> None: ...
 
 class ListReportsResponse(_message.Message):
     __slots__ = ("reports", "next_page_token")

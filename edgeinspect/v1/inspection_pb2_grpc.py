@@ -55,6 +55,26 @@ class InspectionServiceStub:
                 request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.ListReportsRequest.SerializeToString,
                 response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.ListReportsResponse.FromString,
                 _registered_method=True)
+        self.GetReportImage = channel.unary_unary(
+                '/edgeinspect.v1.InspectionService/GetReportImage',
+                request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.GetReportImageRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.ReportImage.FromString,
+                _registered_method=True)
+        self.AggregateReports = channel.unary_unary(
+                '/edgeinspect.v1.InspectionService/AggregateReports',
+                request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.AggregateReportsRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.AggregateReportsResponse.FromString,
+                _registered_method=True)
+        self.ReviewReport = channel.unary_unary(
+                '/edgeinspect.v1.InspectionService/ReviewReport',
+                request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.ReviewReportRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.Review.FromString,
+                _registered_method=True)
+        self.GetCaller = channel.unary_unary(
+                '/edgeinspect.v1.InspectionService/GetCaller',
+                request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.GetCallerRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.Caller.FromString,
+                _registered_method=True)
 
 
 class InspectionServiceServicer:
@@ -89,6 +109,36 @@ class InspectionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReportImage(self, request, context):
+        """The frame a report was made from (or its thumbnail), as kept by the gateway's frame store; a report whose frame
+        was pruned by retention answers with state EXPIRED and no data. NOT_FOUND when there is no such report.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AggregateReports(self, request, context):
+        """Report counts per station and time bucket, by verdict and by defect class (same filters as ListReports).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReviewReport(self, request, context):
+        """Records a person's review of a report (confirm or override verdict and classes) as its own record; the model's
+        report is never rewritten. Needs a token whose role may review (PERMISSION_DENIED otherwise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCaller(self, request, context):
+        """Who the presented token is and what it may do (the console hides review buttons from read-only tokens).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InspectionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +161,26 @@ def add_InspectionServiceServicer_to_server(servicer, server):
                     servicer.ListReports,
                     request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.ListReportsRequest.FromString,
                     response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.ListReportsResponse.SerializeToString,
+            ),
+            'GetReportImage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReportImage,
+                    request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.GetReportImageRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.ReportImage.SerializeToString,
+            ),
+            'AggregateReports': grpc.unary_unary_rpc_method_handler(
+                    servicer.AggregateReports,
+                    request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.AggregateReportsRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.AggregateReportsResponse.SerializeToString,
+            ),
+            'ReviewReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReviewReport,
+                    request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.ReviewReportRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.Review.SerializeToString,
+            ),
+            'GetCaller': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCaller,
+                    request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.GetCallerRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.Caller.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +292,114 @@ class InspectionService:
             '/edgeinspect.v1.InspectionService/ListReports',
             edgeinspect_dot_v1_dot_inspection__pb2.ListReportsRequest.SerializeToString,
             edgeinspect_dot_v1_dot_inspection__pb2.ListReportsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReportImage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.InspectionService/GetReportImage',
+            edgeinspect_dot_v1_dot_inspection__pb2.GetReportImageRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_inspection__pb2.ReportImage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AggregateReports(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.InspectionService/AggregateReports',
+            edgeinspect_dot_v1_dot_inspection__pb2.AggregateReportsRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_inspection__pb2.AggregateReportsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReviewReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.InspectionService/ReviewReport',
+            edgeinspect_dot_v1_dot_inspection__pb2.ReviewReportRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_inspection__pb2.Review.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCaller(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.InspectionService/GetCaller',
+            edgeinspect_dot_v1_dot_inspection__pb2.GetCallerRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_inspection__pb2.Caller.FromString,
             options,
             channel_credentials,
             insecure,
