@@ -138,6 +138,16 @@ class RetrievalSettings(RoleSettings):
     reload_interval_s: float = Field(5.0, description="how often to look for a new index version on disk")
 
 
+class FrameSettings(BaseModel):
+    """The gateway's frame store: every inspected image kept beside its report, pruned oldest first."""
+
+    keep: bool = Field(True, description="store each inspected frame (False: reports only)")
+    dir: Path | None = Field(None, description="folder for frames and thumbnails (None: 'frames' beside db_path)")
+    max_bytes: int = Field(2 << 30, ge=0, description="frames + thumbnails beyond this are pruned, oldest first")
+    max_age_s: float = Field(30 * 86400.0, ge=0, description="frames older than this are pruned (0: no age limit)")
+    thumbnail_px: int = Field(256, ge=16, le=2048, description="longest side of the list thumbnails")
+
+
 class GatewaySettings(RoleSettings):
     checkpoint: Path = Field(..., description="checkpoint folder (tokenizer, processor, fingerprints)")
     vision: str = Field(..., description="host:port of the vision node")
@@ -161,6 +171,7 @@ class GatewaySettings(RoleSettings):
         "1: all sessions batch together, better where all stages share one box's memory bus)",
     )
     db_path: Path = Field(Path("var/reports.sqlite"), description="SQLite file every report is stored in")
+    frames: FrameSettings = Field(default_factory=FrameSettings, description="frame store and its retention")
     api_tokens: list[str] = Field(default_factory=list, description="bearer tokens accepted on the public API")
     max_new_tokens: int = Field(
         256, description="generation budget per report (the report schema's lengths are sized to fit it)"
