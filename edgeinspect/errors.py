@@ -39,7 +39,14 @@ class Unauthenticated(EdgeInspectError):
 
 
 class ResourceExhausted(EdgeInspectError):
+    """Something is full (KV budget, inspection slots); `retry_after_ms` goes to the caller as the gRPC retry
+    pushback (trailing metadata `grpc-retry-pushback-ms`), so clients back off instead of retrying hot."""
+
     status = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, retry_after_ms: int = 1000) -> None:
+        super().__init__(message)
+        self.retry_after_ms = max(0, int(retry_after_ms))
 
 
 class Unavailable(EdgeInspectError):

@@ -18,6 +18,20 @@ PEER_ATTR = "edgeinspect_peer"
 
 _ADDRESS_IN_DEBUG = re.compile(r"(ipv[46]:[^\s,\"]+)")
 
+# Status details sent to callers are cut to this many characters: a 1 MB id echoed into a message must not exceed
+# a client's trailer limit (which turns the answer into an unreadable transport error).
+MAX_DETAILS_CHARS = 300
+# The gRPC retry convention: how long a client should wait before retrying (ms, decimal string).
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+
+def bounded(details: str, limit: int = MAX_DETAILS_CHARS) -> str:
+    """`details` cut to `limit` characters, saying how much was cut."""
+    if len(details) <= limit:
+        return details
+    tail = f" ... (cut; {len(details)} characters in all)"
+    return details[: limit - len(tail)] + tail
+
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
     """The status code a failed RPC reports for `exc`."""
@@ -54,7 +68,12 @@ def details_for(exc: BaseException) -> str:
 async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
     """Ends the RPC with the status for `exc`; logs unexpected exceptions with their traceback."""
     code = status_for(exc)
-    details = details_for(exc)
+    details = bounded(details_for(exc))
+    pushback = getattr(exc, "retry_after_ms", None)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and pushback is not None:
+        # abort's trailing_metadata replaces what the call set before (the request id): keep both
+        trailing = (*(context.trailing_metadata() or ()), (RETRY_PUSHBACK_KEY, str(pushback)))
+        context.set_trailing_metadata(trailing)
     if code is grpc.StatusCode.INTERNAL and not isinstance(exc, EdgeInspectError | grpc.aio.AioRpcError):
         logger.error("unhandled %s in handler", type(exc).__name__, exc_info=exc)
     else:

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from edgeinspect.errors import InvalidInput
 from edgeinspect.services.common.context import (
     REQUEST_ID_KEY,
     deadline_var,
@@ -39,12 +40,59 @@ def _kind(handler: grpc.RpcMethodHandler) -> str:
     return next(kind for kind in _KINDS if getattr(handler, kind) is not None)
 
 
-def _rebuild(handler: grpc.RpcMethodHandler, behavior: Callable[..., Any]) -> grpc.RpcMethodHandler:
+def _rebuild(
+    handler: grpc.RpcMethodHandler, behavior: Callable[..., Any], deserializer: Callable[[bytes], Any] | None = None
+) -> grpc.RpcMethodHandler:
     return _FACTORIES[_kind(handler)](
         behavior,
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=deserializer or handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
+
+
+class _Malformed:
+    """What the tolerant deserializer hands on for bytes that do not parse; the wrapped handler refuses it."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """A deserializer that never raises. grpc answers a raising one with UNKNOWN and the exception's text; the
+    caller sent bad bytes, so the handler wrapper answers INVALID_ARGUMENT naming the expected message instead."""
+    if deserializer is None:
+        return None
+    name = getattr(getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None), "full_name", "request")
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception:  # noqa: BLE001 (DecodeError, RecursionError of deep nesting, ...: all the caller's bytes)
+            return _Malformed(f"the request is not a valid {name} message")
+
+    return parse
+
+
+def _checked(request: Any) -> Any:
+    if isinstance(request, _Malformed):
+        raise InvalidInput(request.message)
+    return request
+
+
+class _CheckedRequests:
+    """A request stream that raises InvalidInput at a malformed message (a class, not an async generator: an
+    unfinished generator is closed late by the garbage collector, from whichever task happens to run then)."""
+
+    def __init__(self, requests: Any) -> None:
+        self._requests = requests.__aiter__()
+
+    def __aiter__(self) -> _CheckedRequests:
+        return self
+
+    async def __anext__(self) -> Any:
+        return _checked(await self._requests.__anext__())
 
 
 class _CallScope:
@@ -96,17 +144,19 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        behavior = getattr(handler, _kind(handler))
-        return _rebuild(handler, self._wrap(behavior, handler_call_details.method))
+        kind = _kind(handler)
+        behavior = self._wrap(getattr(handler, kind), handler_call_details.method, kind.startswith("stream"))
+        return _rebuild(handler, behavior, _tolerant(handler.request_deserializer))
 
-    def _wrap(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    def _wrap(self, behavior: Callable[..., Any], method: str, streamed: bool) -> Callable[..., Any]:
         role = self._role
+        check = _CheckedRequests if streamed else _checked
         if inspect.isasyncgenfunction(behavior):
 
             async def wrapped_stream(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
                 with _CallScope(role, method, context) as scope:
                     try:
-                        async for response in behavior(request_or_iterator, context):
+                        async for response in behavior(check(request_or_iterator), context):
                             yield response
                     except Exception as exc:
                         await scope.fail(exc)
@@ -116,7 +166,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         async def wrapped(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
             with _CallScope(role, method, context) as scope:
                 try:
-                    result = behavior(request_or_iterator, context)
+                    result = behavior(check(request_or_iterator), context)
                     return await result if inspect.isawaitable(result) else result
                 except Exception as exc:
                     await scope.fail(exc)

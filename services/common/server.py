@@ -39,6 +39,9 @@ def server_options(max_message_mb: int) -> list[tuple[str, int]]:
         # Clients ping every 30 s, also while idle (make_channel); accept that instead of sending GOAWAY.
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        # grpc sets SO_REUSEPORT by default: a second server on a taken port would start and the kernel would
+        # split clients between the two. Off, the second start fails naming the port.
+        ("grpc.so_reuseport", 0),
     ]
 
 
@@ -127,9 +130,9 @@ async def start_server(
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as exc:
-        raise Unavailable(f"cannot bind {address}: {exc}") from exc
+        raise Unavailable(f"cannot bind {address}: port {cfg.port} is in use or {cfg.host} is not local") from exc
     if port == 0:
-        raise Unavailable(f"cannot bind {address} (in use or not a local address?)")
+        raise Unavailable(f"cannot bind {address}: port {cfg.port} is in use or {cfg.host} is not local")
     await server.start()
     metrics = serve_metrics(cfg.metrics_port, cfg.host)
     if cfg.port_file is not None:
