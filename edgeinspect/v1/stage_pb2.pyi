@@ -43,7 +43,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., grammar_id: _Optional[str] = ..., grammar_json: _Optional[str] = ...) -> None: ...
 
 class SessionStep(_message.Message):
-    __slots__ = ("session_id", "position", "input_ids", "hidden", "visual_tokens", "sampling", "return_logits", "prefill_chunk", "prefix", "micro_batch")
+    __slots__ = ("session_id", "position", "input_ids", "hidden", "visual_tokens", "sampling", "return_logits", "prefill_chunk", "prefix", "micro_batch", "max_positions")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class SessionStep(_message.Message):
     PREFILL_CHUNK_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     position: int
     input_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -64,7 +65,8 @@ class SessionStep(_message.Message):
     prefill_chunk: bool
     prefix: PrefixRef
     micro_batch: int
-    def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., visual_tokens: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_logits: _Optional[bool] = ..., prefill_chunk: _Optional[bool] = ..., prefix: _Optional[_Union[PrefixRef, _Mapping]] = ..., micro_batch: _Optional[int] = ...) -> None: ...
+    max_positions: int
+    def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., visual_tokens: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_logits: _Optional[bool] = ..., prefill_chunk: _Optional[bool] = ..., prefix: _Optional[_Union[PrefixRef, _Mapping]] = ..., micro_batch: _Optional[int] = ..., max_positions: _Optional[int] = ...) -> None: ...
 
 class PrefixRef(_message.Message):
     __slots__ = ("key", "length")
@@ -133,7 +135,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StageStats(_message.Message):
-    __slots__ = ("identity", "sessions", "kv_bytes", "kv_budget_bytes", "evicted_ttl", "evicted_budget", "released", "session_ids", "prefix_hits", "prefix_misses", "prefix_entries", "prefix_bytes", "passes", "session_steps")
+    __slots__ = ("identity", "sessions", "kv_bytes", "kv_budget_bytes", "evicted_ttl", "evicted_budget", "released", "session_ids", "prefix_hits", "prefix_misses", "prefix_entries", "prefix_bytes", "passes", "session_steps", "kv_reserved_bytes", "refused_sessions")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +150,8 @@ class StageStats(_message.Message):
     PREFIX_BYTES_FIELD_NUMBER: _ClassVar[int]
     PASSES_FIELD_NUMBER: _ClassVar[int]
     SESSION_STEPS_FIELD_NUMBER: _ClassVar[int]
+    KV_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     identity: _common_pb2.PeerIdentity
     sessions: int
     kv_bytes: int
@@ -162,4 +166,6 @@ class StageStats(_message.Message):
     prefix_bytes: int
     passes: int
     session_steps: int
-    def __init__(self, identity: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., sessions: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., evicted_ttl: _Optional[int] = ..., evicted_budget: _Optional[int] = ..., released: _Optional[int] = ..., session_ids: _Optional[_Iterable[str]] = ..., prefix_hits: _Optional[int] = ..., prefix_misses: _Optional[int] = ..., prefix_entries: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., passes: _Optional[int] = ..., session_steps: _Optional[int] = ...) -> None: ...
+    kv_reserved_bytes: int
+    refused_sessions: int
+    def __init__(self, identity: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., sessions: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., evicted_ttl: _Optional[int] = ..., evicted_budget: _Optional[int] = ..., released: _Optional[int] = ..., session_ids: _Optional[_Iterable[str]] = ..., prefix_hits: _Optional[int] = ..., prefix_misses: _Optional[int] = ..., prefix_entries: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., passes: _Optional[int] = ..., session_steps: _Optional[int] = ..., kv_reserved_bytes: _Optional[int] = ..., refused_sessions: _Optional[int] = ...) -> None: ...
