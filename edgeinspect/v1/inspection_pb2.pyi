@@ -109,21 +109,41 @@ class Reference(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., section: _Optional[str] = ..., score: _Optional[float] = ..., index_version: _Optional[str] = ..., path: _Optional[str] = ..., page: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("checkpoint", "checkpoint_fingerprint", "tokenizer_fingerprint", "partition", "codec")
+    __slots__ = ("checkpoint", "checkpoint_fingerprint", "tokenizer_fingerprint", "partition", "codec", "plan")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     checkpoint: str
     checkpoint_fingerprint: str
     tokenizer_fingerprint: str
     partition: _containers.RepeatedScalarFieldContainer[str]
     codec: str
-    def __init__(self, checkpoint: _Optional[str] = ..., checkpoint_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., partition: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ...) -> None: ...
+    plan: str
+    def __init__(self, checkpoint: _Optional[str] = ..., checkpoint_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., partition: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ..., plan: _Optional[str] = ...) -> None: ...
+
+class Failover(_message.Message):
+    __slots__ = ("stage", "endpoint", "position", "reason", "recovery_ms", "replayed_tokens", "route")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    endpoint: str
+    position: int
+    reason: str
+    recovery_ms: float
+    replayed_tokens: int
+    route: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, stage: _Optional[str] = ..., endpoint: _Optional[str] = ..., position: _Optional[int] = ..., reason: _Optional[str] = ..., recovery_ms: _Optional[float] = ..., replayed_tokens: _Optional[int] = ..., route: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DefectReport(_message.Message):
-    __slots__ = ("report_id", "request_id", "idempotency_key", "station", "part", "camera_id", "capture_time", "created_time", "verdict", "defects", "description", "references", "model", "timings", "raw_text", "generated_token_ids", "verdict_reason", "image_sha256", "prompt_tokens", "prompt_token_ids", "review", "previous_attempt_id")
+    __slots__ = ("report_id", "request_id", "idempotency_key", "station", "part", "camera_id", "capture_time", "created_time", "verdict", "defects", "description", "references", "model", "timings", "raw_text", "generated_token_ids", "verdict_reason", "image_sha256", "prompt_tokens", "prompt_token_ids", "review", "previous_attempt_id", "failovers", "degraded")
     REPORT_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +166,8 @@ class DefectReport(_message.Message):
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     REVIEW_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILOVERS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
     report_id: str
     request_id: str
     idempotency_key: str
@@ -168,7 +190,9 @@ class DefectReport(_message.Message):
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     review: Review
     previous_attempt_id: str
-    def __init__(self, report_id: _Optional[str] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defects: _Optional[_Iterable[_Union[Defect, _Mapping]]] = ..., description: _Optional[str] = ..., references: _Optional[_Iterable[_Union[Reference, _Mapping]]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[_stage_pb2.StageTiming, _Mapping]]] = ..., raw_text: _Optional[str] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., verdict_reason: _Optional[str] = ..., image_sha256: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., review: _Optional[_Union[Review, _Mapping]] = ..., previous_attempt_id: _Optional[str] = ...) -> None: ...
+    failovers: _containers.RepeatedCompositeFieldContainer[Failover]
+    degraded: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, report_id: _Optional[str] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defects: _Optional[_Iterable[_Union[Defect, _Mapping]]] = ..., description: _Optional[str] = ..., references: _Optional[_Iterable[_Union[Reference, _Mapping]]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[_stage_pb2.StageTiming, _Mapping]]] = ..., raw_text: _Optional[str] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., verdict_reason: _Optional[str] = ..., image_sha256: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., review: _Optional[_Union[Review, _Mapping]] = ..., previous_attempt_id: _Optional[str] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Review(_message.Message):
     __slots__ = ("review_id", "report_id", "verdict", "defect_classes", "comment", "reviewer", "reviewer_role", "created_time", "model_verdict", "model_defect_classes", "agrees")
@@ -355,3 +379,69 @@ class ListReportsResponse(_message.Message):
     reports: _containers.RepeatedCompositeFieldContainer[DefectReport]
     next_page_token: str
     def __init__(self, reports: _Optional[_Iterable[_Union[DefectReport, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StageEndpointStatus(_message.Message):
+    __slots__ = ("address", "layer_start", "layer_end", "home_start", "home_end", "state", "reason", "sessions", "last_step_ms", "kv_bytes", "kv_budget_bytes", "live_sessions", "failures", "weights")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    HOME_START_FIELD_NUMBER: _ClassVar[int]
+    HOME_END_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    layer_start: int
+    layer_end: int
+    home_start: int
+    home_end: int
+    state: str
+    reason: str
+    sessions: int
+    last_step_ms: float
+    kv_bytes: int
+    kv_budget_bytes: int
+    live_sessions: int
+    failures: int
+    weights: str
+    def __init__(self, address: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., home_start: _Optional[int] = ..., home_end: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., sessions: _Optional[int] = ..., last_step_ms: _Optional[float] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., live_sessions: _Optional[int] = ..., failures: _Optional[int] = ..., weights: _Optional[str] = ...) -> None: ...
+
+class ClusterStatus(_message.Message):
+    __slots__ = ("serving", "degraded", "plan", "normal_plan", "stages", "vision", "retrieval", "inflight", "queued", "max_inflight", "max_queued", "failovers", "notes")
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    NORMAL_PLAN_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    VISION_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVAL_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    MAX_INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    FAILOVERS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    serving: bool
+    degraded: bool
+    plan: str
+    normal_plan: _containers.RepeatedScalarFieldContainer[str]
+    stages: _containers.RepeatedCompositeFieldContainer[StageEndpointStatus]
+    vision: str
+    retrieval: str
+    inflight: int
+    queued: int
+    max_inflight: int
+    max_queued: int
+    failovers: int
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, serving: _Optional[bool] = ..., degraded: _Optional[bool] = ..., plan: _Optional[str] = ..., normal_plan: _Optional[_Iterable[str]] = ..., stages: _Optional[_Iterable[_Union[StageEndpointStatus, _Mapping]]] = ..., vision: _Optional[str] = ..., retrieval: _Optional[str] = ..., inflight: _Optional[int] = ..., queued: _Optional[int] = ..., max_inflight: _Optional[int] = ..., max_queued: _Optional[int] = ..., failovers: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...

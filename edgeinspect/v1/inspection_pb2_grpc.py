@@ -75,6 +75,11 @@ class InspectionServiceStub:
                 request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.GetCallerRequest.SerializeToString,
                 response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.Caller.FromString,
                 _registered_method=True)
+        self.GetClusterStatus = channel.unary_unary(
+                '/edgeinspect.v1.InspectionService/GetClusterStatus',
+                request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatus.FromString,
+                _registered_method=True)
 
 
 class InspectionServiceServicer:
@@ -139,6 +144,14 @@ class InspectionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetClusterStatus(self, request, context):
+        """The cluster as this gateway sees it: every decoder-stage endpoint (range, health, ban reason, load), the plan
+        in force, vision and retrieval health, inspections in flight and queued (`edgeinspect status`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InspectionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -181,6 +194,11 @@ def add_InspectionServiceServicer_to_server(servicer, server):
                     servicer.GetCaller,
                     request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.GetCallerRequest.FromString,
                     response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.Caller.SerializeToString,
+            ),
+            'GetClusterStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetClusterStatus,
+                    request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -400,6 +418,33 @@ class InspectionService:
             '/edgeinspect.v1.InspectionService/GetCaller',
             edgeinspect_dot_v1_dot_inspection__pb2.GetCallerRequest.SerializeToString,
             edgeinspect_dot_v1_dot_inspection__pb2.Caller.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetClusterStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.InspectionService/GetClusterStatus',
+            edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatusRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatus.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,6 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LoadLayersRequest(_message.Message):
+    __slots__ = ("layer_start", "layer_end")
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    layer_start: int
+    layer_end: int
+    def __init__(self, layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+
 class HandshakeRequest(_message.Message):
     __slots__ = ("client", "expect_layer_start", "expect_layer_end", "codec")
     CLIENT_FIELD_NUMBER: _ClassVar[int]
@@ -135,7 +143,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StageStats(_message.Message):
-    __slots__ = ("identity", "sessions", "kv_bytes", "kv_budget_bytes", "evicted_ttl", "evicted_budget", "released", "session_ids", "prefix_hits", "prefix_misses", "prefix_entries", "prefix_bytes", "passes", "session_steps", "kv_reserved_bytes", "refused_sessions")
+    __slots__ = ("identity", "sessions", "kv_bytes", "kv_budget_bytes", "evicted_ttl", "evicted_budget", "released", "session_ids", "prefix_hits", "prefix_misses", "prefix_entries", "prefix_bytes", "passes", "session_steps", "kv_reserved_bytes", "refused_sessions", "max_batch_sessions", "home_layer_start", "home_layer_end", "memory_available_bytes", "weight_bytes")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +160,11 @@ class StageStats(_message.Message):
     SESSION_STEPS_FIELD_NUMBER: _ClassVar[int]
     KV_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     REFUSED_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    HOME_LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    HOME_LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_AVAILABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
     identity: _common_pb2.PeerIdentity
     sessions: int
     kv_bytes: int
@@ -168,4 +181,9 @@ class StageStats(_message.Message):
     session_steps: int
     kv_reserved_bytes: int
     refused_sessions: int
-    def __init__(self, identity: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., sessions: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., evicted_ttl: _Optional[int] = ..., evicted_budget: _Optional[int] = ..., released: _Optional[int] = ..., session_ids: _Optional[_Iterable[str]] = ..., prefix_hits: _Optional[int] = ..., prefix_misses: _Optional[int] = ..., prefix_entries: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., passes: _Optional[int] = ..., session_steps: _Optional[int] = ..., kv_reserved_bytes: _Optional[int] = ..., refused_sessions: _Optional[int] = ...) -> None: ...
+    max_batch_sessions: int
+    home_layer_start: int
+    home_layer_end: int
+    memory_available_bytes: int
+    weight_bytes: int
+    def __init__(self, identity: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., sessions: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., evicted_ttl: _Optional[int] = ..., evicted_budget: _Optional[int] = ..., released: _Optional[int] = ..., session_ids: _Optional[_Iterable[str]] = ..., prefix_hits: _Optional[int] = ..., prefix_misses: _Optional[int] = ..., prefix_entries: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., passes: _Optional[int] = ..., session_steps: _Optional[int] = ..., kv_reserved_bytes: _Optional[int] = ..., refused_sessions: _Optional[int] = ..., max_batch_sessions: _Optional[int] = ..., home_layer_start: _Optional[int] = ..., home_layer_end: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., weight_bytes: _Optional[int] = ...) -> None: ...

@@ -56,6 +56,11 @@ class DecoderStageStub:
                 request_serializer=edgeinspect_dot_v1_dot_stage__pb2.StatsRequest.SerializeToString,
                 response_deserializer=edgeinspect_dot_v1_dot_stage__pb2.StageStats.FromString,
                 _registered_method=True)
+        self.LoadLayers = channel.unary_unary(
+                '/edgeinspect.v1.DecoderStage/LoadLayers',
+                request_serializer=edgeinspect_dot_v1_dot_stage__pb2.LoadLayersRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_stage__pb2.StageStats.FromString,
+                _registered_method=True)
 
 
 class DecoderStageServicer:
@@ -93,6 +98,16 @@ class DecoderStageServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLayers(self, request, context):
+        """Re-planning: serve layers [a, b) from now on, loaded from this box's own checkpoint folder, without a process
+        restart (a surviving box takes over a failed box's layers). Every session held here is dropped (its cache
+        belongs to the old range); peers handshake again. A range that does not fit this box's memory is refused with
+        RESOURCE_EXHAUSTED naming the numbers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecoderStageServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +129,11 @@ def add_DecoderStageServicer_to_server(servicer, server):
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
                     request_deserializer=edgeinspect_dot_v1_dot_stage__pb2.StatsRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_stage__pb2.StageStats.SerializeToString,
+            ),
+            'LoadLayers': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLayers,
+                    request_deserializer=edgeinspect_dot_v1_dot_stage__pb2.LoadLayersRequest.FromString,
                     response_serializer=edgeinspect_dot_v1_dot_stage__pb2.StageStats.SerializeToString,
             ),
     }
@@ -226,6 +246,33 @@ class DecoderStage:
             target,
             '/edgeinspect.v1.DecoderStage/Stats',
             edgeinspect_dot_v1_dot_stage__pb2.StatsRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_stage__pb2.StageStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLayers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.DecoderStage/LoadLayers',
+            edgeinspect_dot_v1_dot_stage__pb2.LoadLayersRequest.SerializeToString,
             edgeinspect_dot_v1_dot_stage__pb2.StageStats.FromString,
             options,
             channel_credentials,
