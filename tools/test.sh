@@ -8,6 +8,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v ffmpeg >/dev/null || need="$need ffmpeg"
   dpkg -s rtsp-server-perl >/dev/null 2>&1 || need="$need rtsp-server-perl"
   command -v ip >/dev/null || need="$need iproute2"
+  # A real MQTT broker (and its clients) for the line-output tests.
+  command -v mosquitto >/dev/null || need="$need mosquitto mosquitto-clients"
   # The console's browser tests drive Debian's chromium through Playwright.
   command -v chromium >/dev/null || need="$need chromium"
   if [ -n "$need" ]; then
