@@ -109,20 +109,22 @@ class Reference(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., section: _Optional[str] = ..., score: _Optional[float] = ..., index_version: _Optional[str] = ..., path: _Optional[str] = ..., page: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("checkpoint", "checkpoint_fingerprint", "tokenizer_fingerprint", "partition", "codec", "plan")
+    __slots__ = ("checkpoint", "checkpoint_fingerprint", "tokenizer_fingerprint", "partition", "codec", "plan", "shadow")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
     checkpoint: str
     checkpoint_fingerprint: str
     tokenizer_fingerprint: str
     partition: _containers.RepeatedScalarFieldContainer[str]
     codec: str
     plan: str
-    def __init__(self, checkpoint: _Optional[str] = ..., checkpoint_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., partition: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ..., plan: _Optional[str] = ...) -> None: ...
+    shadow: bool
+    def __init__(self, checkpoint: _Optional[str] = ..., checkpoint_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., partition: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ..., plan: _Optional[str] = ..., shadow: _Optional[bool] = ...) -> None: ...
 
 class Failover(_message.Message):
     __slots__ = ("stage", "endpoint", "position", "reason", "recovery_ms", "replayed_tokens", "route")
