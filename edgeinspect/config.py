@@ -18,6 +18,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from edgeinspect.services.outputs.config import OutputsConfig
+
 
 class WeightsDtype(StrEnum):
     fp32 = "fp32"
@@ -181,3 +183,6 @@ class GatewaySettings(RoleSettings):
         True, description="constrain generation to the report JSON schema built from the part's specs"
     )
     upstream_timeout_s: float = Field(120.0, description="deadline for one inspection across all hops")
+    outputs: OutputsConfig = Field(
+        default_factory=OutputsConfig, description="where each stored report goes next (MQTT, webhooks)"
+    )
