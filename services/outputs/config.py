@@ -1,0 +1,56 @@
+"""Settings of the result outputs: an `outputs:` block in the gateway's settings or in cameras.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+
+class MqttConfig(BaseModel):
+    """One broker connection; every result is published with QoS 1, the last one per station retained."""
+
+    url: str = Field(..., description="mqtt://host:port or mqtts://host:port (TLS)")
+    topic: str = Field(
+        "edgeinspect/{station}/{camera}/result", description="result topic ({station}, {camera}, {part})"
+    )
+    last_topic: str = Field(
+        "edgeinspect/{station}/last", description="retained last verdict per station ({station}); empty: none"
+    )
+    status_topic: str = Field(
+        "edgeinspect/{node}/status",
+        description="retained 'online' on connect; the Last Will sets it 'offline' when this node drops ({node})",
+    )
+    node: str = Field("edgeinspect", description="this publisher's name: the station it serves, or the gateway's")
+    qos: int = Field(1, ge=0, le=2, description="QoS of result messages")
+    username: str = Field("", description="broker user (empty: anonymous)")
+    password: str = Field("", description="broker password (env EDGEINSPECT_OUTPUTS__MQTT__PASSWORD)")
+    ca_file: Path | None = Field(None, description="CA bundle to verify the broker (mqtts://; None: system CAs)")
+    cert_file: Path | None = Field(None, description="client certificate for brokers that require one")
+    key_file: Path | None = Field(None, description="private key of cert_file")
+    keepalive_s: int = Field(15, ge=5, description="MQTT keepalive; the broker sends the Last Will after ~1.5x")
+    connect_timeout_s: float = Field(5.0, gt=0, description="give up one connection attempt after this long")
+
+
+class WebhookConfig(BaseModel):
+    """HTTP POST of each result, signed: X-EdgeInspect-Signature: sha256=HMAC(secret, timestamp + '.' + body)."""
+
+    url: str = Field(..., description="http(s):// endpoint")
+    secret: str = Field(..., min_length=16, description="HMAC-SHA256 key shared with the receiver")
+    name: str = Field("", description="name in metrics and the outbox file (default: webhook<index>)")
+    timeout_s: float = Field(5.0, gt=0, description="one POST's deadline")
+
+
+class OutputsConfig(BaseModel):
+    """Every configured output gets each stored result; each has its own durable outbox and its own pace."""
+
+    mqtt: MqttConfig | None = Field(None, description="MQTT broker to publish results to")
+    webhooks: list[WebhookConfig] = Field(default_factory=list, description="HTTP endpoints to POST results to")
+    outbox_dir: Path | None = Field(None, description="SQLite outbox per output (None: beside the report database)")
+    max_queued: int = Field(10_000, ge=1, description="results kept per output while its peer is down; oldest dropped")
+    retry_base_s: float = Field(0.2, gt=0, description="first delay after a failed delivery; doubles per failure")
+    retry_max_s: float = Field(10.0, gt=0, description="delays between delivery tries never exceed this")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mqtt is not None or bool(self.webhooks)

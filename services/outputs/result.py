@@ -1,0 +1,76 @@
+"""The one result contract every output sends: a compact JSON view of a stored DefectReport."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+SEVERITY_ORDER = ("critical", "major", "minor")  # worst first; unknown severities rank below these
+
+
+@dataclass(frozen=True)
+class LineResult:
+    report_id: str
+    station: str
+    camera: str
+    part: str
+    verdict: str  # OK / DEFECT / UNCERTAIN
+    classes: tuple[str, ...]  # defect classes, worst first
+    severity: str  # the worst defect's severity ("" for none)
+    capture_time: float | None  # unix seconds; None when the caller sent none
+    created_time: float  # unix seconds the gateway stored the report
+    latency_ms: float | None  # capture -> stored
+    line: dict = field(default_factory=dict)  # ingest-hosted: cycle id, lot, what the line was told
+
+    def to_json(self) -> bytes:
+        body = asdict(self)
+        body["classes"] = list(self.classes)
+        body["capture_time"] = _iso(self.capture_time)
+        body["created_time"] = _iso(self.created_time)
+        if not self.line:
+            del body["line"]
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+
+
+def severity_rank(severity: str) -> int:
+    s = severity.strip().lower()
+    return SEVERITY_ORDER.index(s) if s in SEVERITY_ORDER else len(SEVERITY_ORDER)
+
+
+def rank_defects(defects: list[tuple[str, str]]) -> tuple[tuple[str, ...], str]:
+    """(class, severity) pairs -> (distinct classes worst first, worst severity)."""
+    ordered = sorted(defects, key=lambda d: severity_rank(d[1]))
+    classes = tuple(dict.fromkeys(c for c, _ in ordered if c))
+    return classes, ordered[0][1] if ordered else ""
+
+
+def is_shadow(report) -> bool:
+    """A shadow model's report is stored for comparison only and never reaches the line. The one place that says
+    so: every output and the line server ask this."""
+    return report.HasField("model") and report.model.shadow
+
+
+def from_report(report) -> LineResult:
+    """DefectReport (protobuf) -> LineResult."""
+    from edgeinspect.v1 import inspection_pb2
+
+    classes, severity = rank_defects([(d.defect_class, d.severity) for d in report.defects])
+    capture = report.capture_time.ToNanoseconds() / 1e9 if report.HasField("capture_time") else None
+    created = report.created_time.ToNanoseconds() / 1e9
+    return LineResult(
+        report_id=report.report_id,
+        station=report.station,
+        camera=report.camera_id,
+        part=report.part,
+        verdict=inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_"),
+        classes=classes,
+        severity=severity,
+        capture_time=capture,
+        created_time=created,
+        latency_ms=None if capture is None else round((created - capture) * 1e3, 1),
+    )
