@@ -1,26 +1,42 @@
-"""The gateway's durable report store: SQLite in WAL mode, one row per inspection, the report as a proto BLOB.
+"""The gateway's durable report store: SQLite in WAL mode, one row per inspection attempt, the report as a proto BLOB
+beside its queryable fields (store_schema.py), the frame it was made from (frames.py), and people's reviews.
 
 A row is `pending` from the moment an inspection is admitted (so a retry with the same idempotency key finds it)
-until `complete()` stores the finished DefectReport (`done`) or `fail()` gives the key back (`failed`).
+until `complete()` stores the finished DefectReport (`done`) or `fail()` records why it failed (`failed`). A failed
+row keeps its key; a retry with that key runs again as a new row that names the failed one (previous_attempt_id).
 synchronous=FULL fsyncs the WAL on every commit: once a call here returns, a kill -9 loses nothing.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import logging
 import sqlite3
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
+from edgeinspect.config import FrameSettings
 from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
+from edgeinspect.services.gateway import frames as frame_policy
+from edgeinspect.services.gateway.frames import FrameFiles, FrameRow, StoredFrame
+from edgeinspect.services.gateway.store_queries import (
+    DONE,
+    as_us,
+    check_id,
+    decode_token,
+    encode_token,
+    filters,
+    merge_counts,
+    review_classes,
+    short_id,
+)
+from edgeinspect.services.gateway.store_schema import index_report, migrate, report_classes, report_fields
 from edgeinspect.v1 import inspection_pb2
-from edgeinspect.v1.inspection_pb2 import DefectReport
+from edgeinspect.v1.inspection_pb2 import DefectReport, Review
 
 log = logging.getLogger(__name__)
 
@@ -28,62 +44,36 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 # A pending row this old belongs to a gateway that died mid-inspection: a retry may take its key over.
 DEFAULT_PENDING_TTL_S = 3600.0
+RESTARTED = "gateway restarted during inspection"
 
-PENDING, DONE, FAILED = "pending", "done", "failed"
+PENDING, FAILED = "pending", "failed"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS reports (
-    report_id       TEXT PRIMARY KEY,
-    idempotency_key TEXT UNIQUE,          -- NULL for requests without a key (NULLs never collide)
-    request_id      TEXT NOT NULL DEFAULT '',
-    station         TEXT NOT NULL DEFAULT '',
-    part            TEXT NOT NULL DEFAULT '',
-    verdict         INTEGER NOT NULL DEFAULT 0,
-    created_us      INTEGER NOT NULL,     -- epoch microseconds, UTC; claim time until complete()
-    status          TEXT NOT NULL,
-    reason          TEXT NOT NULL DEFAULT '',
-    report          BLOB
-);
-CREATE INDEX IF NOT EXISTS reports_by_time ON reports (status, created_us DESC, report_id DESC);
-CREATE INDEX IF NOT EXISTS reports_by_station ON reports (station, created_us DESC);
-CREATE INDEX IF NOT EXISTS reports_by_part ON reports (part, created_us DESC);
-"""
 
-_VALID_VERDICTS = frozenset(inspection_pb2.Verdict.values())
+@dataclass(frozen=True)
+class Attempt:
+    report_id: str
+    status: str
+    reason: str
+    previous_attempt_id: str
+
+
+@dataclass(frozen=True)
+class FrameAnswer:
+    state: int  # inspection_pb2.ImageState
+    frame: StoredFrame | None = None
+    data: bytes = b""
 
 
 def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-def _datetime_us(value: datetime) -> int:
-    """Naive datetimes are taken as UTC (the store keeps UTC only)."""
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    delta = value - datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def _encode_token(created_us: int, report_id: str) -> str:
-    raw = json.dumps([created_us, report_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_token(token: str) -> tuple[int, str]:
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        created_us, report_id = json.loads(raw)
-    except (binascii.Error, ValueError, TypeError) as exc:
-        raise InvalidInput(f"malformed page_token {token[:40]!r}: pass back a next_page_token unchanged") from exc
-    if not isinstance(created_us, int) or isinstance(created_us, bool) or not isinstance(report_id, str):
-        raise InvalidInput(f"malformed page_token {token[:40]!r}: pass back a next_page_token unchanged")
-    return created_us, report_id
-
-
 class ReportStore:
     """Durable DefectReport store; safe to call from many threads (one connection behind a lock)."""
 
-    def __init__(self, path: Path, *, pending_ttl_s: float = DEFAULT_PENDING_TTL_S) -> None:
+    def __init__(
+        self, path: Path, *, pending_ttl_s: float = DEFAULT_PENDING_TTL_S, frames: FrameSettings | None = None
+    ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._pending_ttl_us = int(pending_ttl_s * 1_000_000)
@@ -93,9 +83,26 @@ class ReportStore:
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        migrate(self._db)
+        # frames=None: reports only (the frame store is the gateway's choice, from its settings).
+        self.frame_settings = frames if frames is not None and frames.keep else None
+        self.frames: FrameFiles | None = None
+        if self.frame_settings is not None:
+            root = self.frame_settings.dir or self.path.parent / "frames"
+            self.frames = FrameFiles(root, self.frame_settings.thumbnail_px)
 
     # -- writes ---------------------------------------------------------------------------------------------
+
+    def recover_interrupted(self) -> int:
+        """At gateway start: rows left pending by a crash are failed ("gateway restarted during inspection").
+        Only the gateway that owns this database calls it, before it admits inspections."""
+        with self._lock, self._transaction():
+            cur = self._db.execute(
+                "UPDATE reports SET status = ?, reason = ? WHERE status = ?", (FAILED, RESTARTED, PENDING)
+            )
+        if cur.rowcount:
+            log.warning("%d inspections were interrupted by a gateway restart; marked failed", cur.rowcount)
+        return cur.rowcount
 
     def claim(self, idempotency_key: str, request_id: str) -> tuple[str, DefectReport | None]:
         """(report_id, report) for a finished key, (report_id, None) for one in progress or newly admitted."""
@@ -110,10 +117,13 @@ class ReportStore:
 
     def _claim_once(self, key: str, request_id: str) -> tuple[str, DefectReport | None]:
         now = _now_us()
+        previous = ""
         with self._transaction():
             if key:
                 row = self._db.execute(
-                    "SELECT report_id, status, created_us, report FROM reports WHERE idempotency_key = ?", (key,)
+                    "SELECT report_id, status, created_us, report FROM reports "
+                    "WHERE idempotency_key = ? AND status != ?",
+                    (key, FAILED),
                 ).fetchone()
                 if row is not None:
                     report_id, status, created_us, blob = row
@@ -123,64 +133,155 @@ class ReportStore:
                         return report_id, None
                     log.warning("pending report %s for key %r abandoned; admitting a new attempt", report_id, key)
                     self._db.execute(
-                        "UPDATE reports SET status = ?, reason = ?, idempotency_key = NULL WHERE report_id = ?",
+                        "UPDATE reports SET status = ?, reason = ? WHERE report_id = ?",
                         (FAILED, "abandoned: still pending after the pending TTL", report_id),
                     )
+                last_failed = self._db.execute(
+                    "SELECT report_id FROM reports WHERE idempotency_key = ? AND status = ? "
+                    "ORDER BY created_us DESC LIMIT 1",
+                    (key, FAILED),
+                ).fetchone()
+                previous = last_failed[0] if last_failed else ""
             report_id = uuid.uuid4().hex
             self._db.execute(
-                "INSERT INTO reports (report_id, idempotency_key, request_id, created_us, status) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (report_id, key or None, request_id, now, PENDING),
+                "INSERT INTO reports (report_id, idempotency_key, request_id, created_us, status, previous_attempt_id) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (report_id, key or None, request_id, now, PENDING, previous),
             )
             return report_id, None
 
-    def complete(self, report: DefectReport) -> None:
-        """Stores a finished report (status done); sets report.created_time to now when the caller left it unset."""
+    def complete(self, report: DefectReport, *, image: bytes | None = None) -> None:
+        """Stores a finished report (status done) and, with image, its frame; sets report.created_time to now when
+        the caller left it unset, and report.previous_attempt_id when the claim followed a failed attempt."""
         if not report.report_id:
             raise InvalidInput("cannot store a report without report_id")
         if not report.HasField("created_time"):
             report.created_time.GetCurrentTime()
         created_us = report.created_time.seconds * 1_000_000 + report.created_time.nanos // 1000
-        blob = report.SerializeToString()
+        # The file is written before its row commits: a crash in between leaves an unreferenced file, never a row
+        # pointing at nothing.
+        frame = self.frames.write(image) if image and self.frames is not None else None
         with self._lock:
             try:
                 with self._transaction():
-                    # An existing row keeps the key it was claimed with; a report stored without a claim brings
-                    # its own key.
-                    self._db.execute(
-                        "INSERT INTO reports (report_id, idempotency_key, request_id, station, part, verdict, "
-                        "created_us, status, report) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                        "ON CONFLICT (report_id) DO UPDATE SET request_id = excluded.request_id, "
-                        "station = excluded.station, part = excluded.part, verdict = excluded.verdict, "
-                        "created_us = excluded.created_us, status = excluded.status, reason = '', "
-                        "report = excluded.report",
-                        (
-                            report.report_id,
-                            report.idempotency_key or None,
-                            report.request_id,
-                            report.station,
-                            report.part,
-                            int(report.verdict),
-                            created_us,
-                            DONE,
-                            blob,
-                        ),
-                    )
+                    row = self._db.execute(
+                        "SELECT previous_attempt_id FROM reports WHERE report_id = ?", (report.report_id,)
+                    ).fetchone()
+                    if row and row[0] and not report.previous_attempt_id:
+                        report.previous_attempt_id = row[0]
+                    self._upsert(report, created_us, frame.sha256 if frame else "")
+                    index_report(self._db, report, created_us)
+                    if frame is not None:
+                        self._db.execute(
+                            "INSERT INTO frames (sha256, nbytes, media_type, width, height, stored_us) "
+                            "VALUES (?, ?, ?, ?, ?, ?) "
+                            "ON CONFLICT (sha256) DO UPDATE SET stored_us = excluded.stored_us",
+                            (frame.sha256, frame.nbytes, frame.media_type, frame.width, frame.height, _now_us()),
+                        )
             except sqlite3.IntegrityError as exc:
                 raise FailedPrecondition(
                     f"idempotency key {report.idempotency_key!r} already belongs to another report; "
                     f"claim() the key before storing report {report.report_id}"
                 ) from exc
+        if frame is not None:
+            self.prune_frames()
+
+    def _upsert(self, report: DefectReport, created_us: int, frame_sha: str) -> None:
+        # An existing row keeps the key it was claimed with; a report stored without a claim brings its own key.
+        self._db.execute(
+            "INSERT INTO reports (report_id, idempotency_key, request_id, station, part, camera_id, verdict, "
+            "created_us, status, frame_sha256, fields, report) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (report_id) DO UPDATE SET request_id = excluded.request_id, station = excluded.station, "
+            "part = excluded.part, camera_id = excluded.camera_id, verdict = excluded.verdict, "
+            "created_us = excluded.created_us, status = excluded.status, reason = '', "
+            "frame_sha256 = excluded.frame_sha256, fields = excluded.fields, report = excluded.report",
+            (
+                report.report_id,
+                report.idempotency_key or None,
+                report.request_id,
+                report.station,
+                report.part,
+                report.camera_id,
+                int(report.verdict),
+                created_us,
+                DONE,
+                frame_sha,
+                report_fields(report),
+                report.SerializeToString(),
+            ),
+        )
 
     def fail(self, report_id: str, reason: str) -> None:
-        """Marks a pending row failed and frees its idempotency key so a retry can run again."""
+        """Marks a pending row failed with the caller's reason (which hop, which status); the row keeps its key."""
         with self._lock, self._transaction():
             cur = self._db.execute(
-                "UPDATE reports SET status = ?, reason = ?, idempotency_key = NULL WHERE report_id = ? AND status = ?",
+                "UPDATE reports SET status = ?, reason = ? WHERE report_id = ? AND status = ?",
                 (FAILED, reason[:2000], report_id, PENDING),
             )
         if cur.rowcount == 0:
             log.info("fail(%s) ignored: no pending report with that id", report_id)
+
+    def prune_frames(self) -> list[str]:
+        """Applies the retention settings; the reports stay and say their frame expired."""
+        if self.frame_settings is None or self.frames is None:
+            return []
+        cfg = self.frame_settings
+        with self._lock:
+            rows = [FrameRow(*r) for r in self._db.execute("SELECT sha256, nbytes, stored_us FROM frames")]
+            doomed = frame_policy.to_prune(rows, _now_us(), cfg.max_bytes, int(cfg.max_age_s * 1e6))
+            if doomed:
+                with self._transaction():
+                    self._db.executemany("DELETE FROM frames WHERE sha256 = ?", [(s,) for s in doomed])
+        for sha in doomed:
+            self.frames.delete(sha)
+        if doomed:
+            log.info("frame retention: pruned %d frames", len(doomed))
+        return doomed
+
+    def review(
+        self, report_id: str, verdict: int, classes: list[str], comment: str, reviewer: str, reviewer_role: str
+    ) -> Review:
+        """Stores a review as its own record (the model's report is untouched) and returns it."""
+        wanted = review_classes(verdict, classes, comment)
+        model = self._get_done(report_id)
+        model_classes = report_classes(model)
+        if verdict == inspection_pb2.VERDICT_DEFECT and not wanted:
+            wanted = model_classes
+        agrees = verdict == model.verdict and wanted == model_classes
+        review = Review(
+            review_id=uuid.uuid4().hex,
+            report_id=report_id,
+            verdict=verdict,
+            defect_classes=wanted,
+            comment=comment,
+            reviewer=reviewer,
+            reviewer_role=reviewer_role,
+            model_verdict=model.verdict,
+            model_defect_classes=model_classes,
+            agrees=agrees,
+        )
+        now = _now_us()
+        review.created_time.FromMicroseconds(now)
+        with self._lock, self._transaction():
+            self._db.execute(
+                "INSERT INTO reviews (review_id, report_id, verdict, classes, comment, reviewer, reviewer_role, "
+                "created_us, agrees) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    review.review_id,
+                    report_id,
+                    verdict,
+                    json.dumps(wanted),
+                    comment,
+                    reviewer,
+                    reviewer_role,
+                    now,
+                    int(agrees),
+                ),
+            )
+            self._db.execute(
+                "UPDATE reports SET reviewed = 1, disagreed = ? WHERE report_id = ?", (int(not agrees), report_id)
+            )
+        return review
 
     # -- reads ----------------------------------------------------------------------------------------------
 
@@ -189,20 +290,66 @@ class ReportStore:
             row = self._db.execute("SELECT status FROM reports WHERE report_id = ?", (report_id,)).fetchone()
         return row is not None and row[0] == PENDING
 
-    def get(self, report_id: str) -> DefectReport:
-        """The finished report; NotFound when absent, still pending, or failed."""
+    def attempts(self, idempotency_key: str) -> list[Attempt]:
+        """Every attempt made with a key, oldest first (failed ones say why)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT report_id, status, reason, previous_attempt_id FROM reports WHERE idempotency_key = ? "
+                "ORDER BY created_us, report_id",
+                (idempotency_key,),
+            ).fetchall()
+        return [Attempt(*r) for r in rows]
+
+    def _get_done(self, report_id: str) -> DefectReport:
+        check_id(report_id)
         with self._lock:
             row = self._db.execute(
                 "SELECT status, reason, report FROM reports WHERE report_id = ?", (report_id,)
             ).fetchone()
         if row is None:
-            raise NotFound(f"no report with id {report_id!r}")
+            raise NotFound(f"no report with id {short_id(report_id)}")
         status, reason, blob = row
         if status == PENDING:
-            raise NotFound(f"no report with id {report_id!r} yet: the inspection is still in progress")
+            raise NotFound(f"no report with id {short_id(report_id)} yet: the inspection is still in progress")
         if status == FAILED:
-            raise NotFound(f"no report with id {report_id!r}: the inspection failed ({reason})")
+            raise NotFound(f"no report with id {short_id(report_id)}: the inspection failed ({reason})")
         return DefectReport.FromString(blob)
+
+    def get(self, report_id: str) -> DefectReport:
+        """The finished report with its latest review; NotFound when absent, still pending, or failed."""
+        report = self._get_done(report_id)
+        self._attach_reviews([report])
+        return report
+
+    def _attach_reviews(self, reports: list[DefectReport]) -> None:
+        if not reports:
+            return
+        by_id = {r.report_id: r for r in reports}
+        marks = ",".join("?" * len(by_id))
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT review_id, report_id, verdict, classes, comment, reviewer, reviewer_role, created_us, agrees "
+                f"FROM reviews WHERE report_id IN ({marks}) ORDER BY created_us, review_id",
+                tuple(by_id),
+            ).fetchall()
+        for review_id, report_id, verdict, classes, comment, reviewer, role, created_us, agrees in rows:
+            report = by_id[report_id]  # later rows overwrite: the latest review wins
+            report.review.Clear()
+            report.review.MergeFrom(
+                Review(
+                    review_id=review_id,
+                    report_id=report_id,
+                    verdict=verdict,
+                    defect_classes=json.loads(classes),
+                    comment=comment,
+                    reviewer=reviewer,
+                    reviewer_role=role,
+                    model_verdict=report.verdict,
+                    model_defect_classes=report_classes(report),
+                    agrees=bool(agrees),
+                )
+            )
+            report.review.created_time.FromMicroseconds(created_us)
 
     def list(
         self,
@@ -210,42 +357,102 @@ class ReportStore:
         station: str = "",
         part: str = "",
         verdict: int = 0,
-        since: datetime | None = None,
-        until: datetime | None = None,
+        since: datetime | int | None = None,
+        until: datetime | int | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
         page_token: str = "",
+        camera_id: str = "",
+        defect_class: str = "",
+        review: int = 0,
     ) -> tuple[list[DefectReport], str]:
-        """Finished reports newest first; since is inclusive, until exclusive; ("", ...) token at the end."""
+        """Finished reports newest first; since is inclusive, until exclusive (datetimes or epoch µs); ("", ...)
+        token at the end."""
         if page_size < 0 or page_size > MAX_PAGE_SIZE:
             raise InvalidInput(f"page_size must be between 0 and {MAX_PAGE_SIZE} (0 means {DEFAULT_PAGE_SIZE})")
         page_size = page_size or DEFAULT_PAGE_SIZE
-        if verdict and verdict not in _VALID_VERDICTS:
-            raise InvalidInput(f"unknown verdict {verdict}; expected one of {sorted(_VALID_VERDICTS)}")
-        where, args = ["status = ?"], [DONE]
-        for column, value in (("station", station), ("part", part), ("verdict", verdict)):
-            if value:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if since is not None:
-            where.append("created_us >= ?")
-            args.append(_datetime_us(since))
-        if until is not None:
-            where.append("created_us < ?")
-            args.append(_datetime_us(until))
+        where, args = filters(
+            station=station, part=part, camera_id=camera_id, verdict=verdict, defect_class=defect_class,
+            review=review, since=since, until=until,
+        )  # fmt: skip
         if page_token:
-            last_us, last_id = _decode_token(page_token)
-            where.append("(created_us < ? OR (created_us = ? AND report_id < ?))")
+            last_us, last_id = decode_token(page_token)
+            where.append("(r.created_us < ? OR (r.created_us = ? AND r.report_id < ?))")
             args += [last_us, last_us, last_id]
         sql = (
-            f"SELECT created_us, report_id, report FROM reports WHERE {' AND '.join(where)} "
-            "ORDER BY created_us DESC, report_id DESC LIMIT ?"
+            f"SELECT r.created_us, r.report_id, r.report FROM reports r WHERE {' AND '.join(where)} "
+            "ORDER BY r.created_us DESC, r.report_id DESC LIMIT ?"
         )
         with self._lock:
             # One extra row tells whether another page exists, so the last page ends with an empty token.
             rows = self._db.execute(sql, (*args, page_size + 1)).fetchall()
         page = rows[:page_size]
-        next_token = _encode_token(page[-1][0], page[-1][1]) if len(rows) > page_size else ""
-        return [DefectReport.FromString(blob) for _, _, blob in page], next_token
+        next_token = encode_token(page[-1][0], page[-1][1]) if len(rows) > page_size else ""
+        reports = [DefectReport.FromString(blob) for _, _, blob in page]
+        self._attach_reviews(reports)
+        return reports, next_token
+
+    def aggregate(
+        self,
+        *,
+        station: str = "",
+        part: str = "",
+        camera_id: str = "",
+        since: datetime | int | None = None,
+        until: datetime | int | None = None,
+        bucket_s: int = 0,
+    ) -> list[dict]:
+        """Per (station, bucket): total, by verdict name, by class (reports with >= 1 defect of it), reviewed,
+        disagreed. Buckets are aligned to multiples of bucket_s since the epoch (UTC); bucket_s=0 is one bucket
+        starting at `since` (or the epoch)."""
+        if not 0 <= bucket_s <= 100 * 365 * 86400:
+            raise InvalidInput("bucket_seconds must lie in [0, 100 years] (0: one bucket)")
+        where, args = filters(station=station, part=part, camera_id=camera_id, since=since, until=until)
+        if bucket_s:
+            b = bucket_s * 1_000_000
+            # SQLite's % keeps the dividend's sign: ((x % b) + b) % b is the floor remainder.
+            bucket = f"(r.created_us - ((r.created_us % {b}) + {b}) % {b})"
+        else:
+            bucket = str(as_us(since) if since is not None else 0)
+        cond = " AND ".join(where)
+        with self._lock:
+            verdicts = self._db.execute(
+                f"SELECT r.station, {bucket} AS b, r.verdict, COUNT(*), SUM(r.reviewed), SUM(r.disagreed) "
+                f"FROM reports r WHERE {cond} GROUP BY r.station, b, r.verdict",
+                args,
+            ).fetchall()
+            classes = self._db.execute(
+                f"SELECT r.station, {bucket} AS b, c.defect_class, COUNT(*) FROM reports r "
+                f"JOIN report_classes c ON c.report_id = r.report_id WHERE {cond} "
+                "GROUP BY r.station, b, c.defect_class",
+                args,
+            ).fetchall()
+        return merge_counts(verdicts, classes)
+
+    def image(self, report_id: str, thumbnail: bool = False) -> FrameAnswer:
+        """The report's frame (or thumbnail): STORED with bytes, EXPIRED after retention, NOT_STORED when none."""
+        check_id(report_id)
+        with self._lock:
+            row = self._db.execute(
+                "SELECT r.status, r.frame_sha256, f.nbytes, f.media_type, f.width, f.height FROM reports r "
+                "LEFT JOIN frames f ON f.sha256 = r.frame_sha256 WHERE r.report_id = ?",
+                (report_id,),
+            ).fetchone()
+        if row is None or row[0] != DONE:
+            raise NotFound(f"no report with id {short_id(report_id)}")
+        _, sha, nbytes, kind, width, height = row
+        if not sha:
+            return FrameAnswer(inspection_pb2.IMAGE_STATE_NOT_STORED)
+        frame = StoredFrame(sha, nbytes or 0, kind or "", width or 0, height or 0)
+        data = None
+        if nbytes is not None and self.frames is not None:
+            data = self.frames.read(sha, thumbnail) if thumbnail else None
+            if data is not None:
+                frame = StoredFrame(sha, len(data), "image/jpeg", 0, 0)
+            else:
+                data = self.frames.read(sha)
+        if data is None:
+            return FrameAnswer(inspection_pb2.IMAGE_STATE_EXPIRED, frame)
+        return FrameAnswer(inspection_pb2.IMAGE_STATE_STORED, frame, data)
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,145 @@
+"""The report database's schema and its migrations (PRAGMA user_version: 0 = the first release, 1 = this one).
+
+Version 1 keeps the report BLOB and adds what SQL can query: the report's fields as JSON (`fields`, JSON1), a
+row per defect class (`report_classes`), camera and review state as columns, reviews as their own records, and
+the frame store's rows. It also lets a failed row keep its idempotency key: the key is unique among live rows
+(pending or done) only, so a failure can be found by its key and a retry runs as a new, linked row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+
+from google.protobuf.json_format import MessageToDict
+
+from edgeinspect.v1.inspection_pb2 import DefectReport
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+# One statement per entry: executescript() would commit the migration's transaction half way.
+_V1 = [
+    """CREATE TABLE reports (
+        report_id           TEXT PRIMARY KEY,
+        idempotency_key     TEXT,                 -- NULL without a key; unique among live (not failed) rows
+        request_id          TEXT NOT NULL DEFAULT '',
+        station             TEXT NOT NULL DEFAULT '',
+        part                TEXT NOT NULL DEFAULT '',
+        camera_id           TEXT NOT NULL DEFAULT '',
+        verdict             INTEGER NOT NULL DEFAULT 0,
+        created_us          INTEGER NOT NULL,     -- epoch microseconds, UTC; claim time until complete()
+        status              TEXT NOT NULL,
+        reason              TEXT NOT NULL DEFAULT '',
+        previous_attempt_id TEXT NOT NULL DEFAULT '',
+        frame_sha256        TEXT NOT NULL DEFAULT '',  -- '' = no frame kept (expired ones keep the hash)
+        reviewed            INTEGER NOT NULL DEFAULT 0,
+        disagreed           INTEGER NOT NULL DEFAULT 0,  -- the latest review differs from the model
+        fields              TEXT,                 -- the report as JSON, for json_extract()
+        report              BLOB
+    )""",
+    "CREATE UNIQUE INDEX reports_live_key ON reports (idempotency_key) WHERE status != 'failed'",
+    "CREATE INDEX reports_by_key ON reports (idempotency_key, created_us DESC)",
+    "CREATE INDEX reports_by_time ON reports (status, created_us DESC, report_id DESC)",
+    "CREATE INDEX reports_by_station ON reports (station, created_us DESC)",
+    "CREATE INDEX reports_by_part ON reports (part, created_us DESC)",
+    "CREATE INDEX reports_by_camera ON reports (camera_id, created_us DESC)",
+    "CREATE INDEX reports_by_verdict ON reports (verdict, created_us DESC)",
+    "CREATE INDEX reports_by_frame ON reports (frame_sha256)",
+    """CREATE TABLE report_classes (
+        report_id    TEXT NOT NULL,
+        defect_class TEXT NOT NULL,               -- lower case
+        created_us   INTEGER NOT NULL,
+        PRIMARY KEY (report_id, defect_class)
+    )""",
+    "CREATE INDEX report_classes_by_class ON report_classes (defect_class, created_us DESC)",
+    """CREATE TABLE reviews (
+        review_id     TEXT PRIMARY KEY,
+        report_id     TEXT NOT NULL,
+        verdict       INTEGER NOT NULL,
+        classes       TEXT NOT NULL,              -- JSON array
+        comment       TEXT NOT NULL DEFAULT '',
+        reviewer      TEXT NOT NULL DEFAULT '',
+        reviewer_role TEXT NOT NULL DEFAULT '',
+        created_us    INTEGER NOT NULL,
+        agrees        INTEGER NOT NULL
+    )""",
+    "CREATE INDEX reviews_by_report ON reviews (report_id, created_us DESC)",
+    """CREATE TABLE frames (
+        sha256     TEXT PRIMARY KEY,
+        nbytes     INTEGER NOT NULL,
+        media_type TEXT NOT NULL,
+        width      INTEGER NOT NULL DEFAULT 0,
+        height     INTEGER NOT NULL DEFAULT 0,
+        stored_us  INTEGER NOT NULL
+    )""",
+    "CREATE INDEX frames_by_time ON frames (stored_us)",
+]
+
+
+def report_fields(report: DefectReport) -> str:
+    """The report as JSON for SQL (token id lists left out: they are large and only the BLOB needs them)."""
+    doc = MessageToDict(report, preserving_proto_field_name=True)
+    for key in ("generated_token_ids", "prompt_token_ids", "review"):
+        doc.pop(key, None)
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def report_classes(report: DefectReport) -> list[str]:
+    return sorted({d.defect_class.strip().lower() for d in report.defects if d.defect_class.strip()})
+
+
+def index_report(db: sqlite3.Connection, report: DefectReport, created_us: int) -> None:
+    """The queryable side of one stored report: its class rows."""
+    db.execute("DELETE FROM report_classes WHERE report_id = ?", (report.report_id,))
+    db.executemany(
+        "INSERT INTO report_classes (report_id, defect_class, created_us) VALUES (?, ?, ?)",
+        [(report.report_id, c, created_us) for c in report_classes(report)],
+    )
+
+
+def migrate(db: sqlite3.Connection) -> None:
+    """Brings the database to SCHEMA_VERSION in one transaction (a second process waits, then finds it done)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        has_reports = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'reports'").fetchone()
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"report database schema {version} is newer than this release ({SCHEMA_VERSION})")
+        if version == 0 and has_reports:
+            _from_v0(db)
+        elif version == 0:
+            for statement in _V1:
+                db.execute(statement)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _from_v0(db: sqlite3.Connection) -> None:
+    """The first release's table (key UNIQUE on every row, no query columns) rebuilt as version 1."""
+    count = db.execute("SELECT COUNT(*) FROM reports").fetchone()[0]
+    log.info("migrating the report database to schema %d (%d rows)", SCHEMA_VERSION, count)
+    db.execute("ALTER TABLE reports RENAME TO reports_v0")
+    for index in ("reports_by_time", "reports_by_station", "reports_by_part"):
+        db.execute(f"DROP INDEX IF EXISTS {index}")
+    for statement in _V1:
+        db.execute(statement)
+    db.execute(
+        "INSERT INTO reports (report_id, idempotency_key, request_id, station, part, verdict, created_us, status, "
+        "reason, report) SELECT report_id, idempotency_key, request_id, station, part, verdict, created_us, status, "
+        "reason, report FROM reports_v0"
+    )
+    rows = db.execute("SELECT report_id, created_us, report FROM reports WHERE report IS NOT NULL").fetchall()
+    for report_id, created_us, blob in rows:
+        report = DefectReport.FromString(blob)
+        db.execute(
+            "UPDATE reports SET camera_id = ?, fields = ? WHERE report_id = ?",
+            (report.camera_id, report_fields(report), report_id),
+        )
+        index_report(db, report, created_us)
+    db.execute("DROP TABLE reports_v0")
