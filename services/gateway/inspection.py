@@ -24,6 +24,7 @@ from edgeinspect.services.gateway.report_text import parse_report_text
 from edgeinspect.services.gateway.schema import build_report_grammar, parse_structured, schema_instruction
 from edgeinspect.services.gateway.store import ReportStore
 from edgeinspect.services.gateway.upstream import RetrievalClient, StagePipeline, VisionClient
+from edgeinspect.services.outputs.fanout import Outputs
 from edgeinspect.v1 import inspection_pb2, retrieval_pb2, stage_pb2
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class Inspector:
         self.retrieval = retrieval
         self.codec = codec.Codec(cfg.codec.value)
         self._running: set[str] = set()
+        self.outputs = Outputs.for_gateway(cfg)  # MQTT / webhooks (cfg.outputs); a no-op when none
 
     def validate(self, req: inspection_pb2.InspectRequest) -> None:
         if not req.image:
@@ -193,6 +195,7 @@ class Inspector:
             enc.image_sha256,
         )
         await asyncio.to_thread(self.store.complete, report)
+        self.outputs.publish(report)  # returns at once: each output delivers from its own outbox
         metrics.INSPECTIONS.labels(verdict=inspection_pb2.Verdict.Name(report.verdict)).inc()
         log.info(
             "report %s stored: %s, %d tokens",
