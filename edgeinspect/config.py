@@ -6,6 +6,7 @@ Precedence (highest first): explicit keyword arguments, environment, the YAML fi
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self
@@ -34,13 +35,33 @@ class WireCodec(StrEnum):
     int8 = "int8"
 
 
+class TLSConfig(BaseModel):
+    """Certificate files of one end of a TLS connection (PEM; `edgeinspect certs` makes them)."""
+
+    cert: Path = Field(..., description="this process's certificate (server: presented to callers; client: to servers)")
+    key: Path = Field(..., description="its private key (keep it 0600, mounted as a secret)")
+    ca: Path | None = Field(
+        None, description="CA that signs the peers (server: client certificates; client: the server's); None: system"
+    )
+    require_client_auth: bool = Field(
+        True, description="servers: only callers with a certificate from `ca` (False: the public API, tokens instead)"
+    )
+    allowed_roles: list[str] | None = Field(
+        None, description="servers: caller roles admitted (None: the role's callers, services/common/tls.py CALLERS)"
+    )
+
+
 class ServerConfig(BaseModel):
     host: str = Field("127.0.0.1", description="address to bind; 0.0.0.0 on a box that serves others")
     port: int = Field(0, description="gRPC port; 0 picks a free one (tests)")
     metrics_port: int | None = Field(None, description="Prometheus /metrics port; None disables it")
+    metrics_host: str | None = Field(
+        None, description="address /metrics binds (None: `host`); the box's internal address in a plant"
+    )
     grace_s: float = Field(5.0, description="seconds in-flight calls get on shutdown")
     max_message_mb: int = Field(64, description="largest gRPC message accepted or sent")
     port_file: Path | None = Field(None, description="write the bound port here once serving (port 0)")
+    tls: TLSConfig | None = Field(None, description="serve over TLS (None: plaintext, loopback only)")
 
 
 class RoleSettings(BaseSettings):
@@ -77,11 +98,15 @@ class RoleSettings(BaseSettings):
 
 
 def write_yaml(settings: BaseModel, path: Path) -> None:
-    """Writes settings as YAML that `load` reads back (secrets included: keep such files out of images)."""
+    """Writes settings as YAML that `load` reads back, owner-only (secrets included: keep out of images)."""
     import yaml
 
     data = settings.model_dump(mode="json", exclude_none=True)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    # 0600 from the start: run configs hold token hashes and key paths, and some hold secrets
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(yaml.safe_dump(data, sort_keys=False))
+    os.chmod(path, 0o600)
 
 
 # Role settings. Each role's serve(cfg) takes exactly one of these; `edgeinspect serve ROLE --config FILE` loads it.
@@ -113,6 +138,7 @@ class StageSettings(RoleSettings):
     layer_end: int = Field(..., description="one past the last layer this stage serves")
     weights: WeightsDtype = Field(WeightsDtype.fp32, description="weight dtype of the layers held here")
     next_stage: str | None = Field(None, description="host:port of the next stage when chaining (exo-style)")
+    client_tls: TLSConfig | None = Field(None, description="mTLS to the next stage (None: plaintext)")
     kv_budget_mb: int = Field(2048, description="KV cache bytes across sessions; oldest idle evicted beyond")
     max_batch_sessions: int = Field(8, ge=1, description="sessions batched into one forward pass (continuous batching)")
     max_step_tokens: int = Field(
@@ -150,6 +176,22 @@ class FrameSettings(BaseModel):
     thumbnail_px: int = Field(256, ge=16, le=2048, description="longest side of the list thumbnails")
 
 
+class TokenRole(StrEnum):
+    inspect = "inspect"  # Inspect, InspectStream, GetReport, ListReports
+    read = "read"  # GetReport, ListReports
+    admin = "admin"  # everything, operator RPCs included (services/common/auth.py METHOD_ROLES)
+
+
+class ApiToken(BaseModel):
+    """One bearer token the public API accepts, stored as its hash (`edgeinspect token create` prints both)."""
+
+    name: str = Field(..., min_length=1, description="who holds it (logs, reviews record it)")
+    role: TokenRole = Field(..., description="inspect | read | admin")
+    hash: str = Field(..., pattern=r"^sha256:[0-9a-f]{64}$", description="sha256 of the token, 'sha256:<hex>'")
+    revoked: bool = Field(False, description="refused from now on (kept so the logs can name it)")
+    rate_per_s: float | None = Field(None, gt=0, description="calls per second (None: the gateway's token_rate_per_s)")
+
+
 class GatewaySettings(RoleSettings):
     checkpoint: Path = Field(..., description="checkpoint folder (tokenizer, processor, fingerprints)")
     vision: str = Field(..., description="host:port of the vision node")
@@ -175,6 +217,14 @@ class GatewaySettings(RoleSettings):
     db_path: Path = Field(Path("var/reports.sqlite"), description="SQLite file every report is stored in")
     frames: FrameSettings = Field(default_factory=FrameSettings, description="frame store and its retention")
     api_tokens: list[str] = Field(default_factory=list, description="bearer tokens accepted on the public API")
+    allow_unauthenticated: bool = Field(
+        False, description="with no api_tokens, serve every caller as admin (loopback development only)"
+    )
+    token_rate_per_s: float = Field(20.0, gt=0, description="calls per second per token (token bucket)")
+    token_burst: int = Field(40, ge=1, description="calls a token may make at once before the rate applies")
+    client_tls: TLSConfig | None = Field(
+        None, description="mTLS to vision, retrieval and the stages (None: plaintext)"
+    )
     max_new_tokens: int = Field(
         256, description="generation budget per report (the report schema's lengths are sized to fit it)"
     )

@@ -11,10 +11,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from edgeinspect.config import TLSConfig
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.context import REQUEST_ID_KEY, deadline_remaining, outgoing_metadata
 from edgeinspect.services.common.errors import PEER_ATTR
 from edgeinspect.services.common.retry import backoff_delays
+from edgeinspect.services.common.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -92,20 +94,21 @@ def context_interceptors(address: str) -> list[grpc.aio.ClientInterceptor]:
     return [_ContextUnaryUnary(address), _ContextUnaryStream(), _ContextStreamUnary(), _ContextStreamStream()]
 
 
-def make_channel(address: str, max_message_mb: int = 64) -> grpc.aio.Channel:
-    """An insecure channel to host:port that propagates request id and deadline on every call."""
-    return grpc.aio.insecure_channel(
-        address, options=channel_options(max_message_mb), interceptors=context_interceptors(address)
-    )
+def make_channel(address: str, max_message_mb: int = 64, tls: TLSConfig | None = None) -> grpc.aio.Channel:
+    """A channel to host:port that propagates request id and deadline on every call; mTLS with `tls`."""
+    options, interceptors = channel_options(max_message_mb), context_interceptors(address)
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, channel_credentials(tls), options=options, interceptors=interceptors)
 
 
-async def wait_for_serving(address: str, timeout_s: float) -> None:
+async def wait_for_serving(address: str, timeout_s: float, tls: TLSConfig | None = None) -> None:
     """Polls grpc.health.v1 Check("") until SERVING; raises Unavailable naming the last state seen."""
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
     # Quick polls first (a server that is just starting), then every 0.5 s.
     delays = itertools.chain(backoff_delays(0.05, 2.0, 0.5, attempts=6), itertools.repeat(0.5))
-    async with grpc.aio.insecure_channel(address, options=channel_options(1)) as channel:
+    async with make_channel(address, 1, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             left = deadline - time.monotonic()

@@ -21,6 +21,7 @@ from edgeinspect.config import ServerConfig
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.interceptors import ServerInterceptor
 from edgeinspect.services.common.metrics import MetricsHTTP, serve_metrics
+from edgeinspect.services.common.tls import peer_interceptors, server_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ async def start_server(
 ) -> RunningServer:
     """Builds, binds and starts a role's server; health starts NOT_SERVING until the role flips it."""
     server = grpc.aio.server(
-        interceptors=[ServerInterceptor(role), *interceptors],
+        interceptors=[ServerInterceptor(role), *peer_interceptors(role, cfg.tls), *interceptors],
         options=server_options(cfg.max_message_mb),
     )
     for add in register:
@@ -128,16 +129,20 @@ async def start_server(
 
     address = _bind_address(cfg.host, cfg.port)
     try:
-        port = server.add_insecure_port(address)
+        if cfg.tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, server_credentials(cfg.tls))
     except RuntimeError as exc:
         raise Unavailable(f"cannot bind {address}: port {cfg.port} is in use or {cfg.host} is not local") from exc
     if port == 0:
         raise Unavailable(f"cannot bind {address}: port {cfg.port} is in use or {cfg.host} is not local")
     await server.start()
-    metrics = serve_metrics(cfg.metrics_port, cfg.host)
+    metrics = serve_metrics(cfg.metrics_port, cfg.metrics_host or cfg.host)
     if cfg.port_file is not None:
         write_port_file(Path(cfg.port_file), port)
-    logger.info("%s serving gRPC on %s", role or "server", _bind_address(cfg.host, port))
+    security = "plaintext" if cfg.tls is None else ("mTLS" if cfg.tls.require_client_auth else "TLS")
+    logger.info("%s serving gRPC (%s) on %s", role or "server", security, _bind_address(cfg.host, port))
     return RunningServer(
         server=server,
         port=port,
