@@ -18,13 +18,14 @@ import torch
 
 from edgeinspect import PROTOCOL_VERSION
 from edgeinspect.config import StageSettings
-from edgeinspect.errors import FailedPrecondition, PeerMismatch, Unavailable
+from edgeinspect.errors import PeerMismatch, PrefixCacheMiss, ResourceExhausted, Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, open_checkpoint
 from edgeinspect.models.grammar import SessionConstraints, grammar_cache_for
 from edgeinspect.models.prefix_cache import PrefixCache
 from edgeinspect.models.sampling import SamplingParams, make_generator, sample
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, chunk_input, load_stage, step_positions
 from edgeinspect.services.common import metrics
+from edgeinspect.services.stage.admission import RETRY_AFTER_MS, refusal, reservation_bytes
 from edgeinspect.services.stage.batching import Job
 from edgeinspect.services.stage.eviction import SessionUsage, choose_evictions
 from edgeinspect.services.stage.scheduler import BatchLimits, Pending, plan_step
@@ -56,6 +57,7 @@ class SessionWork:
     prefix_key: str = ""  # prefix cache: the shared prompt prefix's key ...
     prefix_length: int = 0  # ... and its positions
     micro_batch: int = 0  # pipeline micro-batch group: one group per forward pass
+    max_positions: int = 0  # the most positions the session will reach (KV reserved for them); 0: unknown
 
 
 @dataclass
@@ -93,7 +95,10 @@ class StageBackend:
         self._busy: set[str] = set()
         # Torch work runs on one thread: steps are serialised and the event loop stays free for health checks.
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stage-compute")
-        self.evicted = {"ttl": 0, "budget": 0}
+        self.evicted = {"ttl": 0, "budget": 0}  # "budget" stays 0: admission refuses new sessions instead
+        self.refused = 0  # new sessions refused because the KV budget could not hold them
+        # KV bytes reserved per admitted session, to the end of its budget of positions (admission.py)
+        self._reserved: dict[str, int] = {}
         self.released = 0
         self.limits = BatchLimits(
             max_sessions=cfg.max_batch_sessions,
@@ -138,6 +143,7 @@ class StageBackend:
 
     async def run(self, work: list[SessionWork]) -> list[SessionOutcome]:
         """Queues the steps; they run in the next forward passes, batched with other streams' steps."""
+        self.admit(work)
         loop = asyncio.get_running_loop()
         jobs = []
         for w in work:
@@ -158,6 +164,35 @@ class StageBackend:
                     j.future.cancel()  # a cancelled caller's steps that have not run are dropped
             self._busy -= ids
             self._update_gauges()
+
+    def admit(self, work: list[SessionWork]) -> None:
+        """Reserves KV for each new session in `work` to the end of its budget of positions, or refuses them all
+        (ResourceExhausted, nothing reserved) when the budget cannot hold them beside the live reservations."""
+        held = self.reservations()
+        added: dict[str, int] = {}
+        for w in work:
+            if w.session_id in held or w.session_id in added:
+                continue
+            end = w.inputs.position + step_positions(w.inputs)
+            need = reservation_bytes(w.max_positions, end, self.limits.kv_bytes_per_position)
+            why = refusal(need, held | added, self.limits.kv_budget_bytes)
+            if why is not None:
+                self.refused += 1
+                log.info("refused session %s: %s", w.session_id, why)
+                raise ResourceExhausted(why, retry_after_ms=RETRY_AFTER_MS)
+            added[w.session_id] = need
+        self._reserved.update(added)
+
+    def reservations(self) -> dict[str, int]:
+        """KV bytes each live session holds against the budget: its reservation, or more where it grew past one
+        (a session of unknown budget reserves only its first step)."""
+        held = dict(self._reserved)
+        for sid, sess in list(self.executor.sessions.items()):  # list(): the compute thread may open one now
+            held[sid] = max(held.get(sid, 0), sess.nbytes)
+        return held
+
+    def _reserved_positions(self, session_id: str) -> int:
+        return self._reserved.get(session_id, 0) // max(self.limits.kv_bytes_per_position, 1)
 
     async def _drain(self) -> None:
         try:
@@ -238,6 +273,9 @@ class StageBackend:
                 if job.done == 0:
                     self._start_from_prefix(job.work)
                     self.executor.check(job.work.session_id, job.work.inputs)  # the whole step, before any chunk
+                    sid = job.work.session_id
+                    if sid not in self.executor.sessions:  # its reservation allocated once (no regrowth copies)
+                        self.executor.open(sid, time.monotonic(), capacity=self._reserved_positions(sid))
                 inputs = chunk_input(job.work.inputs, job.done, n, self.executor.module.image_token_id)
                 self.executor.check(job.work.session_id, inputs)
             except Exception as exc:  # noqa: BLE001 (typed errors go back to that job's caller)
@@ -278,11 +316,12 @@ class StageBackend:
         entry = self.prefixes.get(w.prefix_key, w.prefix_length)
         metrics.PREFIX_CACHE.labels(role="stage", result="hit" if entry else "miss").inc()
         if entry is None:
-            raise FailedPrecondition(
+            raise PrefixCacheMiss(
                 f"prefix cache miss: prefix {w.prefix_key} ({w.prefix_length} positions) is not cached on stage "
                 f"{self.range}; send the whole prompt"
             )
-        self.executor.open_from(w.session_id, entry.kv, time.monotonic(), spare=step_positions(w.inputs))
+        spare = max(step_positions(w.inputs), self._reserved_positions(w.session_id) - w.prefix_length)
+        self.executor.open_from(w.session_id, entry.kv, time.monotonic(), spare=spare)
 
     def _store_prefix(self, w: SessionWork, length: int) -> None:
         """Keeps the session's prefix keys/values once it holds them all (first session of a new prefix)."""
@@ -314,7 +353,10 @@ class StageBackend:
 
     async def release(self, session_ids: list[str]) -> int:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._release_sync, session_ids)
+        n = await loop.run_in_executor(self._pool, self._release_sync, session_ids)
+        for sid in session_ids:  # on the loop, where admission reads them
+            self._reserved.pop(sid, None)
+        return n
 
     def _release_sync(self, session_ids: list[str]) -> int:
         n = 0
@@ -328,12 +370,12 @@ class StageBackend:
         return n
 
     async def evict(self) -> list[tuple[str, str]]:
-        """Applies the TTL and byte-budget policy once."""
+        """Drops sessions idle past the TTL (never one for room: admission refuses new sessions instead)."""
         usage = [
             SessionUsage(sid, s.last_used, s.nbytes, sid in self._busy)
             for sid, s in list(self.executor.sessions.items())
         ]
-        chosen = choose_evictions(usage, time.monotonic(), self.cfg.session_ttl_s, self.cfg.kv_budget_mb << 20)
+        chosen = choose_evictions(usage, time.monotonic(), self.cfg.session_ttl_s)
         if chosen:
             await self.release([sid for sid, _ in chosen])
             for sid, reason in chosen:

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 ACCEPTED_CODECS = [codec.codec_to_proto(c) for c in codec.Codec]
 MAX_STEP_TOKENS = 8192
+MAX_POSITIONS = 1 << 20  # far beyond any model context; bounds the reservation arithmetic
 
 
 def identity_to_proto(ident: Identity) -> common_pb2.PeerIdentity:
@@ -102,6 +103,8 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
     async def _run(self, request: stage_pb2.StepRequest, opened: set[str]):
         t0 = time.perf_counter()
         work = [self._to_work(step) for step in request.steps]
+        # Admission first: a refused session is not this stream's to release (a retry may hold it elsewhere).
+        self.backend.admit(work)
         opened |= {w.session_id for w in work}
         outcomes = await self.backend.run(work)
         return outcomes, stage_pb2.StageTiming(stage=self.name, compute_ms=(time.perf_counter() - t0) * 1e3)
@@ -172,6 +175,8 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             prefix_bytes=b.prefixes.nbytes,
             passes=b.steps_run,
             session_steps=b.sessions_stepped,
+            kv_reserved_bytes=sum(b.reservations().values()),
+            refused_sessions=b.refused,
         )
 
     # -- translation -------------------------------------------------------------------------------------------
@@ -214,6 +219,8 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             grammar_id, grammar_json = s.grammar_id, s.grammar_json
         if step.prefix.length < 0:
             raise InvalidInput(f"prefix length must be >= 0, got {step.prefix.length}")
+        if not 0 <= step.max_positions <= MAX_POSITIONS:
+            raise InvalidInput(f"max_positions must lie in [0, {MAX_POSITIONS}], got {step.max_positions}")
         return SessionWork(
             step.session_id,
             inputs,
@@ -224,6 +231,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             step.prefix.key,
             step.prefix.length,
             step.micro_batch,
+            step.max_positions,
         )
 
     def _to_response(self, request, outcomes: list[SessionOutcome], timing) -> stage_pb2.StepResponse:
