@@ -45,7 +45,8 @@ async def connect(cfg: GatewaySettings, store: ReportStore) -> Inspector:
 
 
 async def start(cfg: GatewaySettings) -> RunningServer:
-    store = ReportStore(cfg.db_path)
+    store = ReportStore(cfg.db_path, frames=cfg.frames)
+    store.recover_interrupted()  # rows a crash left pending: failed, "gateway restarted during inspection"
     servicer = InspectionServicer(store)
     if not cfg.api_tokens:
         log.warning("no api_tokens configured: the public API accepts unauthenticated calls")

@@ -4,12 +4,35 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
-from datetime import UTC
 
-from edgeinspect.errors import Unavailable
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from edgeinspect.errors import InvalidInput, PermissionDenied, Unavailable
+from edgeinspect.services.gateway.callers import caller_of, may_review
 from edgeinspect.services.gateway.inspection import Inspector
 from edgeinspect.services.gateway.store import ReportStore
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
+
+# google.protobuf.Timestamp's valid range: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z.
+MIN_TS_SECONDS, MAX_TS_SECONDS = -62_135_596_800, 253_402_300_799
+
+
+def time_arg(request, name: str) -> int | None:
+    """A Timestamp field as epoch microseconds (None when unset); InvalidInput outside Timestamp's range."""
+    if not request.HasField(name):
+        return None
+    ts = getattr(request, name)
+    if not MIN_TS_SECONDS <= ts.seconds <= MAX_TS_SECONDS or not 0 <= ts.nanos < 1_000_000_000:
+        raise InvalidInput(
+            f"{name} is not a valid timestamp: seconds must lie in years 1..9999 and nanos in [0, 999999999]"
+        )
+    return ts.seconds * 1_000_000 + ts.nanos // 1000
+
+
+def _timestamp(us: int) -> Timestamp:
+    ts = Timestamp()
+    ts.FromMicroseconds(us)
+    return ts
 
 
 class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
@@ -39,21 +62,78 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
                 yield event
 
     async def GetReport(self, request, context) -> inspection_pb2.DefectReport:
-        """A stored report by id."""
+        """A stored report by id, with its latest review."""
         return await asyncio.to_thread(self.store.get, request.report_id)
 
     async def ListReports(self, request, context) -> inspection_pb2.ListReportsResponse:
         """Stored reports, newest first, filtered and paginated."""
-        since = request.since.ToDatetime(tzinfo=UTC) if request.HasField("since") else None
-        until = request.until.ToDatetime(tzinfo=UTC) if request.HasField("until") else None
         reports, token = await asyncio.to_thread(
             self.store.list,
             station=request.station,
             part=request.part,
             verdict=request.verdict,
-            since=since,
-            until=until,
+            since=time_arg(request, "since"),
+            until=time_arg(request, "until"),
             page_size=request.page_size,
             page_token=request.page_token,
+            camera_id=request.camera_id,
+            defect_class=request.defect_class,
+            review=request.review,
         )
         return inspection_pb2.ListReportsResponse(reports=reports, next_page_token=token)
+
+    async def GetReportImage(self, request, context) -> inspection_pb2.ReportImage:
+        """The report's frame or thumbnail as kept by the frame store (EXPIRED once retention pruned it)."""
+        answer = await asyncio.to_thread(self.store.image, request.report_id, request.thumbnail)
+        out = inspection_pb2.ReportImage(report_id=request.report_id, state=answer.state, data=answer.data)
+        if answer.frame is not None:
+            out.image_sha256 = answer.frame.sha256
+            out.media_type = answer.frame.media_type
+            out.width, out.height = answer.frame.width, answer.frame.height
+        return out
+
+    async def AggregateReports(self, request, context) -> inspection_pb2.AggregateReportsResponse:
+        """Counts per station and time bucket, by verdict and by defect class."""
+        rows = await asyncio.to_thread(
+            self.store.aggregate,
+            station=request.station,
+            part=request.part,
+            camera_id=request.camera_id,
+            since=time_arg(request, "since"),
+            until=time_arg(request, "until"),
+            bucket_s=request.bucket_seconds,
+        )
+        return inspection_pb2.AggregateReportsResponse(
+            counts=[
+                inspection_pb2.ReportCounts(
+                    station=r["station"],
+                    bucket_start=_timestamp(r["bucket_start_us"]),
+                    total=r["total"],
+                    by_verdict=r["by_verdict"],
+                    by_class=r["by_class"],
+                    reviewed=r["reviewed"],
+                    disagreed=r["disagreed"],
+                )
+                for r in rows
+            ]
+        )
+
+    async def ReviewReport(self, request, context) -> inspection_pb2.Review:
+        """Stores the caller's review of a report as its own record."""
+        caller = caller_of(context)
+        if not may_review(caller.role):
+            raise PermissionDenied(f"role {caller.role!r} may view reports but not review them (operator or admin)")
+        return await asyncio.to_thread(
+            self.store.review,
+            request.report_id,
+            request.verdict,
+            list(request.defect_classes),
+            request.comment,
+            caller.name,
+            caller.role,
+        )
+
+    async def GetCaller(self, request, context) -> inspection_pb2.Caller:
+        """The presented token's name and role."""
+        caller = caller_of(context)
+        return inspection_pb2.Caller(name=caller.name, role=caller.role, may_review=may_review(caller.role))
