@@ -14,6 +14,7 @@ from edgeinspect.rag.cli import app as kb_app
 from edgeinspect.services.cli import demo_command, inspect_command, serve_command, up_command
 from edgeinspect.services.deploy.cli import app as deploy_app
 from edgeinspect.services.deploy.healthcheck import healthcheck_command
+from edgeinspect.services.evaluation.cli import eval_command
 from edgeinspect.services.ingest.cli import ingest_command
 from edgeinspect.services.verify import verify_command
 
@@ -35,6 +36,7 @@ app.command("inspect")(inspect_command)
 app.command("demo")(demo_command)
 app.command("bench")(bench_command)
 app.command("verify")(verify_command)
+app.command("eval")(eval_command)
 
 
 def main() -> None:
