@@ -38,8 +38,10 @@ class WireCodec(StrEnum):
 class TLSConfig(BaseModel):
     """Certificate files of one end of a TLS connection (PEM; `edgeinspect certs` makes them)."""
 
-    cert: Path = Field(..., description="this process's certificate (server: presented to callers; client: to servers)")
-    key: Path = Field(..., description="its private key (keep it 0600, mounted as a secret)")
+    cert: Path | None = Field(
+        None, description="this process's certificate (server: presented to callers; client: to servers)"
+    )
+    key: Path | None = Field(None, description="its private key (keep it 0600, mounted as a secret)")
     ca: Path | None = Field(
         None, description="CA that signs the peers (server: client certificates; client: the server's); None: system"
     )

@@ -38,6 +38,12 @@ class Unauthenticated(EdgeInspectError):
     status = "UNAUTHENTICATED"
 
 
+class PermissionDenied(EdgeInspectError):
+    """A known caller (token or certificate role) asking for something its role may not do."""
+
+    status = "PERMISSION_DENIED"
+
+
 class ResourceExhausted(EdgeInspectError):
     """Something is full (KV budget, inspection slots); `retry_after_ms` goes to the caller as the gRPC retry
     pushback (trailing metadata `grpc-retry-pushback-ms`), so clients back off instead of retrying hot."""

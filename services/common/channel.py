@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import logging
 import time
+from contextvars import ContextVar
 from typing import Any
 
 import grpc
@@ -19,6 +20,11 @@ from edgeinspect.services.common.retry import backoff_delays
 from edgeinspect.services.common.tls import channel_credentials
 
 logger = logging.getLogger(__name__)
+
+# The certificate this process presents to the internal roles it calls: set once at role entry (run_role, from the
+# role's `client_tls` setting), so every channel the role opens, wherever in the role, is mTLS without each caller
+# passing it along.
+client_tls_var: ContextVar[TLSConfig | None] = ContextVar("client_tls", default=None)
 
 
 def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
@@ -95,8 +101,10 @@ def context_interceptors(address: str) -> list[grpc.aio.ClientInterceptor]:
 
 
 def make_channel(address: str, max_message_mb: int = 64, tls: TLSConfig | None = None) -> grpc.aio.Channel:
-    """A channel to host:port that propagates request id and deadline on every call; mTLS with `tls`."""
+    """A channel to host:port that propagates request id and deadline on every call; mTLS with `tls` (default:
+    the role's client_tls)."""
     options, interceptors = channel_options(max_message_mb), context_interceptors(address)
+    tls = tls if tls is not None else client_tls_var.get()
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     return grpc.aio.secure_channel(address, channel_credentials(tls), options=options, interceptors=interceptors)

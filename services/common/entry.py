@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinspect.errors import EdgeInspectError
+from edgeinspect.services.common.channel import client_tls_var
 from edgeinspect.services.common.logging import configure_logging
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,7 @@ def run_role(settings_cls, serve: Callable[[Any], Coroutine], role: str, config_
     cfg = settings_cls.load(config_path)
     configure_logging(cfg.log_level, cfg.log_json, role=role)
     try:
+        client_tls_var.set(getattr(cfg, "client_tls", None))  # before asyncio.run: its tasks copy this context
         asyncio.run(serve(cfg))
     except EdgeInspectError as exc:
         log.error("%s cannot start: %s", role, exc)

@@ -10,6 +10,7 @@ import grpc
 
 from edgeinspect.errors import EdgeInspectError
 from edgeinspect.services.common.context import request_id_var
+from edgeinspect.services.common.redact import cite, redact, upstream_message
 
 logger = logging.getLogger(__name__)
 
@@ -53,15 +54,29 @@ def upstream_peer(exc: grpc.aio.AioRpcError) -> str:
     return match.group(1) if match else "upstream"
 
 
-def details_for(exc: BaseException) -> str:
-    """Status details a person can act on; never internals of an unexpected exception."""
-    if isinstance(exc, EdgeInspectError):
-        return str(exc) or type(exc).__name__
+def log_details_for(exc: BaseException) -> str:
+    """Everything known about a failure, for the log only (addresses, the upstream peer)."""
     if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{upstream_peer(exc)}: {exc.details() or exc.code().name}"
-    if isinstance(exc, TimeoutError):
-        return f"timed out: {exc}" if str(exc) else "timed out waiting for an upstream step"
+        return f"{upstream_peer(exc)}: {exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def details_for(exc: BaseException) -> str:
+    """Status details a person can act on; never addresses, ports, paths or exception classes (those go to
+    the log under the request id, which a message that left something out cites)."""
     rid = request_id_var.get()
+    if isinstance(exc, EdgeInspectError):
+        text = str(exc)
+        if not text:
+            return cite(f"request failed ({exc.status.lower().replace('_', ' ')})", rid)
+        clean = redact(text)
+        return clean if clean == text else cite(clean, rid)
+    if isinstance(exc, grpc.aio.AioRpcError):
+        text = exc.details() or ""
+        clean = upstream_message(exc.code(), text)
+        return clean if clean == text else cite(clean, rid)
+    if isinstance(exc, TimeoutError):
+        return cite("timed out waiting for an upstream step", rid)
     return f"internal error; see the server log for request id {rid}" if rid else "internal error; see server log"
 
 
@@ -77,5 +92,5 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> N
     if code is grpc.StatusCode.INTERNAL and not isinstance(exc, EdgeInspectError | grpc.aio.AioRpcError):
         logger.error("unhandled %s in handler", type(exc).__name__, exc_info=exc)
     else:
-        logger.info("rpc failed: %s %s", code.name, details)
+        logger.info("rpc failed: %s %s [%s]", code.name, details, log_details_for(exc))
     await context.abort(code, details)

@@ -39,6 +39,8 @@ def _read(path: Any) -> bytes:
 
 def server_credentials(tls: TLSConfig) -> grpc.ServerCredentials:
     """The server's certificate; with require_client_auth, callers must present one signed by `tls.ca`."""
+    if tls.cert is None or tls.key is None:
+        raise ValueError("a TLS server needs tls.cert and tls.key")
     if tls.require_client_auth and tls.ca is None:
         raise ValueError("tls.require_client_auth needs tls.ca (the CA that signs the callers' certificates)")
     return grpc.ssl_server_credentials(
@@ -49,11 +51,12 @@ def server_credentials(tls: TLSConfig) -> grpc.ServerCredentials:
 
 
 def channel_credentials(tls: TLSConfig) -> grpc.ChannelCredentials:
-    """Client credentials: verify the server against `tls.ca` and present our own certificate."""
+    """Client credentials: verify the server against `tls.ca`; present our own certificate when we have one."""
+    mine = tls.cert is not None and tls.key is not None
     return grpc.ssl_channel_credentials(
         root_certificates=_read(tls.ca) if tls.ca is not None else None,
-        private_key=_read(tls.key),
-        certificate_chain=_read(tls.cert),
+        private_key=_read(tls.key) if mine else None,
+        certificate_chain=_read(tls.cert) if mine else None,
     )
 
 
