@@ -12,15 +12,20 @@ from typing import Any
 
 from edgeinspect.errors import EdgeInspectError
 from edgeinspect.services.common.channel import client_tls_var
+from edgeinspect.services.common.lifecycle import die_with_launcher
 from edgeinspect.services.common.logging import configure_logging
 
 log = logging.getLogger(__name__)
 
 
 def run_role(settings_cls, serve: Callable[[Any], Coroutine], role: str, config_path: Path | None) -> None:
-    """Loads the role's settings, configures logging and serves; a startup error is one log line and exit 1."""
+    """Loads the role's settings, configures logging and serves; a startup error is one log line and exit 1.
+
+    A role started by a launcher (`up`, LocalStack) ends with it, also when the launcher is SIGKILLed.
+    """
     cfg = settings_cls.load(config_path)
     configure_logging(cfg.log_level, cfg.log_json, role=role)
+    die_with_launcher()
     try:
         client_tls_var.set(getattr(cfg, "client_tls", None))  # before asyncio.run: its tasks copy this context
         asyncio.run(serve(cfg))
