@@ -1,43 +1,62 @@
 """The embedded default: every role on one box, each its own OS process, wired over loopback gRPC.
 
 Used by `edgeinspect up`/`demo` and by the end-to-end tests, so what the tests prove is what a user runs.
+Every role gets a fixed port picked before anything starts, written into its run config (run/NAME.yaml, 0600),
+so a role restarted from its config (by the supervisor, a test or a person) comes back where its peers look.
+With `supervise`, a crashed role is restarted on its port with backoff instead of the stack stopping.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgeinspect.config import (
     GatewaySettings,
     RetrievalSettings,
+    RoleSettings,
     ServerConfig,
     StageSettings,
     VisionSettings,
     write_yaml,
 )
-from edgeinspect.errors import Unavailable
+from edgeinspect.errors import InvalidInput, Unavailable
+from edgeinspect.services.common.lifecycle import PARENT_PID_ENV, RestartPolicy
 
 log = logging.getLogger(__name__)
-ROLE_MODULES = {
-    "vision": "edgeinspect.services.vision",
-    "stage": "edgeinspect.services.stage",
-    "retrieval": "edgeinspect.services.retrieval",
-    "gateway": "edgeinspect.services.gateway",
+
+
+@dataclass(frozen=True)
+class RoleKind:
+    module: str  # python -m MODULE --config FILE
+    settings: type[RoleSettings]
+
+
+ROLES = {
+    "vision": RoleKind("edgeinspect.services.vision", VisionSettings),
+    "stage": RoleKind("edgeinspect.services.stage", StageSettings),
+    "retrieval": RoleKind("edgeinspect.services.retrieval", RetrievalSettings),
+    "gateway": RoleKind("edgeinspect.services.gateway", GatewaySettings),
 }
+STACK_FILE = "stack.json"
 
 
 @dataclass
 class StackOptions:
     workdir: Path
     checkpoint: Path | None = None  # None: generate the tiny checkpoint under workdir on first run
-    stages: int = 2
+    stages: int = 2  # layer ranges the language model is split into
+    replicas: int = 1  # processes serving each layer range (the gateway routes between them)
     kb_dir: Path | None = None  # None: no retrieval node
     codec: str = "fp16"
     chained: bool = False
@@ -47,15 +66,31 @@ class StackOptions:
     gateway_port: int = 0  # 0: pick a free port
     host: str = "127.0.0.1"
     start_timeout_s: float = 180.0
+    supervise: bool = False  # restart a crashed role on its port with backoff (`up`); off: tests drive restarts
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class RoleProcess:
-    name: str
+    name: str  # unique: "vision", "stage0", "stage0r1" (replica 1 of range 0), "gateway"
     proc: subprocess.Popen
     port: int
     log_path: Path
+    role: str = ""  # key of ROLES: what the process runs
+    config_path: Path | None = None
+    layers: tuple[int, int] | None = None  # stages: the layer range [a, b) served
+    replica: int = 0
+    restarts: int = 0  # times the supervisor or restart() started it again
+    crashes_in_a_row: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+    restart_at: float | None = None  # the supervisor's scheduled restart
+    given_up: bool = False  # crashed too often in a row: the supervisor no longer restarts it
+    held: bool = False  # being stopped or restarted on purpose: the supervisor keeps out
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of the role's log (what to show when it died)."""
@@ -85,8 +120,53 @@ def stage_ranges(num_layers: int, stages: int) -> list[tuple[int, int]]:
     return out
 
 
+def stage_name(k: int, replica: int = 0) -> str:
+    """stage0, stage1, ... for the first replica of each range (what single-replica stacks always called them);
+    stage0r1, stage0r2, ... for further replicas of range 0."""
+    return f"stage{k}" if replica == 0 else f"stage{k}r{replica}"
+
+
+def free_ports(count: int, host: str, avoid: tuple[int, ...] = ()) -> list[int]:
+    """Ports free right now: all bound at once (so distinct), then released for the roles to bind. Another
+    process may take one in between; that role then fails to start naming the port (SO_REUSEPORT is off)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socks: list[socket.socket] = []
+    try:
+        while len(socks) < count:
+            s = socket.socket(family, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            if s.getsockname()[1] in avoid:  # the kernel may hand out a port the user asked for elsewhere
+                s.close()
+                continue
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def local_api_tokens(token: str) -> list:
+    """GatewaySettings.api_tokens for the stack's one bearer token (the one place that knows their form)."""
+    return [token]
+
+
+def write_private_yaml(settings: RoleSettings, path: Path) -> None:
+    """A run config, readable by this user only (it may hold API tokens and, with TLS, key paths)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an older file keeps its mode through open(); tighten it before writing
+    finally:
+        os.close(fd)
+    write_yaml(settings, path)
+
+
 class LocalStack:
-    """Starts the roles (vision, stages, retrieval, gateway) as processes; `stop` ends them all."""
+    """Starts the roles (vision, stages x replicas, retrieval, gateway) as processes; `stop` ends them all.
+
+    Every role is forked from one thread (`_spawner`) that lives exactly as long as the stack: the roles arm
+    PR_SET_PDEATHSIG, which fires when the forking *thread* exits, so forking from the caller's thread (which a
+    test or a thread pool may end early) or from the supervisor would tie a role's life to the wrong thread.
+    """
 
     def __init__(self, opts: StackOptions):
         self.opts = opts
@@ -94,6 +174,11 @@ class LocalStack:
         self.run_dir = opts.workdir / "run"
         self.gateway_address = ""
         self.checkpoint: Path | None = None
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  # notified on every (re)start and give-up
+        self._stopping = threading.Event()
+        self._spawner: ThreadPoolExecutor | None = None
+        self._supervisor: threading.Thread | None = None
 
     def __enter__(self) -> LocalStack:
         try:
@@ -110,93 +195,133 @@ class LocalStack:
     def api_token(self) -> str:
         return self.opts.api_token
 
-    def address_of(self, name: str) -> str:
+    @property
+    def stack_file(self) -> Path:
+        return self.run_dir / STACK_FILE
+
+    def role(self, name: str) -> RoleProcess:
         for r in self.roles:
             if r.name == name:
-                return f"{self.opts.host}:{r.port}"
-        raise KeyError(name)
+                return r
+        raise KeyError(f"no role {name!r} in this stack (roles: {', '.join(r.name for r in self.roles)})")
+
+    def address_of(self, name: str) -> str:
+        return f"{self.opts.host}:{self.role(name).port}"
+
+    def stage_endpoints(self, k: int) -> list[str]:
+        """host:port of every replica serving layer range k, replica 0 first."""
+        ranges = self.layer_ranges
+        if not 0 <= k < len(ranges):
+            raise KeyError(f"no layer range {k}: this stack has {len(ranges)}")
+        stages = sorted((r for r in self.roles if r.role == "stage" and r.layers == ranges[k]), key=lambda r: r.replica)
+        return [f"{self.opts.host}:{r.port}" for r in stages]
+
+    @property
+    def layer_ranges(self) -> list[tuple[int, int]]:
+        return sorted({r.layers for r in self.roles if r.role == "stage" and r.layers is not None})
 
     def start(self) -> None:
         o = self.opts
+        if o.stages < 1 or o.replicas < 1:
+            raise InvalidInput(f"stages and replicas must be >= 1, got {o.stages} and {o.replicas}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)
+        self._stopping.clear()
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="edgeinspect-roles")
         self.checkpoint = ckpt = o.checkpoint or ensure_tiny_checkpoint(o.workdir)
         from edgeinspect.models.checkpoint import open_checkpoint
 
-        num_layers = open_checkpoint(ckpt).num_layers
+        ranges = stage_ranges(open_checkpoint(ckpt).num_layers, o.stages)
+        upstreams = 1 + len(ranges) * o.replicas + (o.kb_dir is not None)
+        ports = iter(free_ports(upstreams + (o.gateway_port == 0), o.host, avoid=(o.gateway_port,)))
+        addr = {}  # name -> port, known before anything starts: chained stages and the gateway need them
+
+        def place(name: str) -> ServerConfig:
+            addr[name] = next(ports)
+            return self._server(name, addr[name])
+
         self._spawn(
             "vision",
+            "vision",
             VisionSettings(
-                checkpoint=ckpt,
-                backend=o.vision_backend,
-                server=self._server("vision"),
-                onnx_path=o.workdir / "vision.onnx",
+                checkpoint=ckpt, backend=o.vision_backend, server=place("vision"), onnx_path=o.workdir / "vision.onnx"
             ),
         )
-        ranges = stage_ranges(num_layers, o.stages)
-        # Chained stages need the next stage's address, so start from the last one.
-        stage_procs: list[RoleProcess] = []
-        next_addr = None
-        for k in reversed(range(len(ranges))):
-            a, b = ranges[k]
-            cfg = StageSettings(
-                checkpoint=ckpt,
-                layer_start=a,
-                layer_end=b,
-                weights=o.weights,
-                next_stage=next_addr if o.chained else None,
-                server=self._server(f"stage{k}"),
-            )
-            proc = self._spawn(f"stage{k}", cfg, wait=o.chained)
-            stage_procs.insert(0, proc)
-            next_addr = f"{o.host}:{proc.port}" if o.chained else None
+        names = [[stage_name(k, r) for r in range(o.replicas)] for k in range(len(ranges))]
+        servers = {n: place(n) for row in names for n in row}
+        for k, (a, b) in enumerate(ranges):
+            for r, name in enumerate(names[k]):
+                # Chained: replica r of range k forwards to replica r of range k+1 (R parallel chains).
+                nxt = f"{o.host}:{addr[names[k + 1][r]]}" if o.chained and k + 1 < len(ranges) else None
+                cfg = StageSettings(
+                    checkpoint=ckpt, layer_start=a, layer_end=b, weights=o.weights, next_stage=nxt, server=servers[name]
+                )
+                self._spawn(name, "stage", cfg, layers=(a, b), replica=r)
         if o.kb_dir is not None:
-            self._spawn("retrieval", RetrievalSettings(kb_dir=o.kb_dir, server=self._server("retrieval")))
-        for role in self.roles:
-            if role.port == 0:
-                role.port = self._wait_port(role)
+            self._spawn("retrieval", "retrieval", RetrievalSettings(kb_dir=o.kb_dir, server=place("retrieval")))
         gateway = GatewaySettings(
             checkpoint=ckpt,
-            vision=self.address_of("vision"),
-            stages=[f"{o.host}:{p.port}" for p in stage_procs],
-            retrieval=self.address_of("retrieval") if o.kb_dir is not None else None,
+            vision=f"{o.host}:{addr['vision']}",
+            stages=[f"{o.host}:{addr[n]}" for row in names for n in row],  # every endpoint; range-major order
+            retrieval=f"{o.host}:{addr['retrieval']}" if o.kb_dir is not None else None,
             codec=o.codec,
             chained=o.chained,
             db_path=o.workdir / "reports.sqlite",
-            api_tokens=[o.api_token],
-            server=self._server("gateway", o.gateway_port),
+            api_tokens=local_api_tokens(o.api_token),
+            server=self._server("gateway", o.gateway_port or next(ports)),
             upstream_timeout_s=o.start_timeout_s,
         )
-        self._spawn("gateway", gateway)
+        self._spawn("gateway", "gateway", gateway)
         self.gateway_address = self.address_of("gateway")
+        for role in self.roles:
+            self._wait_bound(role)
         self._wait_serving(self.gateway_address)
+        self._write_stack_file()
+        if o.supervise:
+            self._supervisor = threading.Thread(target=self._supervise, name="edgeinspect-supervisor", daemon=True)
+            self._supervisor.start()
 
-    def _server(self, name: str, port: int = 0) -> ServerConfig:
+    def _server(self, name: str, port: int) -> ServerConfig:
         return ServerConfig(host=self.opts.host, port=port, port_file=self.run_dir / f"{name}.port", grace_s=2.0)
 
-    def _spawn(self, name: str, cfg, wait: bool = True) -> RoleProcess:
-        role = name.rstrip("0123456789")
+    def _spawn(self, name: str, role: str, cfg: RoleSettings, **kw) -> RoleProcess:
         config_path = self.run_dir / f"{name}.yaml"
-        port_file = Path(cfg.server.port_file)
-        port_file.unlink(missing_ok=True)
-        write_yaml(cfg, config_path)
+        write_private_yaml(cfg, config_path)
         log_path = self.opts.workdir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **self.opts.extra_env}
-        with log_path.open("ab") as logf:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", ROLE_MODULES[role], "--config", str(config_path)],
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        rp = RoleProcess(name, proc, 0, log_path)
-        self.roles.append(rp)
-        if wait:
-            rp.port = self._wait_port(rp)
+        proc = self._popen(role, config_path, log_path)
+        rp = RoleProcess(name, proc, cfg.server.port, log_path, role, config_path, **kw)
+        with self._lock:
+            self.roles.append(rp)
         return rp
 
-    def _wait_port(self, role: RoleProcess) -> int:
+    def _popen(self, role: str, config_path: Path, log_path: Path) -> subprocess.Popen:
+        """Starts `python -m ROLE --config FILE` from the spawner thread (see the class comment)."""
+        (self.run_dir / f"{config_path.stem}.port").unlink(missing_ok=True)
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **self.opts.extra_env,
+            PARENT_PID_ENV: str(os.getpid()),
+        }
+        with log_path.open("ab") as logf:
+            argv = [sys.executable, "-m", ROLES[role].module, "--config", str(config_path)]
+            # A session of its own: a Ctrl-C in the terminal reaches `up`, which stops the roles in order.
+            kw = dict(stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            if self._spawner is None:
+                raise Unavailable("the stack is stopped")
+            return self._spawner.submit(subprocess.Popen, argv, **kw).result()
+
+    def _relaunch(self, role: RoleProcess) -> None:
+        """Starts the role again from its run config (the same port: the config carries it)."""
+        role.proc = self._popen(role.role, role.config_path, role.log_path)
+        role.started_at = time.monotonic()
+        role.restarts += 1
+        self._changed.notify_all()
+
+    def _wait_bound(self, role: RoleProcess) -> None:
+        """Until the role has bound its port (its port file appears), or it exits."""
         port_file = self.run_dir / f"{role.name}.port"
         deadline = time.monotonic() + self.opts.start_timeout_s
         while time.monotonic() < deadline:
@@ -205,11 +330,16 @@ class LocalStack:
                     f"{role.name} exited with code {role.proc.returncode}; see {role.log_path}:\n" + role.log_tail()
                 )
             if port_file.is_file() and port_file.read_text().strip():
-                return int(port_file.read_text())
+                bound = int(port_file.read_text())
+                if bound != role.port:
+                    raise Unavailable(f"{role.name} bound port {bound}, not its configured {role.port}")
+                return
             time.sleep(0.05)
         raise Unavailable(f"{role.name} did not bind a port within {self.opts.start_timeout_s}s; see {role.log_path}")
 
-    def _wait_serving(self, address: str) -> None:
+    def _wait_serving(self, address: str, role: RoleProcess | None = None) -> None:
+        """Until the server at address says SERVING. Raises when a role exits meanwhile (during start, any role;
+        when waiting for one supervised role, only a give-up: the supervisor restarts it otherwise)."""
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -217,50 +347,159 @@ class LocalStack:
         with grpc.insecure_channel(address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
-                for role in self.roles:
-                    if role.proc.poll() is not None:
-                        raise Unavailable(f"{role.name} exited with code {role.proc.returncode}:\n" + role.log_tail())
+                for r in [role] if role is not None else self.roles:
+                    if r.given_up or (not self._supervising() and r.proc.poll() is not None):
+                        raise Unavailable(f"{r.name} exited with code {r.proc.returncode}:\n" + r.log_tail())
                 try:
                     if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == 1:
                         return
                 except grpc.RpcError:
                     pass
                 time.sleep(0.2)
-        raise Unavailable(f"the gateway at {address} was not SERVING within {self.opts.start_timeout_s}s")
+        raise Unavailable(f"{address} was not SERVING within {self.opts.start_timeout_s}s")
 
-    def kill(self, name: str) -> None:
-        """SIGKILL one role (failure tests)."""
-        role = next(r for r in self.roles if r.name == name)
+    def _supervising(self) -> bool:
+        return self._supervisor is not None and self._supervisor.is_alive()
+
+    def kill(self, name: str) -> int:
+        """SIGKILL one role (failure tests); returns the pid it had. Supervised, it comes back by itself:
+        `wait_restarted(name, pid)` waits for that."""
+        role = self.role(name)
+        pid = role.pid
         role.proc.kill()
         role.proc.wait()
+        return pid
 
     def restart(self, name: str) -> None:
-        """Starts a role again from its written config (same port when it had a fixed one)."""
-        role = next(r for r in self.roles if r.name == name)
-        self.roles.remove(role)
-        config_path = self.run_dir / f"{name}.yaml"
-        cls = {
-            "vision": VisionSettings,
-            "stage": StageSettings,
-            "retrieval": RetrievalSettings,
-            "gateway": GatewaySettings,
-        }[name.rstrip("0123456789")]
-        cfg = cls.load(config_path)
-        if cfg.server.port == 0:
-            cfg.server.port = role.port  # keep the address its peers and clients know
-        new = self._spawn(name, cfg)
-        if name == "gateway":
-            self._wait_serving(f"{self.opts.host}:{new.port}")
+        """Stops the role if it runs and starts it again from its run config (same port), then waits until it
+        is bound (the gateway: SERVING)."""
+        role = self.role(name)
+        with self._lock:
+            role.held = True
+            role.restart_at = None
+        try:
+            self._terminate([role], timeout_s=10.0)
+            with self._lock:
+                self._relaunch(role)
+                role.given_up, role.crashes_in_a_row = False, 0
+            self._wait_bound(role)
+            if role.role == "gateway":
+                self._wait_serving(self.address_of(name))
+        finally:
+            with self._lock:
+                role.held = False
+            self._write_stack_file()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        for role in reversed(self.roles):
+    def wait_restarted(self, name: str, old_pid: int, timeout_s: float | None = None) -> RoleProcess:
+        """Until the supervisor has started `name` again (a pid other than old_pid) and it is SERVING."""
+        deadline = time.monotonic() + (timeout_s or self.opts.start_timeout_s)
+        with self._changed:
+            while True:
+                role = self.role(name)
+                if role.given_up:
+                    raise Unavailable(f"{name} crashed too often in a row; the supervisor gave up on it")
+                if role.pid != old_pid and role.proc.poll() is None:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Unavailable(f"{name} was not restarted within {timeout_s}s")
+                self._changed.wait(min(left, 0.5))
+        self._wait_serving(self.address_of(name), role)
+        return role
+
+    def _supervise(self) -> None:
+        """Every 0.2 s: restart crashed roles on their ports, with the policy's backoff, until it gives up."""
+        policy = self.opts.restart_policy
+        while not self._stopping.wait(0.2):
+            changed = False
+            with self._lock:
+                for role in self.roles:
+                    changed |= self._check(role, policy)
+            if changed:
+                self._write_stack_file()
+
+    def _check(self, role: RoleProcess, policy: RestartPolicy) -> bool:
+        if role.held or role.given_up or self._stopping.is_set():
+            return False
+        now = time.monotonic()
+        if role.restart_at is not None:
+            if now < role.restart_at:
+                return False
+            role.restart_at = None
+            self._relaunch(role)
+            log.warning("%s restarted on port %d (pid %d)", role.name, role.port, role.pid)
+            return True
+        code = role.proc.poll()
+        if code is None:
+            return False
+        role.crashes_in_a_row = policy.next_count(role.crashes_in_a_row, now - role.started_at)
+        delay = policy.delay(role.crashes_in_a_row)
+        if delay is None:
+            role.given_up = True
+            self._changed.notify_all()
+            log.error(
+                "%s exited with code %s, its %d crash in a row; not restarting it again. Its log (%s) ends:\n%s",
+                role.name,
+                code,
+                role.crashes_in_a_row,
+                role.log_path,
+                role.log_tail(),
+            )
+            return True
+        attempt = role.crashes_in_a_row + 1  # the run about to start; the first run was attempt 1
+        log.warning("%s exited with code %s; restarting in %.1f s (attempt %d)", role.name, code, delay, attempt)
+        role.restart_at = now + delay
+        return True
+
+    def _terminate(self, roles: list[RoleProcess], timeout_s: float) -> None:
+        for role in roles:
             if role.proc.poll() is None:
                 role.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        for role in self.roles:
+        for role in roles:
             try:
                 role.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0f s of SIGTERM; killing it", role.name, timeout_s)
                 role.proc.kill()
                 role.proc.wait()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ends every role: the gateway first, SIGTERM (in-flight calls get their grace), SIGKILL after timeout_s."""
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+            self._supervisor = None
+        with self._lock:
+            for role in self.roles:
+                role.held = True
+            roles = list(reversed(self.roles))
+        self._terminate(roles, timeout_s)
+        if self._spawner is not None:
+            self._spawner.shutdown()
+            self._spawner = None
+        self.stack_file.unlink(missing_ok=True)
         self.roles = []
+
+    def _write_stack_file(self) -> None:
+        """run/stack.json: every role's name, pid, address and layer range, for `edgeinspect status` and tools."""
+        with self._lock:
+            roles = [
+                {
+                    "name": r.name,
+                    "role": r.role,
+                    "pid": r.pid,
+                    "address": f"{self.opts.host}:{r.port}",
+                    "layers": list(r.layers) if r.layers else None,
+                    "replica": r.replica,
+                    "restarts": r.restarts,
+                    "state": "given_up" if r.given_up else "restarting" if r.proc.poll() is not None else "running",
+                    "config": str(r.config_path),
+                    "log": str(r.log_path),
+                }
+                for r in self.roles
+            ]
+            data = {"launcher_pid": os.getpid(), "gateway": self.gateway_address, "roles": roles}
+            tmp = self.stack_file.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(data, indent=2) + "\n")
+            os.replace(tmp, self.stack_file)
