@@ -11,6 +11,7 @@ from edgeinspect.bench_cli import bench_command
 from edgeinspect.models.cli import app as model_app
 from edgeinspect.models.planner_cli import plan_command
 from edgeinspect.rag.cli import app as kb_app
+from edgeinspect.security_cli import certs_app, token_app
 from edgeinspect.services.cli import demo_command, inspect_command, serve_command, up_command
 from edgeinspect.services.deploy.cli import app as deploy_app
 from edgeinspect.services.deploy.healthcheck import healthcheck_command
@@ -28,6 +29,8 @@ app.add_typer(model_app, name="model", help="Checkpoints: generate a tiny one, i
 app.command("plan")(plan_command)
 app.add_typer(deploy_app, name="deploy", help="Plant inventory -> compose files, role settings, k3s manifests.")
 app.command("healthcheck")(healthcheck_command)
+app.add_typer(certs_app, name="certs", help="The plant CA: make it, issue box certificates, check expiry.")
+app.add_typer(token_app, name="token", help="Public API bearer tokens: create one (its hash goes in the config).")
 app.add_typer(kb_app, name="kb", help="Knowledge base of defect specs: index a folder, search, stats, verify.")
 app.command("ingest")(ingest_command)
 app.command("serve")(serve_command)
