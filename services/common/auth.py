@@ -34,6 +34,10 @@ METHOD_ROLES: dict[str, frozenset[TokenRole]] = {
     _INSPECTION + "InspectStream": frozenset({TokenRole.inspect}),
     _INSPECTION + "GetReport": _READ,
     _INSPECTION + "ListReports": _READ,
+    _INSPECTION + "GetReportImage": _READ,
+    _INSPECTION + "AggregateReports": _READ,
+    _INSPECTION + "GetCaller": _READ,
+    # ReviewReport: admin only (not listed); an operator role, when there is one, belongs here.
 }
 
 
