@@ -1,12 +1,14 @@
-"""Who is calling the public API and whether their role may review reports (pure policy + one seam).
+"""Who is calling the public API and whether their token's role may review reports.
 
-The seam: `caller_of` asks the auth layer for the verified token's (name, role). Until token roles exist, every
-token the bearer interceptor accepted is one unnamed operator (the only kind of token there is).
+Review is a decision about the product, so the read and inspect roles (viewers, cameras) may not make one; the
+auth interceptor's METHOD_ROLES refuses them first, this is the servicer's own check of the same rule.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from edgeinspect.services.common.auth import current_caller
 
 REVIEW_ROLES = frozenset({"admin", "operator"})
 
@@ -22,10 +24,8 @@ def may_review(role: str) -> bool:
 
 
 def caller_of(context: object) -> CallerInfo:
-    """The caller of the current RPC (the auth interceptor has accepted it already)."""
-    try:
-        from edgeinspect.services.common.auth import current_caller
-    except ImportError:  # token roles have not landed: one kind of token, which operates the line
-        return CallerInfo("", "operator")
-    name, role = current_caller()
-    return CallerInfo(name, role)
+    """The caller of the current RPC; without an auth interceptor (no token checked) a nameless reader."""
+    caller = current_caller()
+    if caller is None:
+        return CallerInfo("", "read")
+    return CallerInfo(caller.name, str(caller.role))
