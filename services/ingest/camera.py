@@ -8,6 +8,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from enum import StrEnum
 
 from edgeinspect.errors import EdgeInspectError, InvalidInput
@@ -85,6 +86,8 @@ class CameraReader:
         self._opener = opener
         self._stop = threading.Event()
         self._index = 0
+        self._grabs: list[tuple[float, Future[Frame]]] = []  # (wall time, future): frames asked for directly
+        self._grabs_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"camera-{cfg.id}", daemon=True)
 
     def start(self) -> CameraReader:
@@ -103,6 +106,31 @@ class CameraReader:
     def trigger(self, at: float | None = None) -> None:
         with self._sampler_lock:
             self._sampler.trigger(time.time() if at is None else at)
+
+    def grab(self, at: float | None = None) -> Future[Frame]:
+        """The first frame captured at or after `at` (default: now), whatever the sampling says: what a PLC
+        trigger inspects. The future fails when the reader stops first."""
+        future: Future[Frame] = Future()
+        with self._grabs_lock:
+            self._grabs.append((time.time() if at is None else at, future))
+        if self._stop.is_set():
+            self._fail_grabs()
+        return future
+
+    def _serve_grabs(self, frame: Frame) -> None:
+        with self._grabs_lock:
+            due = [f for t, f in self._grabs if t <= frame.wall_time]
+            self._grabs = [(t, f) for t, f in self._grabs if t > frame.wall_time]
+        for future in due:
+            if not future.done():
+                future.set_result(frame)
+
+    def _fail_grabs(self) -> None:
+        with self._grabs_lock:
+            pending, self._grabs = self._grabs, []
+        for _, future in pending:
+            if not future.done():
+                future.set_exception(EdgeInspectError(f"camera {self.cfg.id} stopped before it captured a frame"))
 
     def forget_last(self) -> None:
         """Delivery of the last sampled frame failed: let the gate choose the current scene again."""
@@ -155,6 +183,7 @@ class CameraReader:
             self._metrics.source_errors.labels(camera=cam, kind=kind).inc()
             self._reconnect_after(next(delays))
         self.state = CameraState.stopped
+        self._fail_grabs()
 
     def _reconnect_after(self, delay: float) -> None:
         self.state = CameraState.reconnecting
@@ -176,6 +205,8 @@ class CameraReader:
             self._index += 1
             self._metrics.frames_read.labels(camera=cam).inc()
             self._metrics.frame_age.touch(cam, last)
+            if self._grabs:
+                self._serve_grabs(frame)
             with self._sampler_lock:
                 decision = self._sampler.decide(frame.index, frame.wall_time, frame.image)
             if self._on_decision is not None:
