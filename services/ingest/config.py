@@ -9,6 +9,8 @@ from typing import Any, Self
 from pydantic import BaseModel, Field, model_validator
 
 from edgeinspect.config import RoleSettings
+from edgeinspect.services.line.config import OpcUaConfig, StationLineConfig
+from edgeinspect.services.outputs.config import OutputsConfig
 
 
 class RtspTransport(StrEnum):
@@ -59,6 +61,9 @@ class CameraConfig(BaseModel):
     stall_timeout_s: float = Field(5.0, gt=0, description="watchdog: reopen a stream that sends no frame this long")
     reconnect_base_s: float = Field(0.5, gt=0, description="first reconnect delay; doubles per failure")
     reconnect_max_s: float = Field(10.0, gt=0, description="reconnect delays never exceed this")
+    line: StationLineConfig | None = Field(
+        None, description="this camera's station on the PLC handshake (OPC UA object, takt budget); None: not"
+    )
 
 
 class RetentionConfig(BaseModel):
@@ -69,6 +74,11 @@ class RetentionConfig(BaseModel):
 class TriggerConfig(BaseModel):
     host: str = Field("127.0.0.1", description="address of the trigger HTTP endpoint")
     port: int | None = Field(None, description="port of POST /trigger/<camera_id>; None disables, 0 picks one")
+    token: str = Field(
+        "",
+        description="bearer token every trigger must send (or its 'sha256:<hex>' hash); empty: every trigger is "
+        "refused (env EDGEINSPECT_TRIGGER__TOKEN)",
+    )
 
 
 class IngestSettings(RoleSettings):
@@ -85,6 +95,10 @@ class IngestSettings(RoleSettings):
     retry_base_s: float = Field(0.5, gt=0, description="first delay between tries; doubles per try")
     retry_max_s: float = Field(4.0, gt=0, description="delays between tries never exceed this")
     trigger: TriggerConfig = Field(default_factory=TriggerConfig, description="external trigger endpoint")
+    opcua: OpcUaConfig | None = Field(None, description="OPC UA server for the PLC handshake; None: off")
+    outputs: OutputsConfig = Field(
+        default_factory=OutputsConfig, description="where each report goes next (MQTT, webhooks), from this role"
+    )
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Self:
@@ -92,7 +106,15 @@ class IngestSettings(RoleSettings):
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ValueError(f"camera ids must be unique; repeated: {', '.join(dupes)}")
+        stations = [c.station for c in self.cameras if c.line is not None]
+        shared = sorted({st for st in stations if stations.count(st) > 1})
+        if shared:
+            raise ValueError(f"one camera per line station (OPC UA object); shared: {', '.join(shared)}")
         return self
+
+    def line_camera(self, station: str) -> CameraConfig | None:
+        """The camera serving a line station (a camera with a `line:` block)."""
+        return next((c for c in self.cameras if c.line is not None and c.station == station), None)
 
     @classmethod
     def load(cls, path: Path | str | None = None, **overrides: Any) -> Self:
