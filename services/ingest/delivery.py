@@ -39,6 +39,7 @@ class ReportSummary:
     camera_id: str
     idempotency_key: str
     description: str = ""
+    defects: tuple[tuple[str, str], ...] = ()  # (class, severity): what the line's DefectClass shows
 
 
 class ReportSink(Protocol):
@@ -100,6 +101,7 @@ class GrpcReportSink:
             camera_id=report.camera_id or job.camera_id,
             idempotency_key=report.idempotency_key,
             description=report.description,
+            defects=tuple((d.defect_class, d.severity) for d in report.defects),
         )
 
     async def close(self) -> None:
