@@ -197,7 +197,11 @@ class ApiToken(BaseModel):
 class GatewaySettings(RoleSettings):
     checkpoint: Path = Field(..., description="checkpoint folder (tokenizer, processor, fingerprints)")
     vision: str = Field(..., description="host:port of the vision node")
-    stages: list[str] = Field(..., description="host:port of each decoder stage, in layer order")
+    stages: list[str] = Field(
+        ...,
+        description="host:port of every decoder-stage endpoint, any order; several may serve one layer range "
+        "(replicas): each endpoint's range is learned from its handshake",
+    )
     retrieval: str | None = Field(None, description="host:port of the retrieval node (None: no spec context)")
     codec: WireCodec = Field(WireCodec.fp16, description="tensor codec between nodes")
     zstd: bool = Field(False, description="zstd on top of the codec")
@@ -218,7 +222,9 @@ class GatewaySettings(RoleSettings):
     )
     db_path: Path = Field(Path("var/reports.sqlite"), description="SQLite file every report is stored in")
     frames: FrameSettings = Field(default_factory=FrameSettings, description="frame store and its retention")
-    api_tokens: list[str] = Field(default_factory=list, description="bearer tokens accepted on the public API")
+    api_tokens: list[ApiToken] = Field(
+        default_factory=list, description="bearer tokens accepted on the public API (hashes; none: refuse to start)"
+    )
     allow_unauthenticated: bool = Field(
         False, description="with no api_tokens, serve every caller as admin (loopback development only)"
     )
@@ -234,7 +240,29 @@ class GatewaySettings(RoleSettings):
     structured_output: bool = Field(
         True, description="constrain generation to the report JSON schema built from the part's specs"
     )
-    upstream_timeout_s: float = Field(120.0, description="deadline for one inspection across all hops")
+    upstream_timeout_s: float = Field(
+        120.0, description="deadline for one inspection across all hops when the caller sets none (or a longer one)"
+    )
+    vision_timeout_s: float = Field(30.0, gt=0, description="the vision hop's share of the deadline")
+    retrieval_timeout_s: float = Field(
+        3.0, gt=0, description="the retrieval hop's share; a slower or down retrieval node gives a report without specs"
+    )
+    max_inflight: int = Field(
+        0, ge=0, description="inspections running at once (0: two per batch slot of the stages' thinnest range)"
+    )
+    max_queued: int = Field(0, ge=0, description="inspections waiting for a slot (0: as many as run); beyond: refused")
+    max_failovers: int = Field(3, ge=0, description="stage failures one inspection survives by replay")
+    stall_min_s: float = Field(
+        2.0, gt=0, description="a decode step with no answer after max(this, stall_factor x its usual time) has stalled"
+    )
+    stall_factor: float = Field(20.0, ge=1, description="see stall_min_s")
+    prefill_stall_s: float = Field(60.0, gt=0, description="a prefill with no answer after this long has stalled")
+    replan: bool = Field(
+        True, description="when a layer range has no healthy stage, surviving stages with the memory take it over"
+    )
+    replan_settle_s: float = Field(
+        10.0, ge=0, description="a returned stage must stay healthy this long before the normal plan is restored"
+    )
     outputs: OutputsConfig = Field(
         default_factory=OutputsConfig, description="where each stored report goes next (MQTT, webhooks)"
     )

@@ -2,20 +2,40 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 from google.protobuf.json_format import MessageToDict
 
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
+TOKEN_ENV = "EDGEINSPECT_TOKEN"
+
+
+def resolve_token(token: str | None, token_file: Path | None) -> str:
+    """The bearer token to present: --token, else $EDGEINSPECT_TOKEN, else the token file `up` wrote; "" if none."""
+    if token:
+        return token
+    if os.environ.get(TOKEN_ENV):
+        return os.environ[TOKEN_ENV]
+    if token_file is not None and token_file.is_file():
+        return token_file.read_text().strip()
+    return ""
+
 
 class InspectionClient:
-    def __init__(self, address: str, token: str, timeout_s: float = 600.0):
-        self.channel = grpc.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
-        )
+    """`ca`: verify the gateway's TLS certificate against it (a gateway with `server.tls`); None: plaintext."""
+
+    def __init__(self, address: str, token: str, timeout_s: float = 600.0, ca: Path | None = None):
+        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        if ca is None:
+            self.channel = grpc.insecure_channel(address, options=options)
+        else:
+            creds = grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
+            self.channel = grpc.secure_channel(address, creds, options=options)
         self.stub = inspection_pb2_grpc.InspectionServiceStub(self.channel)
         self.metadata = [("authorization", f"Bearer {token}")] if token else []
         self.timeout_s = timeout_s

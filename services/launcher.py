@@ -32,6 +32,7 @@ from edgeinspect.config import (
 )
 from edgeinspect.errors import InvalidInput, Unavailable
 from edgeinspect.services.common.lifecycle import PARENT_PID_ENV, RestartPolicy
+from edgeinspect.services.stack_security import StackCredentials, stack_credentials
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,9 @@ class StackOptions:
     chained: bool = False
     vision_backend: str = "torch"
     weights: str = "fp32"
-    api_token: str = "edgeinspect-local"
+    api_token: str = ""  # "": the token in WORKDIR/api_token, made there on first start (stack_security)
+    tls: bool = False  # `up --tls`: mTLS between the roles, TLS on the public API, a CA under WORKDIR/tls
+    allow_unauthenticated: bool = False  # the gateway accepts calls without a token (loopback development)
     gateway_port: int = 0  # 0: pick a free port
     host: str = "127.0.0.1"
     start_timeout_s: float = 180.0
@@ -147,7 +150,7 @@ def free_ports(count: int, host: str, avoid: tuple[int, ...] = ()) -> list[int]:
 
 def local_api_tokens(token: str) -> list:
     """GatewaySettings.api_tokens for the stack's one bearer token (the one place that knows their form)."""
-    return [token]
+    return StackCredentials(token, Path(), None).api_tokens()
 
 
 def write_private_yaml(settings: RoleSettings, path: Path) -> None:
@@ -174,6 +177,7 @@ class LocalStack:
         self.run_dir = opts.workdir / "run"
         self.gateway_address = ""
         self.checkpoint: Path | None = None
+        self.creds: StackCredentials | None = None  # the token and TLS files, known once start() ran
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # notified on every (re)start and give-up
         self._stopping = threading.Event()
@@ -193,7 +197,12 @@ class LocalStack:
 
     @property
     def api_token(self) -> str:
-        return self.opts.api_token
+        return self.creds.token if self.creds is not None else self.opts.api_token
+
+    @property
+    def client_ca(self) -> Path | None:
+        """The CA a client of the public API verifies the gateway with (None: plaintext)."""
+        return self.creds.ca if self.creds is not None else None
 
     @property
     def stack_file(self) -> Path:
@@ -226,6 +235,7 @@ class LocalStack:
             raise InvalidInput(f"stages and replicas must be >= 1, got {o.stages} and {o.replicas}")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.run_dir, 0o700)
+        self.creds = stack_credentials(o.workdir, o.tls, o.host, o.api_token)
         self._stopping.clear()
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="edgeinspect-roles")
         self.checkpoint = ckpt = o.checkpoint or ensure_tiny_checkpoint(o.workdir)
@@ -256,6 +266,7 @@ class LocalStack:
                 cfg = StageSettings(
                     checkpoint=ckpt, layer_start=a, layer_end=b, weights=o.weights, next_stage=nxt, server=servers[name]
                 )
+                cfg.client_tls = self.creds.client_tls(name)
                 self._spawn(name, "stage", cfg, layers=(a, b), replica=r)
         if o.kb_dir is not None:
             self._spawn("retrieval", "retrieval", RetrievalSettings(kb_dir=o.kb_dir, server=place("retrieval")))
@@ -267,7 +278,9 @@ class LocalStack:
             codec=o.codec,
             chained=o.chained,
             db_path=o.workdir / "reports.sqlite",
-            api_tokens=local_api_tokens(o.api_token),
+            api_tokens=[] if o.allow_unauthenticated else self.creds.api_tokens(),
+            allow_unauthenticated=o.allow_unauthenticated,
+            client_tls=self.creds.client_tls("gateway"),
             server=self._server("gateway", o.gateway_port or next(ports)),
             upstream_timeout_s=o.start_timeout_s,
         )
@@ -282,7 +295,13 @@ class LocalStack:
             self._supervisor.start()
 
     def _server(self, name: str, port: int) -> ServerConfig:
-        return ServerConfig(host=self.opts.host, port=port, port_file=self.run_dir / f"{name}.port", grace_s=2.0)
+        return ServerConfig(
+            host=self.opts.host,
+            port=port,
+            port_file=self.run_dir / f"{name}.port",
+            grace_s=2.0,
+            tls=self.creds.server_tls(name) if self.creds is not None else None,
+        )
 
     def _spawn(self, name: str, role: str, cfg: RoleSettings, **kw) -> RoleProcess:
         config_path = self.run_dir / f"{name}.yaml"
@@ -344,7 +363,7 @@ class LocalStack:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         deadline = time.monotonic() + self.opts.start_timeout_s
-        with grpc.insecure_channel(address) as channel:
+        with self.creds.probe_channel(address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 for r in [role] if role is not None else self.roles:

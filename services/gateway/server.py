@@ -10,9 +10,9 @@ from edgeinspect import codec
 from edgeinspect.config import GatewaySettings
 from edgeinspect.errors import PeerMismatch
 from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.services.common.auth import public_auth
 from edgeinspect.services.common.channel import wait_for_serving
 from edgeinspect.services.common.entry import run_role
-from edgeinspect.services.common.interceptors import BearerAuthInterceptor
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.services.gateway.inspection import Inspector
 from edgeinspect.services.gateway.servicer import InspectionServicer
@@ -48,9 +48,7 @@ async def start(cfg: GatewaySettings) -> RunningServer:
     store = ReportStore(cfg.db_path, frames=cfg.frames)
     store.recover_interrupted()  # rows a crash left pending: failed, "gateway restarted during inspection"
     servicer = InspectionServicer(store)
-    if not cfg.api_tokens:
-        log.warning("no api_tokens configured: the public API accepts unauthenticated calls")
-    auth = [BearerAuthInterceptor(list(cfg.api_tokens))] if cfg.api_tokens else []
+    auth = [public_auth(cfg.api_tokens, cfg.token_rate_per_s, cfg.token_burst, cfg.allow_unauthenticated)]
     running = await start_server(
         [lambda s: inspection_pb2_grpc.add_InspectionServiceServicer_to_server(servicer, s)],
         [SERVICE_NAME],
