@@ -39,7 +39,10 @@ def test_percentiles_and_their_interval():
     assert percentile(xs, 0.5) == pytest.approx(50.5)
     assert percentile([3.0], 0.99) == 3.0
     lo, hi = quantile_interval(xs, 0.5)
-    assert lo <= 50.5 <= hi and (lo, hi) == (41.0, 61.0)  # ranks 40 and 60 of 0..99
+    assert (lo, hi) == (40.0, 60.0)  # order statistics 40 and 60 of 100
+    few = [float(v) for v in range(1, 11)]
+    lo, hi = quantile_interval(few, 0.99)
+    assert lo <= percentile(few, 0.99) <= hi == 10.0
     summary = latency_summary([5.0, 1.0, 3.0])
     assert summary["n"] == 3 and summary["p50"]["value"] == 3.0 and summary["p99"]["high"] == 5.0
 

@@ -78,8 +78,9 @@ def quantile_interval(values: Sequence[float], q: float, z: float = Z95) -> tupl
     xs = sorted(values)
     n = len(xs)
     spread = z * math.sqrt(n * q * (1 - q))
-    lo_rank = max(0, math.floor(n * q - spread))
-    hi_rank = min(n - 1, math.ceil(n * q + spread))
+    # 1-based ranks j = floor(nq - spread), k = ceil(nq + spread), clamped to the sample; -1 for the list index.
+    lo_rank = min(n, max(1, math.floor(n * q - spread))) - 1
+    hi_rank = min(n, max(1, math.ceil(n * q + spread))) - 1
     return xs[lo_rank], xs[hi_rank]
 
 
