@@ -1,0 +1,4 @@
+from edgeinspect.services.common.entry import role_main
+from edgeinspect.services.console.server import main
+
+role_main(main, "console")

@@ -1,0 +1,244 @@
+"""The console's pages (FastAPI + Jinja2, server-rendered). Every page is a call or two on the public gRPC API
+made with the logged-in user's own token, so the gateway decides what that token may see and do."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlencode
+
+import grpc
+from fastapi import FastAPI, Form, Request
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from edgeinspect.services.common.errors import bounded
+from edgeinspect.services.console import views
+from edgeinspect.services.console.api import GatewayApi
+from edgeinspect.services.console.settings import ConsoleSettings
+from edgeinspect.v1 import inspection_pb2
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+COOKIE = "edgeinspect_session"
+# gRPC status -> HTTP status of the page that shows it.
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+@dataclass
+class Session:
+    token: str
+    name: str
+    role: str
+    may_review: bool
+    expires: float
+    csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+
+
+class LoginRequired(Exception):
+    pass
+
+
+def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        await api.close()
+
+    app = FastAPI(title="edgeinspect console", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    templates = Jinja2Templates(directory=HERE / "templates")
+    templates.env.globals.update(verdict=views.verdict_label, when=views.local_time, classes_of=views.classes_of)
+    sessions: dict[str, Session] = {}
+
+    def session_of(request: Request) -> Session:
+        sid = request.cookies.get(COOKIE, "")
+        session = sessions.get(sid)
+        if session is None or session.expires < time.time():
+            sessions.pop(sid, None)
+            raise LoginRequired
+        return session
+
+    def page(request: Request, name: str, status: int = 200, **context) -> HTMLResponse:
+        sid = request.cookies.get(COOKIE, "")
+        context.setdefault("user", sessions.get(sid))
+        return templates.TemplateResponse(request, name, context, status_code=status)
+
+    @app.exception_handler(LoginRequired)
+    async def _login_required(request: Request, exc: LoginRequired) -> Response:
+        if request.method == "GET" and not request.url.path.endswith(("/live", "/image")):
+            return RedirectResponse(f"/login?next={request.url.path}", status_code=303)
+        return PlainTextResponse("log in first", status_code=401)
+
+    @app.exception_handler(grpc.aio.AioRpcError)
+    async def _rpc_error(request: Request, exc: grpc.aio.AioRpcError) -> Response:
+        status = _HTTP_STATUS.get(exc.code(), 502)
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:  # token revoked since login
+            sessions.pop(request.cookies.get(COOKIE, ""), None)
+        message = bounded(exc.details() or exc.code().name)
+        return page(request, "error.jinja", status, code=exc.code().name, message=message)
+
+    @app.get("/healthz", response_class=PlainTextResponse)
+    async def healthz() -> str:
+        return "ok"
+
+    @app.get("/")
+    async def root() -> Response:
+        return RedirectResponse("/stations", status_code=303)
+
+    @app.get("/login", response_class=HTMLResponse)
+    async def login_form(request: Request, next: str = "/stations") -> HTMLResponse:
+        return page(request, "login.jinja", next=_local_path(next), error="")
+
+    @app.post("/login")
+    async def login(request: Request, token: Annotated[str, Form()], next: Annotated[str, Form()] = "/stations"):
+        try:
+            caller = await api.caller(token.strip())
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                return page(request, "login.jinja", 401, next=_local_path(next), error="This token is not accepted.")
+            raise
+        sid = secrets.token_urlsafe(32)
+        sessions[sid] = Session(token.strip(), caller.name, caller.role, caller.may_review,
+                                time.time() + cfg.session_ttl_s)  # fmt: skip
+        response = RedirectResponse(_local_path(next), status_code=303)
+        response.set_cookie(COOKIE, sid, httponly=True, samesite="strict", max_age=int(cfg.session_ttl_s))
+        return response
+
+    @app.post("/logout")
+    async def logout(request: Request) -> Response:
+        sessions.pop(request.cookies.get(COOKIE, ""), None)
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE)
+        return response
+
+    async def stations_context(session: Session) -> dict:
+        since = Timestamp()
+        since.FromDatetime(views.shift_start(datetime.now().astimezone(), cfg.shift_start_hour, cfg.shift_hours))
+        latest, counts, line = await asyncio.gather(
+            api.list_reports(session.token, inspection_pb2.ListReportsRequest(page_size=200)),
+            api.aggregate(session.token, inspection_pb2.AggregateReportsRequest(since=since)),
+            api.cluster_line(session.token),
+        )
+        stations: dict[str, list] = {}
+        for report in latest.reports:
+            frames = stations.setdefault(report.station or "(no station)", [])
+            if len(frames) < cfg.frames_per_station:
+                frames.append(report)
+        shift = views.shift_counts(counts)
+        return {"stations": sorted(stations.items()), "shift": shift, "cluster": line,
+                "shift_since": views.local_time(since)}  # fmt: skip
+
+    @app.get("/stations", response_class=HTMLResponse)
+    async def stations(request: Request) -> HTMLResponse:
+        session = session_of(request)
+        context = await stations_context(session)
+        return page(request, "stations.jinja", refresh_s=cfg.refresh_s, **context)
+
+    @app.get("/stations/live", response_class=HTMLResponse)
+    async def stations_live(request: Request) -> HTMLResponse:
+        session = session_of(request)
+        return page(request, "station_cards.jinja", **(await stations_context(session)))
+
+    @app.get("/reports", response_class=HTMLResponse)
+    async def reports(request: Request, page_token: str = "") -> HTMLResponse:
+        session = session_of(request)
+        params = {k: request.query_params.get(k, "") for k in views.FILTER_FIELDS}
+        try:
+            query = views.list_request(params, page_size=50, page_token=page_token)
+        except ValueError as exc:
+            return page(request, "reports.jinja", 400, params=params, reports=[], next_token="", error=str(exc))
+        answer = await api.list_reports(session.token, query)
+        query_string = urlencode({k: v for k, v in params.items() if v})
+        return page(request, "reports.jinja", params=params, reports=answer.reports,
+                    next_token=answer.next_page_token, error="", query=query_string)  # fmt: skip
+
+    @app.get("/reports.csv")
+    async def reports_csv(request: Request) -> Response:
+        session = session_of(request)
+        params = {k: request.query_params.get(k, "") for k in views.FILTER_FIELDS}
+        try:
+            query = views.list_request(params, page_size=500)
+        except ValueError as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        rows: list = []
+        while len(rows) < cfg.export_limit:
+            answer = await api.list_reports(session.token, query)
+            rows += answer.reports
+            if not answer.next_page_token:
+                break
+            query.page_token = answer.next_page_token
+        headers = {"Content-Disposition": 'attachment; filename="edgeinspect-reports.csv"'}
+        return Response(views.to_csv(rows[: cfg.export_limit]), media_type="text/csv", headers=headers)
+
+    @app.get("/reports/{report_id}", response_class=HTMLResponse)
+    async def report_page(request: Request, report_id: str) -> HTMLResponse:
+        session = session_of(request)
+        report, thumb = await asyncio.gather(
+            api.report(session.token, report_id), api.image(session.token, report_id, True)
+        )
+        return page(request, "report.jinja", r=report, frame_state=inspection_pb2.ImageState.Name(thumb.state),
+                    boxes=views.defect_boxes(report), csrf=session.csrf, may_review=session.may_review)  # fmt: skip
+
+    @app.get("/reports/{report_id}/image")
+    async def report_image(request: Request, report_id: str, thumb: int = 0) -> Response:
+        session = session_of(request)
+        image = await api.image(session.token, report_id, bool(thumb))
+        if image.state != inspection_pb2.IMAGE_STATE_STORED:
+            return PlainTextResponse(inspection_pb2.ImageState.Name(image.state), status_code=404)
+        return Response(image.data, media_type=image.media_type or "application/octet-stream",
+                        headers={"Cache-Control": "private, max-age=3600"})  # fmt: skip
+
+    @app.get("/reports/{report_id}/spec/{n}", response_class=HTMLResponse)
+    async def spec_page(request: Request, report_id: str, n: int) -> HTMLResponse:
+        session = session_of(request)
+        report = await api.report(session.token, report_id)
+        if not 0 <= n < len(report.references):
+            return page(request, "error.jinja", 404, code="NOT_FOUND", message="no such reference on this report")
+        return page(request, "spec.jinja", r=report, ref=report.references[n])
+
+    @app.post("/reports/{report_id}/review")
+    async def review(
+        request: Request,
+        report_id: str,
+        verdict: Annotated[str, Form()],
+        csrf: Annotated[str, Form()] = "",
+        classes: Annotated[str, Form()] = "",
+        comment: Annotated[str, Form()] = "",
+    ) -> Response:
+        session = session_of(request)
+        if not secrets.compare_digest(csrf, session.csrf):
+            return page(request, "error.jinja", 403, code="FORBIDDEN", message="the form is stale: reload the page")
+        if not session.may_review:
+            return page(request, "error.jinja", 403, code="PERMISSION_DENIED",
+                        message=f"a {session.role} token may view reports but not review them")  # fmt: skip
+        if verdict not in ("ok", "defect"):
+            return page(request, "error.jinja", 400, code="INVALID_ARGUMENT", message="verdict is ok or defect")
+        wanted = [c.strip() for c in classes.split(",") if c.strip()]
+        await api.review(session.token, inspection_pb2.ReviewReportRequest(
+            report_id=report_id, verdict=views.VERDICTS[verdict], defect_classes=wanted, comment=comment))  # fmt: skip
+        return RedirectResponse(f"/reports/{report_id}", status_code=303)
+
+    return app
+
+
+def _local_path(target: str) -> str:
+    """Only same-site paths after login (no open redirect)."""
+    return target if target.startswith("/") and not target.startswith("//") else "/stations"
