@@ -17,6 +17,7 @@ from edgeinspect.services.deploy.cli import app as deploy_app
 from edgeinspect.services.deploy.healthcheck import healthcheck_command
 from edgeinspect.services.evaluation.cli import eval_command
 from edgeinspect.services.ingest.cli import ingest_command
+from edgeinspect.services.reports_cli import app as reports_app
 from edgeinspect.services.verify import verify_command
 
 app = typer.Typer(
@@ -32,6 +33,7 @@ app.command("healthcheck")(healthcheck_command)
 app.add_typer(certs_app, name="certs", help="The plant CA: make it, issue box certificates, check expiry.")
 app.add_typer(token_app, name="token", help="Public API bearer tokens: create one (its hash goes in the config).")
 app.add_typer(kb_app, name="kb", help="Knowledge base of defect specs: index a folder, search, stats, verify.")
+app.add_typer(reports_app, name="reports", help="Stored reports: list, show, export (CSV/JSON), review.")
 app.command("ingest")(ingest_command)
 app.command("serve")(serve_command)
 app.command("up")(up_command)

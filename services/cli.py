@@ -22,6 +22,7 @@ class Role(StrEnum):
     stage = "stage"
     retrieval = "retrieval"
     gateway = "gateway"
+    console = "console"
 
 
 def serve_command(

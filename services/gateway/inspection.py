@@ -194,7 +194,7 @@ class Inspector:
             timings,
             enc.image_sha256,
         )
-        await asyncio.to_thread(self.store.complete, report)
+        await asyncio.to_thread(self.store.complete, report, image=req.image)
         self.outputs.publish(report)  # returns at once: each output delivers from its own outbox
         metrics.INSPECTIONS.labels(verdict=inspection_pb2.Verdict.Name(report.verdict)).inc()
         log.info(
@@ -258,6 +258,7 @@ class Inspector:
                     index_version=index_version,
                     path=c.path,
                     page=c.page,
+                    text=c.text,
                 )
                 for c in chunks
             ],
