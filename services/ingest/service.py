@@ -14,6 +14,7 @@ from edgeinspect.services.common.errors import status_for
 from edgeinspect.services.common.retry import retry_async
 from edgeinspect.services.ingest.camera import CameraReader, CameraState, DecisionHook
 from edgeinspect.services.ingest.config import CameraConfig, IngestSettings
+from edgeinspect.services.ingest.cycles import LineSide
 from edgeinspect.services.ingest.delivery import (
     FrameStore,
     InspectionJob,
@@ -75,6 +76,9 @@ class Ingestor:
         )
         self._limits = InFlightLimits(settings.max_in_flight, {c.id: c.max_in_flight for c in settings.cameras})
         self.readers: dict[str, CameraReader] = {}
+        # Triggered cycles (OPC UA, HTTP ?wait=1) and this role's outputs; every report passes its hook.
+        self.line = LineSide(settings, self.readers, sink, metrics, self._store, on_report)
+        self._on_report = self.line.on_report
         self.trigger_port: int | None = None
         self._stop = asyncio.Event()
 
@@ -96,6 +100,7 @@ class Ingestor:
         trigger = self._start_trigger()
         for reader in self.readers.values():
             reader.start()
+        await self.line.start()
         deliveries: set[asyncio.Task] = set()
         dispatchers = [
             asyncio.create_task(
@@ -111,6 +116,7 @@ class Ingestor:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), timeout=0.1)
         finally:
+            await self.line.stop()
             for reader in self.readers.values():
                 reader.stop()
             for task in [*dispatchers, *deliveries]:
@@ -138,7 +144,10 @@ class Ingestor:
             reader.trigger()
             return True
 
-        server = TriggerServer(cfg.host, cfg.port, on_trigger).start()
+        def on_wait(camera_id: str) -> tuple[int, dict]:
+            return self.line.http_cycle_blocking(camera_id, self.settings.request_timeout_s + 5)
+
+        server = TriggerServer(cfg.host, cfg.port, on_trigger, cfg.token, on_wait).start()
         self.trigger_port = server.port
         return server
 
