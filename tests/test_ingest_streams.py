@@ -251,11 +251,12 @@ async def test_trigger_endpoint_inspects_the_next_frame(tmp_path, jpegs):
     server = MjpegServer(jpegs, fps=20).start()
     cam = camera("plc-cam", server.url, sampling=SamplingConfig(trigger_only=True))
     sink, metrics = RecordingSink(), IngestMetrics(CollectorRegistry())
-    ingestor = Ingestor(settings_for([cam], tmp_path, trigger={"port": 0}), sink, metrics)
+    ingestor = Ingestor(settings_for([cam], tmp_path, trigger={"port": 0, "token": "plc-secret"}), sink, metrics)
     task = asyncio.create_task(ingestor.run())
 
     def post(path: str) -> int:
         req = urllib.request.Request(f"http://127.0.0.1:{ingestor.trigger_port}{path}", data=b"", method="POST")
+        req.add_header("Authorization", "Bearer plc-secret")
         try:
             with urllib.request.urlopen(req, timeout=5) as resp:
                 return resp.status
