@@ -10,9 +10,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+import grpc
 import numpy as np
 
 from edgeinspect.errors import CodecError
+from edgeinspect.services.common.errors import RETRY_PUSHBACK_KEY, status_for
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,30 @@ class ReportSink(Protocol):
         """Creates (or, for a known idempotency key, returns) the report for one frame; typed errors on failure."""
 
     async def close(self) -> None: ...
+
+
+def pushback_s(exc: BaseException) -> float | None:
+    """The gateway's retry pushback on a RESOURCE_EXHAUSTED answer, in seconds; None when it gave none or said
+    not to retry (a negative or malformed value, as the gRPC retry design defines it)."""
+    if not isinstance(exc, grpc.aio.AioRpcError) or exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in exc.trailing_metadata() or ():
+        if key == RETRY_PUSHBACK_KEY:
+            try:
+                ms = int(value)
+            except (TypeError, ValueError):
+                return None
+            return ms / 1e3 if ms >= 0 else None
+    return None
+
+
+def failure_text(exc: BaseException, limit: int = 200) -> str:
+    """A failed delivery in one line: the status and the server's message (not the error object's repr, which
+    spans lines of debug context)."""
+    code = status_for(exc).name
+    message = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+    text = " ".join((message or type(exc).__name__).split())
+    return f"{code}: {text[:limit]}"
 
 
 def idempotency_key(camera_id: str, capture_time: float) -> str:

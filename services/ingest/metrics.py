@@ -67,6 +67,15 @@ class IngestMetrics:
         self.delivery_errors = Counter(
             "edgeinspect_ingest_delivery_errors", "failed Inspect calls by status", ["camera", "code"], registry=r
         )
+        self.pushbacks = Counter(
+            "edgeinspect_ingest_pushbacks",
+            "RESOURCE_EXHAUSTED answers with a retry pushback the role waited out",
+            ["camera"],
+            registry=r,
+        )
+        self.pushback_seconds = Counter(
+            "edgeinspect_ingest_pushback_seconds", "seconds of pushback waited", ["camera"], registry=r
+        )
         self.in_flight = Gauge("edgeinspect_ingest_in_flight", "inspections running", ["camera"], registry=r)
         self.connected = Gauge("edgeinspect_ingest_connected", "1 while the source is open", ["camera"], registry=r)
         self.frame_age = _FrameAge()
@@ -81,6 +90,7 @@ class IngestMetrics:
         """Unregisters everything, so another IngestMetrics can use the same registry."""
         for collector in (
             self.frames_read, self.frames_sampled, self.frames_dropped, self.frames_inspected, self.reconnects,
-            self.source_errors, self.delivery_errors, self.in_flight, self.connected, self.frame_age,
+            self.source_errors, self.delivery_errors, self.pushbacks, self.pushback_seconds, self.in_flight,
+            self.connected, self.frame_age,
         ):  # fmt: skip
             self.registry.unregister(collector)

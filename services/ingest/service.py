@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,7 +22,9 @@ from edgeinspect.services.ingest.delivery import (
     ReportSink,
     ReportSummary,
     encode_jpeg,
+    failure_text,
     idempotency_key,
+    pushback_s,
 )
 from edgeinspect.services.ingest.flow import InFlightLimits, LatestSlot
 from edgeinspect.services.ingest.metrics import IngestMetrics
@@ -38,6 +41,7 @@ TERMINAL = (CameraState.finished, CameraState.failed, CameraState.stopped)
 class IngestResult:
     reports: list[ReportSummary] = field(default_factory=list)
     states: dict[str, CameraState] = field(default_factory=dict)
+    failures: dict[str, tuple[int, str]] = field(default_factory=dict)  # status -> (frames, first message)
 
 
 def load_background(cam: CameraConfig) -> np.ndarray | None:
@@ -81,6 +85,7 @@ class Ingestor:
         self._on_report = self.line.on_report
         self.trigger_port: int | None = None
         self._stop = asyncio.Event()
+        self._not_before = 0.0  # monotonic: the gateway's last pushback holds every delivery until then
 
     def stop(self) -> None:
         """Ends run() from inside the event loop (e.g. a signal handler)."""
@@ -183,6 +188,39 @@ class Ingestor:
         async with capacity:
             capacity.notify_all()
 
+    async def _send(self, cam: CameraConfig, job: InspectionJob) -> ReportSummary:
+        """Inspect with retries of transient failures; a RESOURCE_EXHAUSTED pushback holds every delivery of the
+        role that long (counted) and then tries again, at most retry_attempts times per frame: never at once."""
+        s = self.settings
+
+        def count_retry(_attempt: int, exc: BaseException, _delay: float) -> None:
+            self.metrics.delivery_errors.labels(camera=cam.id, code=status_for(exc).name).inc()
+
+        pushbacks = 0
+        while True:
+            if (hold := self._not_before - time.monotonic()) > 0:
+                await asyncio.sleep(hold)
+            try:
+                return await retry_async(
+                    lambda: self._sink.inspect(job),
+                    attempts=s.retry_attempts,
+                    base_s=s.retry_base_s,
+                    max_s=s.retry_max_s,
+                    on_retry=count_retry,
+                )
+            except Exception as exc:
+                wait = pushback_s(exc)
+                if wait is None:
+                    raise
+                wait = max(wait, s.retry_base_s)  # a pushback of 0 must not become a hot loop
+                self._not_before = max(self._not_before, time.monotonic() + wait)  # also for the next frame
+                if pushbacks >= s.retry_attempts:
+                    raise
+                pushbacks += 1
+                self.metrics.pushbacks.labels(camera=cam.id).inc()
+                self.metrics.pushback_seconds.labels(camera=cam.id).inc(wait)
+                logger.info("camera %s: gateway full, waiting %.3fs (%s)", cam.id, wait, failure_text(exc))
+
     async def _deliver(
         self,
         cam: CameraConfig,
@@ -206,23 +244,14 @@ class Ingestor:
                 prompt=cam.prompt,
                 max_new_tokens=cam.max_new_tokens,
             )
-            s = self.settings
-
-            def count_retry(_attempt: int, exc: BaseException, _delay: float) -> None:
-                self.metrics.delivery_errors.labels(camera=cam.id, code=status_for(exc).name).inc()
-
-            report = await retry_async(
-                lambda: self._sink.inspect(job),
-                attempts=s.retry_attempts,
-                base_s=s.retry_base_s,
-                max_s=s.retry_max_s,
-                on_retry=count_retry,
-            )
+            report = await self._send(cam, job)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one frame's failure must not end the camera: count it, forget it, go on
-            code = status_for(exc).name
-            logger.warning("camera %s: frame %d not inspected (%s: %s)", cam.id, frame.index, code, exc)
+            code, text = status_for(exc).name, failure_text(exc)
+            logger.warning("camera %s: frame %d not inspected (%s)", cam.id, frame.index, text)
+            count, first = result.failures.get(code, (0, text))
+            result.failures[code] = (count + 1, first)
             self.metrics.delivery_errors.labels(camera=cam.id, code=code).inc()
             self.metrics.frames_dropped.labels(camera=cam.id, reason="delivery_failed").inc()
             self.readers[cam.id].forget_last()
