@@ -170,3 +170,35 @@ def test_an_eval_killed_half_way_continues_without_inspecting_done_images_again(
     # Exactly one report per image: done images were skipped, and the one in flight at the kill was answered from
     # the gateway's store (same idempotency key) instead of being inspected again.
     assert len(stored_reports(embedded_stack, station)) == N
+
+
+def test_operator_reviews_become_the_labelled_set(embedded_stack, dataset, tmp_path):
+    from edgeinspect.services.client import InspectionClient
+
+    station = f"line-{uuid.uuid4().hex[:8]}"
+    test_dir = dataset / PART / "test"
+    frames = {"good": test_dir / "good" / "000.png", "scratch": test_dir / "scratch" / "000.png"}
+    frames["dent"] = test_dir / "dent" / "001.png"
+    labels = {"good": (inspection_pb2.VERDICT_OK, []), "scratch": (inspection_pb2.VERDICT_DEFECT, ["Scratch"])}
+    labels["dent"] = (inspection_pb2.VERDICT_DEFECT, ["dent"])
+    with InspectionClient(embedded_stack.gateway_address, embedded_stack.api_token) as client:
+        for name, path in frames.items():
+            report = client.inspect(path.read_bytes(), station=station, part=PART)
+            verdict, classes = labels[name]
+            client.stub.ReviewReport(
+                inspection_pb2.ReviewReportRequest(report_id=report.report_id, verdict=verdict, defect_classes=classes),
+                metadata=client.metadata,
+                timeout=30,
+            )
+        client.inspect(frames["good"].read_bytes(), station=station, part=PART)  # not reviewed: not a label
+
+    again_at = f"eval-{station}"
+    proc = eval_cli(embedded_stack, Path(f"reviews:{station}"), tmp_path / "r", again_at, "--json")
+    result = json.loads(proc.stdout)
+    assert result["dataset"]["layout"] == "reviews"
+    assert result["metrics"]["counts"] == {**result["metrics"]["counts"], "images": 3, "good": 1, "defect": 2}
+    assert sorted(result["metrics"]["confusion"]["rows"]) == ["dent", "good", "scratch"]
+    # The frames came back from the gateway's frame store byte for byte, and were inspected again.
+    kept = sorted(p.read_bytes() for p in (tmp_path / "r" / "reviewed-frames").iterdir())
+    assert kept == sorted(p.read_bytes() for p in frames.values())
+    assert len(stored_reports(embedded_stack, again_at)) == 3

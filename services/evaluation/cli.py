@@ -8,17 +8,22 @@ import shutil
 import sys
 from pathlib import Path
 
+import grpc
 import typer
 
 DEFAULT_GATEWAY = "127.0.0.1:50051"
-DEFAULT_TOKEN = "edgeinspect-local"
+TOKEN_FILE = Path("var/embedded/api_token")  # what `edgeinspect up` writes (0600)
 EXIT_GATE_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNAVAILABLE = 3
 
 
 def eval_command(
-    dataset: Path = typer.Argument(..., help="MVTec-layout folder (<part>/test/good, <part>/test/<defect>) or CSV"),
+    dataset: Path = typer.Argument(
+        ...,
+        help="MVTec-layout folder (<part>/test/good, <part>/test/<defect>), a CSV manifest (path,label,classes), "
+        "or reviews:[STATION] for the operator-reviewed reports stored by the gateway",
+    ),
     part: str = typer.Option("", "--part", help="the part (MVTec category) to evaluate; sent as the report's part"),
     baseline: Path | None = typer.Option(None, "--baseline", help="a stored result.json to gate against"),
     tolerance: float = typer.Option(
@@ -28,7 +33,11 @@ def eval_command(
     out: Path | None = typer.Option(None, "--out", help="results folder (default var/eval/<dataset name>)"),
     fresh: bool = typer.Option(False, "--fresh", help="forget earlier results in --out and measure again"),
     gateway: str = typer.Option(DEFAULT_GATEWAY, envvar="EDGEINSPECT_GATEWAY", help="gateway host:port"),
-    token: str = typer.Option(DEFAULT_TOKEN, envvar="EDGEINSPECT_API_TOKEN", help="bearer token"),
+    token: str = typer.Option(
+        "", help="bearer token (default: $EDGEINSPECT_TOKEN, else --token-file)", show_default=False
+    ),
+    token_file: Path = typer.Option(TOKEN_FILE, help="file holding the bearer token (`up` writes one)"),
+    ca: Path | None = typer.Option(None, envvar="EDGEINSPECT_CA", help="CA certificate of a TLS gateway"),
     concurrency: int = typer.Option(2, min=1, help="inspections in flight"),
     class_map: list[str] = typer.Option([], "--class-map", help="DATASET_CLASS=SPEC_CLASS (repeatable)"),
     station: str = typer.Option("eval", help="station id recorded in the reports"),
@@ -39,24 +48,29 @@ def eval_command(
     from rich.console import Console
 
     from edgeinspect.errors import EdgeInspectError
+    from edgeinspect.services.client import resolve_token
     from edgeinspect.services.evaluation import gate
-    from edgeinspect.services.evaluation.datasets import load_dataset, parse_class_map
+    from edgeinspect.services.evaluation.datasets import parse_class_map
     from edgeinspect.services.evaluation.evaluate import dump
     from edgeinspect.services.evaluation.report import write_markdown
     from edgeinspect.services.evaluation.runner import EvalOptions
 
     err = Console(stderr=True)
-    out = out or Path("var/eval") / (dataset.stem + (f"-{part}" if part else ""))
+    name = str(dataset).replace(":", "-").strip("-") if is_reviews(dataset) else dataset.stem
+    out = out or Path("var/eval") / (name + (f"-{part}" if part else ""))
+    if fresh and out.exists():
+        shutil.rmtree(out)
+    opts = EvalOptions(gateway, resolve_token(token, token_file), concurrency, station, prompt, max_new_tokens, ca=ca)
     try:
         mapping = parse_class_map(class_map)
-        layout, samples = load_dataset(dataset, part, mapping)
+        layout, samples, image_root = _load(dataset, part, mapping, out, opts, err)
         base = json.loads(baseline.read_text()) if baseline else None
     except (EdgeInspectError, OSError, ValueError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_BAD_INPUT) from exc
-    if fresh and out.exists():
-        shutil.rmtree(out)
-    opts = EvalOptions(gateway, token, concurrency, station, prompt, max_new_tokens)
+    except grpc.RpcError as exc:
+        err.print(f"[red]error:[/red] the gateway at {gateway} answered {exc.code().name}: {exc.details()}")
+        raise typer.Exit(EXIT_UNAVAILABLE) from exc
     settings = {
         "gateway": gateway,
         "concurrency": concurrency,
@@ -75,7 +89,7 @@ def eval_command(
         regressions = [r.describe() for r in gate.check(result, base, tolerance)]
         for note in gate.differences(result, base):
             err.print(f"[dim]baseline differs: {note}[/dim]")
-    report = write_markdown(result, out, dataset if dataset.is_dir() else dataset.parent, regressions)
+    report = write_markdown(result, out, image_root, regressions)
     if as_json:
         sys.stdout.write(dump(result))
     else:
@@ -87,6 +101,29 @@ def eval_command(
         raise typer.Exit(EXIT_GATE_FAILED)
     if regressions is not None:
         err.print(f"[green]gate passed[/green] against {baseline}")
+
+
+def is_reviews(dataset: Path) -> bool:
+    from edgeinspect.services.evaluation.reviews import is_reviews as _is
+
+    return _is(str(dataset))
+
+
+def _load(dataset: Path, part: str, mapping: dict, out: Path, opts, console):
+    """(layout, samples, folder the samples' rel paths start from)."""
+    from edgeinspect.services.evaluation.datasets import load_dataset
+
+    if not is_reviews(dataset):
+        layout, samples = load_dataset(dataset, part, mapping)
+        return layout, samples, dataset if dataset.is_dir() else dataset.parent
+    from edgeinspect.services.client import InspectionClient
+    from edgeinspect.services.evaluation.reviews import load_reviews
+
+    with InspectionClient(opts.gateway, opts.token, ca=opts.ca) as client:
+        samples, skipped = load_reviews(client, str(dataset), out, part, mapping)
+    if skipped:
+        console.print(f"[yellow]{skipped} reviewed reports left out: the gateway no longer keeps their frames[/yellow]")
+    return "reviews", samples, out
 
 
 def _run_with_progress(samples, layout, dataset, part, opts, out, settings, console):

@@ -41,6 +41,7 @@ class EvalOptions:
     prompt: str = ""
     max_new_tokens: int = 0
     timeout_s: float = 600.0
+    ca: Path | None = None  # CA of a TLS gateway; None: plaintext
 
 
 def sample_key(sample: Sample, sha256: str) -> str:
@@ -150,7 +151,7 @@ def run_samples(
     if not todo:
         return
     with (
-        InspectionClient(opts.gateway, opts.token, timeout_s=opts.timeout_s) as client,
+        InspectionClient(opts.gateway, opts.token, timeout_s=opts.timeout_s, ca=opts.ca) as client,
         ThreadPoolExecutor(max_workers=max(1, opts.concurrency)) as pool,
     ):
         futures = [pool.submit(_inspect_one, client, log, opts, s, sha) for s, sha in todo]
