@@ -1,0 +1,172 @@
+"""The PLC handshake end to end: the embedded stack, a real `edgeinspect ingest` process serving OPC UA, and an
+asyncua client in the test playing the PLC. Faults are real: a PLC that never acks, a stage frozen with SIGSTOP,
+a gateway killed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from edgeinspect.assets import sample_image
+from edgeinspect.services.client import InspectionClient
+from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.services.line.handshake import ErrorCode
+from edgeinspect.services.line.plcsim import PlcSim
+from edgeinspect.services.line.testing import free_port
+
+pytestmark = pytest.mark.e2e
+FAST_MS = 20_000  # station-a: room for an inspection on a loaded 2-core box
+TIGHT_MS = 2_500  # station-b: the takt budget the faults are measured against
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_checkpoint, tmp_path_factory):
+    opts = StackOptions(workdir=tmp_path_factory.mktemp("line-stack"), checkpoint=tiny_checkpoint, stages=2)
+    with LocalStack(opts) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def line(stack, tmp_path_factory):
+    """`edgeinspect ingest` with two line stations on OPC UA; yields (endpoint, journal path)."""
+    work = tmp_path_factory.mktemp("line-ingest")
+    (work / "cam").mkdir()
+    shutil.copy(sample_image(), work / "cam" / "part.jpg")
+    port = free_port()
+
+    def camera(cid: str, station: str, deadline_ms: int) -> dict:
+        return {
+            "id": cid,
+            "station": station,
+            "part": "HSG-210",
+            "source": str(work / "cam"),
+            "loop": True,
+            "folder_fps": 20,
+            "sampling": {"trigger_only": True},
+            "max_new_tokens": 12,
+            "line": {"result_deadline_ms": deadline_ms, "ack_timeout_ms": 1500},
+        }
+
+    cfg = {
+        "cameras": [camera("cam-a", "station-a", FAST_MS), camera("cam-b", "station-b", TIGHT_MS)],
+        "gateway": stack.gateway_address,
+        "api_token": stack.api_token,
+        "frames_dir": str(work / "frames"),
+        "request_timeout_s": 60,
+        "retry_attempts": 1,
+        "opcua": {"host": "127.0.0.1", "port": port, "journal": str(work / "line.sqlite")},
+        "log_json": False,
+    }
+    (work / "cameras.yaml").write_text(yaml.safe_dump(cfg))
+    log = (work / "ingest.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgeinspect.cli", "ingest", "--config", str(work / "cameras.yaml")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    endpoint = f"opc.tcp://127.0.0.1:{port}/edgeinspect/"
+    try:
+        yield endpoint, work / "line.sqlite"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+async def connected(endpoint: str, station: str, timeout_s: float = 60.0) -> PlcSim:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await PlcSim(endpoint, station).__aenter__()
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+def journal_row(path, cycle_id: str) -> dict:
+    with sqlite3.connect(path) as db:
+        cur = db.execute("SELECT * FROM cycles WHERE cycle_id = ?", (cycle_id,))
+        row = cur.fetchone()
+        return {} if row is None else dict(zip([d[0] for d in cur.description], row, strict=True))
+
+
+async def test_plc_runs_twenty_cycles_in_a_row(stack, line):
+    endpoint, _ = line
+    plc = await connected(endpoint, "station-a")
+    try:
+        cycles = [await plc.cycle(result_timeout_s=FAST_MS / 1000 + 5, lot_id="LOT-7") for _ in range(20)]
+    finally:
+        await plc.__aexit__()
+    with InspectionClient(stack.gateway_address, stack.api_token) as client:
+        for c in cycles:
+            assert c.error == 0 and not c.busy_at_result, c
+            assert c.ok != (c.ng or c.recheck), c  # exactly one decision
+            report = client.get(c.report_id)  # stored by the gateway under the cycle's key
+            assert report.idempotency_key == c.cycle_id and report.station == "station-a"
+            assert c.ok == (report.verdict == 1)  # VERDICT_OK
+            assert c.ack_to_ready_ms is not None
+    assert len({c.report_id for c in cycles}) == 20
+
+
+async def test_a_cycle_without_ack_times_out_into_error_and_the_next_trigger_recovers(line):
+    endpoint, _ = line
+    plc = await connected(endpoint, "station-a")
+    try:
+        first = await plc.cycle(ack=False, result_timeout_s=FAST_MS / 1000 + 5)
+        assert first.error == 0 and first.report_id
+        await plc.wait("Error", int(ErrorCode.ack_timeout), 5)  # ack_timeout_ms is 1.5 s
+        assert await plc.read("TriggerReady") and not await plc.read("ResultReady") and not await plc.read("Busy")
+        again = await plc.cycle(result_timeout_s=FAST_MS / 1000 + 5)
+        assert again.error == 0 and again.report_id and again.report_id != first.report_id
+    finally:
+        await plc.__aexit__()
+
+
+async def test_a_frozen_stage_gives_ng_timeout_at_the_deadline_and_the_late_report_is_linked(stack, line):
+    endpoint, journal = line
+    stage = next(r for r in stack.roles if r.name == "stage1")
+    plc = await connected(endpoint, "station-b")
+    os.kill(stage.proc.pid, signal.SIGSTOP)
+    try:
+        cycle = await plc.cycle(result_timeout_s=TIGHT_MS / 1000 + 5)
+    finally:
+        os.kill(stage.proc.pid, signal.SIGCONT)
+        await plc.__aexit__()
+    assert cycle.ng and not cycle.ok and cycle.error == ErrorCode.timeout and not cycle.busy_at_result
+    assert TIGHT_MS - 50 <= cycle.trigger_to_result_ms <= TIGHT_MS + 1000  # at the deadline
+    assert cycle.report_id == "" and cycle.cycle_id
+    deadline = time.monotonic() + 60
+    while not journal_row(journal, cycle.cycle_id).get("report_id"):
+        assert time.monotonic() < deadline, journal_row(journal, cycle.cycle_id)
+        time.sleep(0.2)
+    row = journal_row(journal, cycle.cycle_id)
+    assert row["late"] == 1 and row["line"] == "NG" and row["error"] == ErrorCode.timeout
+    with InspectionClient(stack.gateway_address, stack.api_token) as client:
+        assert client.get(row["report_id"]).idempotency_key == cycle.cycle_id
+
+
+async def test_a_dead_gateway_gives_error_unavailable_within_the_deadline(stack, line):
+    endpoint, _ = line
+    plc = await connected(endpoint, "station-b")
+    stack.kill("gateway")
+    try:
+        cycle = await plc.cycle(result_timeout_s=TIGHT_MS / 1000 + 5)
+        assert cycle.ng and cycle.error == ErrorCode.unavailable and not cycle.busy_at_result
+        assert cycle.trigger_to_result_ms < TIGHT_MS  # an answer before the deadline, not a timeout
+    finally:
+        await plc.__aexit__()
+        stack.restart("gateway")
