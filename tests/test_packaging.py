@@ -32,3 +32,8 @@ def test_wheel_contains_every_subpackage(tmp_path):
             rel = init.relative_to(folder)
             assert f"{prefix}/{rel}" in names, f"{prefix}/{rel} is missing from the wheel"
     assert not any(n.startswith(("models/", "services/", "rag/")) for n in names), "generic top-level packages"
+    # Package data outside any package's own folder level: the console's templates and static files.
+    console = ROOT / "services" / "console"
+    for data in [*(console / "templates").iterdir(), *(console / "static").iterdir()]:
+        rel = data.relative_to(ROOT / "services")
+        assert f"edgeinspect/services/{rel}" in names, f"{rel} is missing from the wheel"
