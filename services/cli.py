@@ -13,8 +13,8 @@ from pathlib import Path
 import typer
 
 DEFAULT_GATEWAY = "127.0.0.1:50051"
-DEFAULT_TOKEN = "edgeinspect-local"
 WORKDIR = Path("var/embedded")
+TOKEN_FILE = WORKDIR / "api_token"  # written by `up` (0600)
 
 
 class Role(StrEnum):
@@ -36,7 +36,7 @@ def serve_command(
     importlib.import_module(f"edgeinspect.services.{role.value}.server").main(config)
 
 
-def _stack_options(checkpoint, stages, codec, chained, port, workdir, kb):
+def _stack_options(checkpoint, stages, codec, chained, port, workdir, kb, **more):
     from edgeinspect.services.launcher import StackOptions
 
     return StackOptions(
@@ -47,6 +47,7 @@ def _stack_options(checkpoint, stages, codec, chained, port, workdir, kb):
         chained=chained,
         gateway_port=port,
         kb_dir=kb,
+        **more,
     )
 
 
@@ -66,43 +67,151 @@ def _ensure_kb(workdir: Path) -> Path | None:
     return kb
 
 
+def _indexed_kb(kb: Path) -> Path:
+    """A knowledge base the user indexed (`edgeinspect kb index`), checked before any role starts."""
+    from edgeinspect.rag.store import current_version
+
+    kb = kb.resolve()
+    if current_version(kb) is None:
+        raise typer.BadParameter(f"{kb} holds no index; build one with `edgeinspect kb index SPECS --kb {kb}`")
+    return kb
+
+
 def up_command(
     checkpoint: Path | None = typer.Option(None, help="DeepSeek-VL checkpoint folder (default: generated tiny one)"),
-    stages: int = typer.Option(2, help="decoder stages (processes) to split the language model into"),
+    stages: int = typer.Option(2, min=1, help="decoder stages: layer ranges the language model is split into"),
+    replicas: int = typer.Option(1, min=1, help="processes serving each layer range (each its own port)"),
     codec: str = typer.Option("fp16", help="tensor codec between nodes: fp32, fp16, int8"),
     chained: bool = typer.Option(False, help="stages forward to each other instead of through the gateway"),
     port: int = typer.Option(50051, help="gateway port"),
     workdir: Path = typer.Option(WORKDIR, help="folder for configs, logs, the report database and the KB"),
+    kb: Path | None = typer.Option(
+        None, "--kb", help="knowledge base folder from `edgeinspect kb index` (default: the sample KB, indexed once)"
+    ),
     no_kb: bool = typer.Option(False, "--no-kb", help="run without the retrieval node"),
+    tls: bool = typer.Option(False, "--tls", help="mTLS between the roles, TLS on the public API (CA in WORKDIR/tls)"),
+    allow_unauthenticated: bool = typer.Option(
+        False, "--allow-unauthenticated", help="the gateway takes calls without a token (loopback development only)"
+    ),
+    restart: bool = typer.Option(
+        True, "--restart/--no-restart", help="restart a crashed role on its port with backoff (off: any exit stops all)"
+    ),
 ) -> None:
-    """Start every role on this box as separate processes (the embedded default); Ctrl-C stops them."""
+    """Start every role on this box as separate processes (the embedded default); Ctrl-C, SIGTERM or SIGHUP stops
+    them all. run/stack.json in the workdir lists every role's pid and address while it runs."""
     from rich.console import Console
 
+    from edgeinspect.services.common.lifecycle import signals_as_interrupt, signals_ignored
     from edgeinspect.services.launcher import LocalStack
 
+    if kb is not None and no_kb:
+        raise typer.BadParameter("--kb and --no-kb exclude each other")
     console = Console()
-    kb = None if no_kb else _ensure_kb(workdir)
-    with LocalStack(_stack_options(checkpoint, stages, codec, chained, port, workdir, kb)) as stack:
-        for role in stack.roles:
-            console.print(
-                f"  {role.name:<10} pid {role.proc.pid:<7} {stack.opts.host}:{role.port}  log {role.log_path}"
-            )
-        console.print(
-            f"[green]edgeinspect is up[/green]: gateway {stack.gateway_address}, token {stack.api_token}. "
-            "Ctrl-C stops it."
+    _log_to(console)
+    kb_dir = None if no_kb else _indexed_kb(kb) if kb is not None else _ensure_kb(workdir)
+    stack = LocalStack(
+        _stack_options(
+            checkpoint,
+            stages,
+            codec,
+            chained,
+            port,
+            workdir,
+            kb_dir,
+            replicas=replicas,
+            supervise=restart,
+            tls=tls,
+            allow_unauthenticated=allow_unauthenticated,
         )
-        try:
-            while all(r.proc.poll() is None for r in stack.roles):
-                time.sleep(0.5)
-            console.print("[red]a role exited; stopping the others[/red]")
-        except KeyboardInterrupt:
-            console.print("stopping ...")
+    )
+    code = 0
+    try:
+        # A background `up` started by a script ignores SIGINT: SIGTERM/SIGHUP must stop it the same way.
+        with signals_as_interrupt():
+            stack.start()
+            _print_banner(console, stack)
+            code = _serve_until_stopped(stack, console)
+    except KeyboardInterrupt:
+        console.print("stopping ...")
+    finally:
+        with signals_ignored():  # a second Ctrl-C must not leave half the roles running
+            stack.stop()
+    if code:
+        raise typer.Exit(code)
+
+
+def _log_to(console) -> None:
+    """The launcher's records (restarts, give-ups) on the terminal; the roles log to their own files."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=console, show_path=False)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("edgeinspect")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def _print_banner(console, stack) -> None:
+    for role in stack.roles:
+        layers = f"layers [{role.layers[0]}, {role.layers[1]})" if role.layers else ""
+        console.print(
+            f"  {role.name:<10} pid {role.pid:<7} {stack.address_of(role.name):<21} {layers:<15} log {role.log_path}",
+            highlight=False,
+        )
+    restarts = "crashed roles restart" if stack.opts.supervise else "any role exiting stops all"
+    console.print(
+        f"[green]edgeinspect is up[/green]: gateway {stack.gateway_address}; "
+        f"pids in {stack.stack_file}. Ctrl-C stops it; {restarts}."
+    )
+    _print_security(console, stack)
+
+
+def _print_security(console, stack) -> None:
+    """Says how the stack is secured, so plaintext or an open gateway is never a surprise."""
+    o = stack.opts
+    if o.tls:
+        console.print(f"  mTLS between the roles, TLS on the public API; CA {stack.client_ca}", highlight=False)
+    else:
+        console.print(
+            f"  [yellow]plaintext[/yellow] on {o.host}: any local process can call the internal roles "
+            "(`up --tls` for mTLS)",
+            highlight=False,
+        )
+    if o.allow_unauthenticated:
+        console.print("  [yellow]allow_unauthenticated set[/yellow]: the gateway serves callers without a token")
+    else:
+        ca = f" --ca {stack.client_ca}" if o.tls else ""
+        console.print(
+            f"  token in {stack.creds.token_file} (0600); `edgeinspect inspect IMAGE{ca}` reads it", highlight=False
+        )
+
+
+def _serve_until_stopped(stack, console) -> int:
+    """Blocks until a signal stops `up` (KeyboardInterrupt) or the stack cannot go on; returns the exit code."""
+    while True:
+        time.sleep(0.5)
+        if not stack.opts.supervise:
+            if any(r.proc.poll() is not None for r in stack.roles):
+                console.print("[red]a role exited; stopping the others[/red]")
+                return 1
+        elif any(r.given_up and r.role == "gateway" for r in stack.roles):
+            # Other roles given up on leave a degraded stack the gateway reports; without it nothing serves.
+            console.print("[red]the gateway keeps crashing; stopping the stack[/red]")
+            return 1
 
 
 def inspect_command(
     images: list[Path] = typer.Argument(..., help="image files to inspect"),
     gateway: str = typer.Option(DEFAULT_GATEWAY, envvar="EDGEINSPECT_GATEWAY", help="gateway host:port"),
-    token: str = typer.Option(DEFAULT_TOKEN, envvar="EDGEINSPECT_API_TOKEN", help="bearer token"),
+    token: str = typer.Option(
+        "", help="bearer token (default: $EDGEINSPECT_TOKEN, else the --token-file `up` wrote)", show_default=False
+    ),
+    token_file: Path = typer.Option(TOKEN_FILE, help="file holding the bearer token (`up` writes one, 0600)"),
+    ca: Path | None = typer.Option(
+        None, envvar="EDGEINSPECT_CA", help="CA certificate of a TLS gateway (`up --tls`: WORKDIR/tls/ca.crt)"
+    ),
     station: str = typer.Option("", help="station id recorded in the report"),
     part: str = typer.Option("", help="part / product id (selects the specs)"),
     prompt: str = typer.Option("", help="instruction (default: the standard defect-report request)"),
@@ -111,9 +220,12 @@ def inspect_command(
     as_json: bool = typer.Option(False, "--json", help="print each report as JSON"),
 ) -> None:
     """Inspect images through a running gateway and print the reports."""
-    from edgeinspect.services.client import InspectionClient, print_report, report_to_dict
+    from edgeinspect.services.client import InspectionClient, print_report, report_to_dict, resolve_token
 
-    with InspectionClient(gateway, token) as client:
+    token = resolve_token(token, token_file)
+    if not token:
+        typer.echo(f"no token: pass --token, set EDGEINSPECT_TOKEN, or start `edgeinspect up` ({token_file})", err=True)
+    with InspectionClient(gateway, token, ca=ca) as client:
         for image in images:
             report = client.inspect(
                 image.read_bytes(),
@@ -142,16 +254,18 @@ def demo_command(
 
     from edgeinspect.assets import sample_image
     from edgeinspect.services.client import InspectionClient, print_report
+    from edgeinspect.services.common.lifecycle import signals_as_interrupt
     from edgeinspect.services.launcher import LocalStack
 
     console = Console()
     kb = _ensure_kb(workdir)
     image = image or sample_image()
-    with LocalStack(_stack_options(None, stages, "fp16", False, 0, workdir, kb)) as stack:
+    # SIGTERM/SIGHUP end the demo as Ctrl-C does: LocalStack's exit stops every role.
+    with signals_as_interrupt(), LocalStack(_stack_options(None, stages, "fp16", False, 0, workdir, kb)) as stack:
         console.print(
             f"[green]{len(stack.roles)} roles up[/green] (gateway {stack.gateway_address}); inspecting {image} ..."
         )
-        with InspectionClient(stack.gateway_address, stack.api_token) as client:
+        with InspectionClient(stack.gateway_address, stack.api_token, ca=stack.client_ca) as client:
             report = client.inspect(
                 image.read_bytes(),
                 station="station-3",
@@ -184,6 +298,7 @@ def _demo_cameras(workdir: Path, gateway: str, token: str) -> Path:
     import yaml
 
     from edgeinspect.assets import asset_path
+    from edgeinspect.certs import write_secret
 
     cfg = yaml.safe_load(asset_path("cameras.sample.yaml").read_text())
     cfg.update(gateway=gateway, api_token=token, frames_dir=str(workdir / "frames"))
@@ -193,5 +308,5 @@ def _demo_cameras(workdir: Path, gateway: str, token: str) -> Path:
         if "background" in gating:
             gating["background"] = str(asset_path(gating["background"]))
     path = workdir / "run" / "cameras.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    write_secret(path, yaml.safe_dump(cfg, sort_keys=False).encode())  # it holds the stack's token
     return path
