@@ -1,7 +1,7 @@
 """Pipelined decoder stages vs a monolith, each a real `edgeinspect serve stage` process pinned to its own core.
 
 Every stage is a separate OS process started with `taskset -c K` and threads=1, driven by the gateway's own client
-(services/gateway/upstream.py StagePipeline / PipelineSession) over loopback gRPC. One configuration runs at a time:
+(services/gateway/stages.py StageCluster / InferenceSession) over loopback gRPC. One configuration runs at a time:
 its processes are stopped before the next starts (the box's RAM is shared).
 
 1. Time to first token (TTFT) of an inspection prompt: 576 visual tokens (a random frame [576, vision_hidden]:
@@ -59,7 +59,8 @@ from edgeinspect import codec
 from edgeinspect.config import ServerConfig, StageSettings, write_yaml
 from edgeinspect.errors import Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, load_processor, open_checkpoint
-from edgeinspect.services.gateway.upstream import StagePipeline, gateway_identity
+from edgeinspect.services.gateway.pipeline import WireOptions
+from edgeinspect.services.gateway.stages import StageCluster
 from edgeinspect.services.launcher import RoleProcess, stage_ranges
 from edgeinspect.v1 import stage_pb2
 
@@ -155,10 +156,12 @@ def stage_processes(
                 role.proc.wait()
 
 
-async def _pipeline(ckpt: Checkpoint, addresses: list[str], wire: codec.Codec, micro_batches: int = 0) -> StagePipeline:
-    pipeline = StagePipeline(addresses, wire, False, False, MAX_MESSAGE_MB, micro_batches)
-    await pipeline.handshake(gateway_identity(ckpt.fingerprint, ckpt.tokenizer_fingerprint), ckpt.num_layers)
-    return pipeline
+async def _pipeline(ckpt: Checkpoint, addresses: list[str], wire: codec.Codec, micro_batches: int = 0) -> StageCluster:
+    cluster = await StageCluster.connect(
+        addresses, ckpt, WireOptions(wire, False, False), micro_batches=micro_batches, max_message_mb=MAX_MESSAGE_MB
+    )
+    cluster.regroup()
+    return cluster
 
 
 # -- 1. time to first token -------------------------------------------------------------------------------------
@@ -173,14 +176,14 @@ async def ttft_runs(ckpt, addresses, wire, ids, visual, chunks: list[int], repea
     try:
         # Untimed: first touch of every weight page and of a chunk-sized pass's buffers.
         warm = [i for i in ids if i != image_id][: max(64, *chunks)]
-        async with pipeline.session("warmup") as session:
-            await session.prefill(warm, None, SAMPLING, min(64, len(warm)), image_id)
+        async with pipeline.session("warmup", warm, None, SAMPLING, chunk_tokens=min(64, len(warm))) as session:
+            await session.prefill()
         for chunk in chunks:
             times, busiest = [], []
             for r in range(repeats):
-                async with pipeline.session(f"ttft-{chunk}-{r}") as session:
+                async with pipeline.session(f"ttft-{chunk}-{r}", ids, frame, SAMPLING, chunk_tokens=chunk) as session:
                     t0 = time.perf_counter()
-                    res = await session.prefill(ids, frame, SAMPLING, chunk, image_id)
+                    res = await session.prefill()
                     times.append((time.perf_counter() - t0) * 1e3)
                 per_stage: dict[str, float] = {}
                 for t in res.timings:
@@ -239,11 +242,11 @@ def text_prompts(ckpt: Checkpoint, n: int, tokens: int) -> list[list[int]]:
     return [[bos, *ids[k * tokens : (k + 1) * tokens - 1]] for k in range(n)]
 
 
-async def _decode(session, first: int, steps: int) -> float:
+async def _decode(session, steps: int) -> float:
     """`steps` greedy decode steps; returns the mean per-token latency in ms."""
-    token, t0 = first, time.perf_counter()
+    t0 = time.perf_counter()
     for _ in range(steps):
-        token = (await session.step([token], None, SAMPLING)).token_id
+        await session.decode()
     return (time.perf_counter() - t0) * 1e3 / steps
 
 
@@ -257,16 +260,13 @@ async def decode_runs(
         for c, prompts in [(0, prompts_by_c[min(prompts_by_c)]), *prompts_by_c.items()]:  # C=0: warm-up round
             async with contextlib.AsyncExitStack() as stack:
                 sessions = [
-                    await stack.enter_async_context(pipeline.session(f"dec{c}-{i}")) for i in range(len(prompts))
+                    await stack.enter_async_context(pipeline.session(f"dec{c}-{i}", p, None, SAMPLING, chunk_tokens=0))
+                    for i, p in enumerate(prompts)
                 ]
-                firsts = await asyncio.gather(
-                    *(s.step(p, None, SAMPLING) for s, p in zip(sessions, prompts, strict=True))
-                )
+                await asyncio.gather(*(s.prefill() for s in sessions))
                 n = steps if c else 2
                 t0 = time.perf_counter()
-                latencies = await asyncio.gather(
-                    *(_decode(s, f.token_id, n) for s, f in zip(sessions, firsts, strict=True))
-                )
+                latencies = await asyncio.gather(*(_decode(s, n) for s in sessions))
                 wall = time.perf_counter() - t0
             if c:
                 out[str(c)] = {

@@ -26,7 +26,10 @@ class WeightsDtype(StrEnum):
     fp32 = "fp32"
     bf16 = "bf16"
     int8 = "int8"  # decoder stages: int8 weights with per-channel scales (models/quant.py)
-    auto = "auto"  # decoder stages: bf16 where the CPU has AMX/AVX512-BF16, else fp32
+    int4 = "int4"  # decoder stages: q4_0-grid int4 weights for decode, int8 for prompts (models/int4.py)
+    # decoder stages: the fastest format measured on this CPU at start-up among those within the accuracy bound
+    # (models/autoformat.py; cached per CPU and checkpoint)
+    auto = "auto"
 
 
 class WireCodec(StrEnum):

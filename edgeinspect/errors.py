@@ -8,6 +8,9 @@ class EdgeInspectError(Exception):
     """Base: `status` is the name of a grpc.StatusCode member."""
 
     status = "INTERNAL"
+    # A stable, machine-readable reason a peer acts on (sent as trailing metadata `edgeinspect-error-code`), so
+    # no peer ever has to match message text.
+    code = ""
 
 
 class InvalidInput(EdgeInspectError):
@@ -28,6 +31,12 @@ class NotFound(EdgeInspectError):
 
 class FailedPrecondition(EdgeInspectError):
     status = "FAILED_PRECONDITION"
+
+
+class PrefixCacheMiss(FailedPrecondition):
+    """A stage no longer holds the prompt prefix a session asked to start from: send the whole prompt."""
+
+    code = "prefix_cache_miss"
 
 
 class PeerMismatch(FailedPrecondition):
@@ -56,7 +65,19 @@ class ResourceExhausted(EdgeInspectError):
 
 
 class Unavailable(EdgeInspectError):
+    """A peer or resource is down; `retry_after_ms` (when given) goes to the caller as retry pushback."""
+
     status = "UNAVAILABLE"
+
+    def __init__(self, message: str = "", retry_after_ms: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_ms = None if retry_after_ms is None else max(0, int(retry_after_ms))
+
+
+class DeadlineExceeded(EdgeInspectError):
+    """The inspection's deadline passed before it finished; the message names the hop that was running."""
+
+    status = "DEADLINE_EXCEEDED"
 
 
 class PlanInfeasible(EdgeInspectError):

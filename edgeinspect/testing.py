@@ -56,19 +56,18 @@ def sample_spec_chunks():
 
 @contextlib.asynccontextmanager
 async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | None = None, chained: bool = False):
-    """Real DecoderStage servers in this process (one per even layer slice) and a gateway StagePipeline over them
-    (fp32 on the wire, handshaken); yields (pipeline, backends). `per_stage` adds settings to each stage;
+    """Real DecoderStage servers in this process (one per even layer slice) and the gateway's StageCluster over them
+    (fp32 on the wire, handshaken); yields (cluster, backends). `per_stage` adds settings to each stage;
     `chained` has each stage forward to the next (the gateway then talks to stage 0 only)."""
-    from edgeinspect import codec
     from edgeinspect.config import StageSettings
     from edgeinspect.models.checkpoint import open_checkpoint
-    from edgeinspect.services.gateway.upstream import StagePipeline, gateway_identity
+    from edgeinspect.services.gateway.stages import StageCluster, fp32_wire
     from edgeinspect.services.stage.server import start
 
     ckpt = open_checkpoint(checkpoint)
     bounds = [round(k * ckpt.num_layers / n_stages) for k in range(n_stages + 1)]
     servers, backends = [], []
-    pipeline = None
+    cluster = None
     try:
         next_stage = None
         for k in reversed(range(n_stages)):  # the last first: a chained stage needs the next one's address
@@ -81,12 +80,12 @@ async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | 
             backends.insert(0, backend)
             next_stage = f"127.0.0.1:{running.port}" if chained else None
         addresses = [f"127.0.0.1:{s.port}" for s in servers]
-        pipeline = StagePipeline(addresses, codec.Codec.fp32, False, chained, 64)
-        await pipeline.handshake(gateway_identity(ckpt.fingerprint, ckpt.tokenizer_fingerprint), ckpt.num_layers)
-        yield pipeline, backends
+        cluster = await StageCluster.connect(addresses, ckpt, fp32_wire(chained))
+        cluster.regroup()
+        yield cluster, backends
     finally:
-        if pipeline is not None:
-            await pipeline.close()
+        if cluster is not None:
+            await cluster.close()
         for s in servers:
             await s.stop(0)
 
@@ -104,25 +103,27 @@ async def decode_concurrently(
 
     ckpt = open_checkpoint(checkpoint)
     tokenizer = load_processor(ckpt).tokenizer
-    async with local_stages(checkpoint, n_stages, per_stage) as (pipeline, _):
-        opened = [pipeline.session(f"s{k}") for k in range(sessions)]
-        tokens = {}
-        for k, s in enumerate(opened):
-            await s.__aenter__()
+    async with local_stages(checkpoint, n_stages, per_stage) as (cluster, _):
+        stubs = [ep.stub for ep in cluster.router.endpoints]
+        opened = []
+        for k in range(sessions):
             ids = tokenizer(f"Part {k}: inspect the weld seam for porosity and cracks.")["input_ids"]
-            tokens[k] = (await s.prefill(ids, None, stage_pb2.SamplingParams(), 0, ckpt.config.image_token_id)).token_id
-        before = [await stub.Stats(stage_pb2.StatsRequest()) for stub in pipeline.stubs]
+            session = cluster.session(f"s{k}", ids, chunk_tokens=0)
+            await session.__aenter__()
+            await session.prefill()
+            opened.append(session)
+        before = [await stub.Stats(stage_pb2.StatsRequest()) for stub in stubs]
 
         async def decode(k: int) -> None:
             for _ in range(steps):
-                tokens[k] = (await opened[k].step([tokens[k]], None, stage_pb2.SamplingParams())).token_id
+                await opened[k].decode()
 
         await asyncio.gather(*(decode(k) for k in range(sessions)))
-        after = [await stub.Stats(stage_pb2.StatsRequest()) for stub in pipeline.stubs]
+        after = [await stub.Stats(stage_pb2.StatsRequest()) for stub in stubs]
         for s in opened:
             await s.__aexit__(None, None, None)
         stats = [
             stage_pb2.StageStats(passes=a.passes - b.passes, session_steps=a.session_steps - b.session_steps)
             for a, b in zip(after, before, strict=True)
         ]
-        return [s.group for s in opened], stats, list(pipeline.group_sessions)
+        return [s.group for s in opened], stats, list(cluster.groups.sessions)

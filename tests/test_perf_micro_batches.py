@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from edgeinspect.services.gateway.upstream import StagePipeline
+from edgeinspect.services.gateway.pipeline import MicroBatchGroups
 from edgeinspect.testing import decode_concurrently
 
 SESSIONS = 4
@@ -13,22 +13,13 @@ DECODE_STEPS = 6
 
 
 def test_groups_stay_balanced_as_sessions_come_and_go():
-    async def main() -> None:
-        addresses = ["127.0.0.1:1", "127.0.0.1:2"]  # never dialled: group bookkeeping only
-        pipeline = StagePipeline(addresses, None, False, False, 4)
-        lockstep = StagePipeline(addresses, None, False, False, 4, micro_batches=1)
-        try:
-            groups = [pipeline.join_group() for _ in range(4)]
-            assert sorted(groups) == [0, 0, 1, 1]
-            pipeline.leave_group(1)
-            pipeline.leave_group(1)
-            assert pipeline.join_group() == 1 and pipeline.join_group() == 1  # refills the emptied group first
-            assert {lockstep.join_group() for _ in range(4)} == {0}  # micro_batches=1: all batch together
-        finally:
-            await pipeline.close()
-            await lockstep.close()
-
-    asyncio.run(main())
+    groups, lockstep = MicroBatchGroups(2), MicroBatchGroups(1)
+    joined = [groups.join() for _ in range(4)]
+    assert sorted(joined) == [0, 0, 1, 1]
+    groups.leave(1)
+    groups.leave(1)
+    assert groups.join() == 1 and groups.join() == 1  # refills the emptied group first
+    assert {lockstep.join() for _ in range(4)} == {0}  # micro_batches=1: all batch together
 
 
 def test_each_stage_pass_runs_one_micro_batch_group(tiny_checkpoint):

@@ -13,9 +13,8 @@ from edgeinspect.errors import InvalidInput
 from edgeinspect.models.checkpoint import load_processor, load_reference_model, open_checkpoint
 from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
-from edgeinspect.services.gateway.upstream import prompt_chunks
+from edgeinspect.services.gateway.pipeline import prompt_chunks
 from edgeinspect.testing import local_stages
-from edgeinspect.v1 import stage_pb2
 
 NEW_TOKENS = 10
 CONTEXT = "Scratches up to 0.5 mm wide pass. Dents deeper than 0.2 mm fail. Missing holes are critical."
@@ -41,15 +40,15 @@ async def _run(
     the tokens and, per stage, the (start, end) time of every step it ran."""
     ids, visual, _ = case
     image_id = open_checkpoint(path).config.image_token_id
-    async with local_stages(path, n_stages, chained=chained) as (pipeline, backends):
+    async with local_stages(path, n_stages, chained=chained) as (cluster, backends):
         spans = [_record_steps(b) for b in backends]
         frame = codec.encode_frame(visual, codec.Codec.fp32)
-        sampling = stage_pb2.SamplingParams()
-        async with pipeline.session("s1") as session:
-            tokens = [(await session.prefill(ids, frame, sampling, chunk, image_id)).token_id]
-            while len(tokens) < NEW_TOKENS:
-                tokens.append((await session.step([tokens[-1]], None, sampling)).token_id)
-    return tokens, spans
+        async with cluster.session("s1", ids, frame, chunk_tokens=chunk) as session:
+            await session.prefill()
+            while len(session.journal.generated) < NEW_TOKENS:
+                await session.decode()
+    assert image_id in ids
+    return session.journal.generated, spans
 
 
 def _record_steps(backend) -> list[tuple[float, float]]:

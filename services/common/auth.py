@@ -37,6 +37,7 @@ METHOD_ROLES: dict[str, frozenset[TokenRole]] = {
     _INSPECTION + "GetReportImage": _READ,
     _INSPECTION + "AggregateReports": _READ,
     _INSPECTION + "GetCaller": _READ,
+    _INSPECTION + "GetClusterStatus": _READ,  # `edgeinspect status`, the console's health line
     # ReviewReport: admin only (not listed); an operator role, when there is one, belongs here.
 }
 

@@ -24,6 +24,7 @@ _ADDRESS_IN_DEBUG = re.compile(r"(ipv[46]:[^\s,\"]+)")
 MAX_DETAILS_CHARS = 300
 # The gRPC retry convention: how long a client should wait before retrying (ms, decimal string).
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+ERROR_CODE_KEY = "edgeinspect-error-code"  # EdgeInspectError.code: what a peer acts on, never the message text
 
 
 def bounded(details: str, limit: int = MAX_DETAILS_CHARS) -> str:
@@ -43,6 +44,14 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     if isinstance(exc, TimeoutError):  # asyncio.TimeoutError is TimeoutError since 3.11
         return grpc.StatusCode.DEADLINE_EXCEEDED
     return grpc.StatusCode.INTERNAL
+
+
+def error_code_of(exc: grpc.aio.AioRpcError) -> str:
+    """The typed reason (EdgeInspectError.code) a peer sent with its error, or ""."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == ERROR_CODE_KEY:
+            return value.decode() if isinstance(value, bytes) else value
+    return ""
 
 
 def upstream_peer(exc: grpc.aio.AioRpcError) -> str:
@@ -84,11 +93,15 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> N
     """Ends the RPC with the status for `exc`; logs unexpected exceptions with their traceback."""
     code = status_for(exc)
     details = bounded(details_for(exc))
+    # abort's trailing_metadata replaces what the call set before (the request id): keep both
+    extra = []
     pushback = getattr(exc, "retry_after_ms", None)
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and pushback is not None:
-        # abort's trailing_metadata replaces what the call set before (the request id): keep both
-        trailing = (*(context.trailing_metadata() or ()), (RETRY_PUSHBACK_KEY, str(pushback)))
-        context.set_trailing_metadata(trailing)
+    if code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE) and pushback is not None:
+        extra.append((RETRY_PUSHBACK_KEY, str(pushback)))
+    if isinstance(exc, EdgeInspectError) and exc.code:
+        extra.append((ERROR_CODE_KEY, exc.code))
+    if extra:
+        context.set_trailing_metadata((*(context.trailing_metadata() or ()), *extra))
     if code is grpc.StatusCode.INTERNAL and not isinstance(exc, EdgeInspectError | grpc.aio.AioRpcError):
         logger.error("unhandled %s in handler", type(exc).__name__, exc_info=exc)
     else:

@@ -76,6 +76,7 @@ class RunningServer:
     health: HealthState
     metrics_port: int | None
     metrics: MetricsHTTP | None = field(default=None, repr=False)
+    servicer: object | None = field(default=None, repr=False)  # the role's servicer, for its serve() loop
 
     async def stop(self, grace: float | None = None) -> None:
         await self.health.shutting_down()

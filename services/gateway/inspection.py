@@ -1,8 +1,13 @@
-"""One inspection end to end: vision -> retrieval -> prompt -> decoder stages -> parsed, stored DefectReport."""
+"""One inspection end to end: vision -> retrieval -> prompt -> decoder stages -> parsed, stored DefectReport.
+
+Each hop has its own step here and its own bounded share of the inspection's deadline; the decoder stages are
+reached only through an InferenceSession (services/gateway/session.py), which owns failover.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -11,19 +16,22 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
+import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from edgeinspect import codec
 from edgeinspect.config import GatewaySettings
-from edgeinspect.errors import InvalidInput, Unavailable
+from edgeinspect.errors import DeadlineExceeded, EdgeInspectError, InvalidInput, Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, load_processor
 from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, prompt_ids, prompt_text
 from edgeinspect.services.common import metrics
-from edgeinspect.services.common.context import request_id_var
+from edgeinspect.services.common.context import deadline_var, request_id_var
+from edgeinspect.services.gateway.admission import Admission
+from edgeinspect.services.gateway.clients import RetrievalClient, VisionClient
 from edgeinspect.services.gateway.report_text import parse_report_text
 from edgeinspect.services.gateway.schema import build_report_grammar, parse_structured, schema_instruction
+from edgeinspect.services.gateway.session import InferenceSession
+from edgeinspect.services.gateway.stages import StageCluster
 from edgeinspect.services.gateway.store import ReportStore
-from edgeinspect.services.gateway.upstream import RetrievalClient, StagePipeline, VisionClient
 from edgeinspect.services.outputs.fanout import Outputs
 from edgeinspect.v1 import inspection_pb2, retrieval_pb2, stage_pb2
 
@@ -32,15 +40,36 @@ MAX_PROMPT_CHARS = 2000
 MAX_FIELD_CHARS = 128
 MAX_NEW_TOKENS_LIMIT = 2048
 MIN_PREFIX_TOKENS = 16  # shorter shared prefixes cost more in bookkeeping than they save
+# google.protobuf.Timestamp's valid range (years 1..9999): anything else breaks every reader of the report.
+MIN_TS_SECONDS, MAX_TS_SECONDS = -62_135_596_800, 253_402_300_799
 
 
 @dataclass
-class Journal:
-    """What it takes to replay a session into a replacement stage: prompt ids, visual tokens, generated ids."""
+class Prompt:
+    ids: list[int]
+    chunks: list[retrieval_pb2.SpecChunk]
+    grammar: object | None
+    budget: int
+    degraded: list[str] = field(default_factory=list)
 
-    prompt_ids: list[int]
-    visual_tokens: object  # TensorFrame, kept as received
-    generated: list[int] = field(default_factory=list)
+
+class IncrementalText:
+    """Detokenizes generated ids as they come, in O(new tokens) per step (decoding a window, as HF's streamer
+    does), holding back a partial UTF-8 sequence until it completes."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.prefix_offset = 0  # window start: a few tokens before the unsent ones, so spaces merge right
+        self.read_offset = 0  # first token whose text has not been sent
+
+    def delta(self, ids: list[int]) -> str:
+        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
+        before = decode(ids[self.prefix_offset : self.read_offset])
+        now = decode(ids[self.prefix_offset :])
+        if len(now) <= len(before) or now.endswith("\ufffd"):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+        return now[len(before) :]
 
 
 class Inspector:
@@ -50,7 +79,7 @@ class Inspector:
         ckpt: Checkpoint,
         store: ReportStore,
         vision: VisionClient,
-        stages: StagePipeline,
+        stages: StageCluster,
         retrieval: RetrievalClient | None,
     ):
         self.cfg = cfg
@@ -58,13 +87,24 @@ class Inspector:
         self.processor = load_processor(ckpt)
         self.tokenizer = self.processor.tokenizer
         self.eos_id = ckpt.text_config.eos_token_id
+        self.context_limit = ckpt.text_config.max_position_embeddings
         self.store = store
         self.vision = vision
-        self.stages = stages
         self.retrieval = retrieval
-        self.codec = codec.Codec(cfg.codec.value)
+        self.codec = stages.wire.codec
+        self.stages = stages
+        self.router = stages.router
+        self.admission = Admission(cfg.max_inflight or 16, cfg.max_queued or cfg.max_inflight or 16)
         self._running: set[str] = set()
         self.outputs = Outputs.for_gateway(cfg)  # MQTT / webhooks (cfg.outputs); a no-op when none
+
+    def size_admission(self, per_range_batch: list[int]) -> None:
+        """Default limits from the stages' batch limits: two sessions per batch slot of the thinnest range (so a
+        stage never idles between steps), as many waiting; explicit settings win."""
+        if self.cfg.max_inflight:
+            return
+        inflight = 2 * max(min(per_range_batch, default=8), 1)
+        self.admission.resize(inflight, self.cfg.max_queued or inflight)
 
     def validate(self, req: inspection_pb2.InspectRequest) -> None:
         if not req.image:
@@ -76,134 +116,180 @@ class Inspector:
                 raise InvalidInput(f"{name} is longer than {MAX_FIELD_CHARS} characters")
         if not 0 <= req.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
             raise InvalidInput(f"max_new_tokens must lie in [0, {MAX_NEW_TOKENS_LIMIT}] (0 = server default)")
+        if req.HasField("capture_time"):
+            ts = req.capture_time
+            if not MIN_TS_SECONDS <= ts.seconds <= MAX_TS_SECONDS or not 0 <= ts.nanos < 1_000_000_000:
+                raise InvalidInput("capture_time is not a valid timestamp: years 1..9999, nanos in [0, 999999999]")
+
+    # -- the public entry -------------------------------------------------------------------------------------------
 
     async def run(self, req: inspection_pb2.InspectRequest) -> AsyncIterator[inspection_pb2.InspectEvent]:
         """Yields token deltas, then the stored report (a retried idempotency key yields the stored one)."""
         self.validate(req)
-        report_id, existing = await asyncio.to_thread(self.store.claim, req.idempotency_key, request_id_var.get())
-        if existing is not None:
-            log.info("idempotency key %r: returning stored report %s", req.idempotency_key, report_id)
-            yield inspection_pb2.InspectEvent(report=existing)
-            return
-        if report_id in self._running:
-            # claim() gives a pending row's id to a retry too: only the first request runs the inspection.
-            raise Unavailable(f"an inspection with idempotency key {req.idempotency_key!r} is still running; retry")
-        self._running.add(report_id)
-        try:
-            async with aclosing(self._inspect(req, report_id)) as events:
-                async for event in events:
-                    yield event
-        except BaseException:
-            await asyncio.to_thread(self.store.fail, report_id, "inspection failed")
-            raise
-        finally:
-            self._running.discard(report_id)
+        deadline = self._deadline()
+        async with self.admission.slot(max(0.0, deadline - time.monotonic())):
+            report_id, existing = await asyncio.to_thread(self.store.claim, req.idempotency_key, request_id_var.get())
+            if existing is not None:
+                log.info("idempotency key %r: returning stored report %s", req.idempotency_key, report_id)
+                yield inspection_pb2.InspectEvent(report=existing)
+                return
+            if report_id in self._running:
+                # claim() gives a pending row's id to a retry too: only the first request runs the inspection.
+                raise Unavailable(
+                    f"an inspection with idempotency key {req.idempotency_key!r} is still running; retry",
+                    retry_after_ms=1000,
+                )
+            self._running.add(report_id)
+            hop = ["start"]
+            try:
+                async with aclosing(self._inspect(req, report_id, deadline, hop)) as events:
+                    async for event in events:
+                        yield event
+            except BaseException as exc:
+                reason = failure_reason(hop[0], exc)
+                log.warning("report %s failed: %s", report_id, reason, extra={"report_id": report_id})
+                await asyncio.shield(asyncio.to_thread(self.store.fail, report_id, reason))
+                raise
+            finally:
+                self._running.discard(report_id)
 
-    async def _inspect(self, req, report_id: str) -> AsyncIterator[inspection_pb2.InspectEvent]:
+    def _deadline(self) -> float:
+        """The inspection's absolute deadline: the caller's, capped by upstream_timeout_s. Set for this task, so
+        every upstream call's own timeout is capped by it too (services/common/channel.py)."""
+        deadline = time.monotonic() + self.cfg.upstream_timeout_s
+        inbound = deadline_var.get()
+        if inbound is not None:
+            deadline = min(deadline, inbound)
+        deadline_var.set(deadline)
+        return deadline
+
+    # -- the hops ---------------------------------------------------------------------------------------------------
+
+    async def _inspect(self, req, report_id: str, deadline: float, hop: list[str]):
         timings: list[stage_pb2.StageTiming] = []
         t0 = time.perf_counter()
-        enc = await self.vision.encode(req.image, self.codec, self.cfg.zstd)
+        hop[0] = "vision"
+        vision_timeout = _share(deadline, self.cfg.vision_timeout_s)
+        enc = await self.vision.encode(req.image, self.codec, self.cfg.zstd, vision_timeout)
         timings.append(
             stage_pb2.StageTiming(
                 stage="vision", compute_ms=enc.encode_ms, wire_ms=(time.perf_counter() - t0) * 1e3 - enc.encode_ms
             )
         )
-        chunks, index_version = ([], "") if req.verification else await self._spec_context(req, timings)
-        context = "\n".join(f"[{c.doc_id} / {c.section}] {c.text}" for c in chunks)
+        hop[0] = "retrieval"
+        degraded: list[str] = []
+        chunks, index_version = [], ""
+        if not req.verification:
+            chunks, index_version = await self._spec_context(req, timings, deadline, degraded)
+        prompt = self._prompt(req, chunks)
+        prompt.degraded[:0] = degraded
+        hop[0] = "decoder stages"
+        sampling = stage_pb2.SamplingParams(
+            grammar_id=prompt.grammar.grammar_id if prompt.grammar else "",
+            grammar_json=prompt.grammar.text if prompt.grammar else "",
+        )
+        session = self.stages.session(
+            f"{report_id}-{uuid.uuid4().hex[:8]}",
+            prompt.ids,
+            enc.visual_tokens,
+            sampling,
+            prefix_length=self._prefix_length(prompt.ids),
+            max_positions=len(prompt.ids) + prompt.budget,
+        )
+        journal = session.journal
+        async with session:
+            async for event in self._generate(session, prompt.budget, deadline, timings, t0):
+                yield event
+        hop[0] = "store"
+        report = self._report(req, report_id, session, prompt, index_version, timings, enc.image_sha256)
+        await asyncio.to_thread(functools.partial(self.store.complete, report, image=req.image))
+        self.outputs.publish(report)  # returns at once: each output delivers from its own outbox
+        metrics.INSPECTIONS.labels(verdict=inspection_pb2.Verdict.Name(report.verdict)).inc()
+        log.info(
+            "report %s stored: %s, %d tokens, %d failovers",
+            report_id,
+            inspection_pb2.Verdict.Name(report.verdict),
+            len(journal.generated),
+            len(session.failovers),
+            extra={"report_id": report_id, "verdict": inspection_pb2.Verdict.Name(report.verdict)},
+        )
+        yield inspection_pb2.InspectEvent(report=report)
+
+    async def _generate(self, session: InferenceSession, budget: int, deadline: float, timings, t0):
+        """The decode loop: yields text deltas; fills `timings` with per-stage compute and per-token figures."""
+        generated = session.journal.generated
+        step_timings: dict[str, list[float]] = {}
+        text = IncrementalText(self.tokenizer)
+        delta_from = 0  # first generated token not yet sent in a delta
+        network_ms, t_first = 0.0, None
+        while len(generated) < budget:
+            if time.monotonic() >= deadline:
+                raise DeadlineExceeded(f"the inspection's deadline passed after {len(generated)} generated tokens")
+            result = await (session.decode() if generated else session.prefill())
+            if t_first is None:
+                t_first = time.perf_counter()
+                if session.prefix_reused:
+                    log.info("session %s: %d prompt positions from cache", session.base_id, session.prefix_reused)
+            else:  # decode steps only: prefill is in time_to_first_token
+                network_ms += result.wire_ms
+            for t in result.timings:
+                step_timings.setdefault(t.stage, []).append(t.compute_ms)
+            if result.token_id == self.eos_id:
+                session.truncated = False
+                break
+            delta = text.delta(generated)
+            if delta:
+                # Tokens held back (no new text yet, or a partial UTF-8 sequence) travel with this delta.
+                yield inspection_pb2.InspectEvent(
+                    delta=inspection_pb2.TokenDelta(text=delta, token_ids=generated[delta_from:])
+                )
+                delta_from = len(generated)
+        metrics.TOKENS.labels(role="gateway").inc(len(generated))
+        for stage, values in step_timings.items():
+            timings.append(stage_pb2.StageTiming(stage=stage, compute_ms=sum(values)))
+        t_end = time.perf_counter()
+        t_first = t_first or t_end
+        timings.append(stage_pb2.StageTiming(stage="time_to_first_token", wire_ms=(t_first - t0) * 1e3))
+        decode_steps = max(len(generated) - 1, 1)
+        # Per decode step: wall time, and the part of it not spent computing in a stage (wire, codec, relay).
+        timings.append(stage_pb2.StageTiming(stage="decode_per_token", wire_ms=(t_end - t_first) * 1e3 / decode_steps))
+        timings.append(stage_pb2.StageTiming(stage="network_per_token", wire_ms=network_ms / decode_steps))
+
+    def _prompt(self, req, chunks: list[retrieval_pb2.SpecChunk]) -> Prompt:
+        """The prompt ids (system + spec context + image placeholders + instruction). It must fit the model's
+        context with the budget of new tokens: spec chunks are dropped from the end until it does (said in the
+        report), and a prompt that cannot fit even without them is refused naming both numbers."""
         budget = req.max_new_tokens or self.cfg.max_new_tokens
+        degraded: list[str] = []
+        total = len(chunks)
+        while True:
+            prompt = self._build(req, chunks, budget)
+            need = len(prompt.ids) + budget
+            if need <= self.context_limit:
+                break
+            if not chunks:
+                raise InvalidInput(
+                    f"the prompt is {len(prompt.ids)} tokens and the budget {budget} new tokens: {need} positions, "
+                    f"but the model's context holds {self.context_limit}; shorten the prompt or lower max_new_tokens"
+                )
+            chunks = chunks[:-1]
+        if len(chunks) < total:
+            degraded.append(
+                f"spec context trimmed to fit the model context: {total - len(chunks)} of {total} chunks dropped"
+            )
+        prompt.degraded = degraded
+        return prompt
+
+    def _build(self, req, chunks, budget: int) -> Prompt:
+        context = "\n".join(f"[{c.doc_id} / {c.section}] {c.text}" for c in chunks)
         instruction = req.prompt or DEFAULT_INSTRUCTION
         # Verification compares with unconstrained generate(), so it is never constrained.
         grammar = None
         if self.cfg.structured_output and not req.verification:
             grammar = build_report_grammar(chunks, req.part, budget)
             instruction = f"{instruction}\n{schema_instruction(grammar.vocabulary)}"
-        text = prompt_text(self.processor, build_messages(instruction, context))
-        ids = prompt_ids(self.processor, text)
-        journal = Journal(ids, enc.visual_tokens)
-        # The schema travels with the first step only; the last stage keeps its grammar under the id.
-        sampling = stage_pb2.SamplingParams(
-            grammar_id=grammar.grammar_id if grammar else "", grammar_json=grammar.text if grammar else ""
-        )
-        step_timings: dict[str, list[float]] = {}
-        t_first = None
-        network_ms = 0.0
-        delta_from = 0  # first generated token not yet sent in a delta
-        emitted = ""
-        truncated = True
-        session_id = f"{report_id}-{uuid.uuid4().hex[:8]}"
-        async with self.stages.session(session_id) as session:
-            step_ids, visual = ids, enc.visual_tokens
-            while len(journal.generated) < budget:
-                if journal.generated:
-                    result = await session.step(step_ids, visual, sampling)
-                else:
-                    result = await session.prefill(
-                        step_ids,
-                        visual,
-                        sampling,
-                        self.cfg.prefill_chunk_tokens,
-                        self.ckpt.config.image_token_id,
-                        self._prefix_length(ids),
-                    )
-                    if session.prefix_reused:
-                        log.info(
-                            "session %s: %d prompt positions from the prefix cache", session_id, session.prefix_reused
-                        )
-                t_first = t_first or time.perf_counter()
-                if len(journal.generated) > 0:  # decode steps only: prefill is in time_to_first_token
-                    network_ms += result.wire_ms
-                for t in result.timings:
-                    step_timings.setdefault(t.stage, []).append(t.compute_ms)
-                token = result.token_id
-                journal.generated.append(token)
-                if token == self.eos_id:
-                    truncated = False
-                    break
-                decoded = self.tokenizer.decode(journal.generated, skip_special_tokens=True)
-                if len(decoded) > len(emitted) and not decoded.endswith("\ufffd"):
-                    # Tokens held back (no new text yet, or a partial UTF-8 sequence) travel with this delta.
-                    yield inspection_pb2.InspectEvent(
-                        delta=inspection_pb2.TokenDelta(
-                            text=decoded[len(emitted) :], token_ids=journal.generated[delta_from:]
-                        )
-                    )
-                    emitted = decoded
-                    delta_from = len(journal.generated)
-                step_ids, visual = [token], None
-                sampling = stage_pb2.SamplingParams(grammar_id=sampling.grammar_id)
-        metrics.TOKENS.labels(role="gateway").inc(len(journal.generated))
-        for stage, values in step_timings.items():
-            timings.append(stage_pb2.StageTiming(stage=stage, compute_ms=sum(values)))
-        t_end = time.perf_counter()
-        timings.append(stage_pb2.StageTiming(stage="time_to_first_token", wire_ms=(t_first - t0) * 1e3))
-        decode_steps = max(len(journal.generated) - 1, 1)
-        # Per decode step: wall time, and the part of it not spent computing in a stage (wire, codec, relay).
-        timings.append(stage_pb2.StageTiming(stage="decode_per_token", wire_ms=(t_end - t_first) * 1e3 / decode_steps))
-        timings.append(stage_pb2.StageTiming(stage="network_per_token", wire_ms=network_ms / decode_steps))
-        raw = self.tokenizer.decode(journal.generated, skip_special_tokens=True)
-        truncated = truncated and raw.strip() != ""
-        parsed = parse_structured(raw, truncated) if grammar else parse_report_text(raw, truncated=truncated)
-        report = self._report(
-            req,
-            report_id,
-            raw,
-            journal,
-            parsed,
-            chunks,
-            index_version,
-            timings,
-            enc.image_sha256,
-        )
-        await asyncio.to_thread(self.store.complete, report, image=req.image)
-        self.outputs.publish(report)  # returns at once: each output delivers from its own outbox
-        metrics.INSPECTIONS.labels(verdict=inspection_pb2.Verdict.Name(report.verdict)).inc()
-        log.info(
-            "report %s stored: %s, %d tokens",
-            report_id,
-            inspection_pb2.Verdict.Name(report.verdict),
-            len(journal.generated),
-        )
-        yield inspection_pb2.InspectEvent(report=report)
+        ids = prompt_ids(self.processor, prompt_text(self.processor, build_messages(instruction, context)))
+        return Prompt(ids, list(chunks), grammar, budget)
 
     def _prefix_length(self, ids: list[int]) -> int:
         """The shared prompt prefix (system prompt + spec context): everything before the image, which is the same
@@ -214,15 +300,25 @@ class Inspector:
         n = ids.index(image_id)
         return n if n >= MIN_PREFIX_TOKENS else 0
 
-    async def _spec_context(self, req, timings) -> tuple[list[retrieval_pb2.SpecChunk], str]:
+    async def _spec_context(self, req, timings, deadline: float, degraded: list[str]):
+        """Spec chunks for the prompt. Spec context is optional: a retrieval node that is down or slow degrades the
+        report (said in it, counted in metrics) instead of failing the inspection."""
         if self.retrieval is None or self.cfg.spec_chunks == 0:
             return [], ""
         t0 = time.perf_counter()
         query = " ".join(x for x in (req.part, req.station, req.prompt or "visual defects acceptance limits") if x)
-        # The part's own specs (and general ones) first: their defect classes make the report schema.
-        resp = await self.retrieval.search(query, self.cfg.spec_chunks, {"product": req.part} if req.part else {})
-        if req.part and not resp.chunks:
-            resp = await self.retrieval.search(query, self.cfg.spec_chunks, {})
+        timeout = _share(deadline, self.cfg.retrieval_timeout_s)
+        try:
+            # The part's own specs (and general ones) first: their defect classes make the report schema.
+            resp = await self.retrieval.search(
+                query, self.cfg.spec_chunks, {"product": req.part} if req.part else {}, timeout
+            )
+            if req.part and not resp.chunks:
+                resp = await self.retrieval.search(query, self.cfg.spec_chunks, {}, timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+            return self._without_specs(degraded, f"retrieval unavailable ({exc.code().name})")
         timings.append(
             stage_pb2.StageTiming(
                 stage="retrieval", compute_ms=resp.search_ms, wire_ms=(time.perf_counter() - t0) * 1e3 - resp.search_ms
@@ -230,7 +326,17 @@ class Inspector:
         )
         return list(resp.chunks), resp.index_version
 
-    def _report(self, req, report_id, raw, journal, parsed, chunks, index_version, timings, image_sha):
+    def _without_specs(self, degraded: list[str], why: str):
+        degraded.append(f"no spec context: {why}")
+        metrics.DEGRADED.labels(reason="no_spec_context").inc()
+        log.warning("inspection without spec context: %s", why)
+        return [], ""
+
+    def _report(self, req, report_id, session: InferenceSession, prompt: Prompt, index_version, timings, image_sha):
+        journal = session.journal
+        raw = self.tokenizer.decode(journal.generated, skip_special_tokens=True)
+        truncated = session.truncated and raw.strip() != ""
+        parsed = parse_structured(raw, truncated) if prompt.grammar else parse_report_text(raw, truncated=truncated)
         now = Timestamp()
         now.GetCurrentTime()
         report = inspection_pb2.DefectReport(
@@ -260,20 +366,42 @@ class Inspector:
                     page=c.page,
                     text=c.text,
                 )
-                for c in chunks
+                for c in prompt.chunks
             ],
             model=inspection_pb2.ModelInfo(
                 checkpoint=str(self.ckpt.path),
                 checkpoint_fingerprint=self.ckpt.fingerprint,
                 tokenizer_fingerprint=self.ckpt.tokenizer_fingerprint,
                 codec=self.codec.value,
-                partition=[
-                    f"stage{k}={s.address}[{s.layer_start},{s.layer_end})" for k, s in enumerate(self.stages.stages)
-                ],
+                partition=session.route_names,
+                plan=self.router.plan_text(),
             ),
+            failovers=session.failovers,
+            degraded=prompt.degraded,
         )
         if req.verification:
             report.prompt_token_ids.extend(journal.prompt_ids)
         if req.HasField("capture_time"):
             report.capture_time.CopyFrom(req.capture_time)
         return report
+
+
+def _share(deadline: float, cap_s: float) -> float:
+    """A hop's timeout: its own cap, but never past the inspection's deadline."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded("the inspection's deadline passed before this step could start")
+    return min(left, cap_s)
+
+
+def failure_reason(hop: str, exc: BaseException) -> str:
+    """What the stored failed row says: the hop that was running and the status that ended it."""
+    if isinstance(exc, EdgeInspectError):
+        return f"{hop}: {exc.status}: {exc}"[:500]
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{hop}: {exc.code().name}: {exc.details() or ''}"[:500]
+    if isinstance(exc, asyncio.CancelledError):
+        return f"{hop}: CANCELLED: the caller went away or the gateway stopped"
+    if isinstance(exc, TimeoutError):
+        return f"{hop}: DEADLINE_EXCEEDED"
+    return f"{hop}: INTERNAL: {type(exc).__name__}"

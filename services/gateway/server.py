@@ -1,4 +1,4 @@
-"""`edgeinspect serve gateway`: the public InspectionService, ready once every upstream role is."""
+"""`edgeinspect serve gateway`: the public InspectionService; SERVING while a complete route over the stages exists."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ from pathlib import Path
 
 from edgeinspect import codec
 from edgeinspect.config import GatewaySettings
-from edgeinspect.errors import PeerMismatch
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.services.common.auth import public_auth
-from edgeinspect.services.common.channel import wait_for_serving
 from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
+from edgeinspect.services.gateway.clients import RetrievalClient, VisionClient, gateway_identity
 from edgeinspect.services.gateway.inspection import Inspector
+from edgeinspect.services.gateway.pipeline import WireOptions
+from edgeinspect.services.gateway.readiness import Readiness
+from edgeinspect.services.gateway.routing import StageRouter
 from edgeinspect.services.gateway.servicer import InspectionServicer
+from edgeinspect.services.gateway.session import RecoveryPolicy
+from edgeinspect.services.gateway.stages import StageCluster
 from edgeinspect.services.gateway.store import ReportStore
-from edgeinspect.services.gateway.upstream import RetrievalClient, StagePipeline, VisionClient, gateway_identity
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -25,26 +28,39 @@ SERVICE_NAME = inspection_pb2.DESCRIPTOR.services_by_name["InspectionService"].f
 
 
 async def connect(cfg: GatewaySettings, store: ReportStore) -> Inspector:
-    """Waits for every upstream to be SERVING, checks they run our checkpoint, and builds the Inspector."""
+    """Builds the Inspector over live views of the upstreams; nothing here waits for them to be up (readiness
+    follows them: services/gateway/readiness.py)."""
     ckpt = await asyncio.to_thread(open_checkpoint, cfg.checkpoint)
-    upstreams = [cfg.vision, *cfg.stages] + ([cfg.retrieval] if cfg.retrieval else [])
-    for address in upstreams:
-        await wait_for_serving(address, cfg.upstream_timeout_s)
     mb = cfg.server.max_message_mb
-    vision = VisionClient(cfg.vision, mb)
-    info = await vision.info()
-    if info.identity.checkpoint_fingerprint and info.identity.checkpoint_fingerprint != ckpt.fingerprint:
-        raise PeerMismatch(
-            f"vision node {cfg.vision} runs checkpoint {info.identity.checkpoint_fingerprint}, "
-            f"this gateway {ckpt.fingerprint}"
-        )
-    stages = StagePipeline(cfg.stages, codec.Codec(cfg.codec.value), cfg.zstd, cfg.chained, mb, cfg.micro_batches)
-    await stages.handshake(gateway_identity(ckpt.fingerprint, ckpt.tokenizer_fingerprint), ckpt.num_layers)
-    retrieval = RetrievalClient(cfg.retrieval, mb) if cfg.retrieval else None
-    return Inspector(cfg, ckpt, store, vision, stages, retrieval)
+    vision = VisionClient(cfg.vision, mb, cfg.client_tls)
+    retrieval = RetrievalClient(cfg.retrieval, mb, cfg.client_tls) if cfg.retrieval else None
+    router = StageRouter(
+        cfg.stages,
+        gateway_identity(ckpt.fingerprint, ckpt.tokenizer_fingerprint),
+        ckpt.num_layers,
+        codec.Codec(cfg.codec.value),
+        mb,
+        tls=cfg.client_tls,
+    )
+    policy = RecoveryPolicy(
+        max_failovers=cfg.max_failovers,
+        stall_min_s=cfg.stall_min_s,
+        stall_factor=cfg.stall_factor,
+        prefill_stall_s=cfg.prefill_stall_s,
+        chunk_tokens=cfg.prefill_chunk_tokens,
+        image_token_id=ckpt.config.image_token_id,
+    )
+    wire = WireOptions(codec.Codec(cfg.codec.value), cfg.zstd, cfg.chained)
+    stages = StageCluster(router, wire, policy, cfg.micro_batches)
+    inspector = Inspector(cfg, ckpt, store, vision, stages, retrieval)
+    router.start()
+    vision.health.start()
+    if retrieval is not None:
+        retrieval.health.start()
+    return inspector
 
 
-async def start(cfg: GatewaySettings) -> RunningServer:
+async def start(cfg: GatewaySettings) -> tuple[RunningServer, Readiness]:
     store = ReportStore(cfg.db_path, frames=cfg.frames)
     store.recover_interrupted()  # rows a crash left pending: failed, "gateway restarted during inspection"
     servicer = InspectionServicer(store)
@@ -56,15 +72,19 @@ async def start(cfg: GatewaySettings) -> RunningServer:
         role="gateway",
         interceptors=auth,
     )
-    servicer.inspector = await connect(cfg, store)
-    await running.health.set_serving(True)
-    log.info("gateway ready: vision %s, stages %s, retrieval %s", cfg.vision, cfg.stages, cfg.retrieval)
-    return running
+    inspector = servicer.inspector = await connect(cfg, store)
+    readiness = Readiness(inspector, running.health)
+    readiness.start()
+    log.info("gateway started: vision %s, stages %s, retrieval %s", cfg.vision, cfg.stages, cfg.retrieval)
+    return running, readiness
 
 
 async def serve(cfg: GatewaySettings) -> None:
-    running = await start(cfg)
-    await serve_until_signal(running, cfg.server.grace_s)
+    running, readiness = await start(cfg)
+    try:
+        await serve_until_signal(running, cfg.server.grace_s)
+    finally:
+        await readiness.close()
 
 
 def main(config_path: Path | None = None) -> None:

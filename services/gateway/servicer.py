@@ -10,6 +10,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from edgeinspect.errors import InvalidInput, PermissionDenied, Unavailable
 from edgeinspect.services.gateway.callers import caller_of, may_review
 from edgeinspect.services.gateway.inspection import Inspector
+from edgeinspect.services.gateway.status import cluster_status
 from edgeinspect.services.gateway.store import ReportStore
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
@@ -137,3 +138,7 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
         """The presented token's name and role."""
         caller = caller_of(context)
         return inspection_pb2.Caller(name=caller.name, role=caller.role, may_review=may_review(caller.role))
+
+    async def GetClusterStatus(self, request, context) -> inspection_pb2.ClusterStatus:
+        """Every stage endpoint (range, health, ban reason, load), the plan in force, vision/retrieval, admission."""
+        return await cluster_status(self._ready())

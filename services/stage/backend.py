@@ -8,6 +8,7 @@ join the next one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -382,6 +383,15 @@ class StageBackend:
                 self.evicted[reason] += 1
                 log.info("evicted session %s (%s)", sid, reason)
         return chosen
+
+    async def close(self) -> None:
+        """Stops the drain task (its queued steps fail: their sessions are gone) and the compute thread."""
+        drainer, self._drainer = self._drainer, None
+        if drainer is not None and not drainer.done():
+            drainer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drainer
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def canary(self) -> None:
         """A real step through the loaded weights on a throwaway session, before the stage reports SERVING."""

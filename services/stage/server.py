@@ -38,18 +38,19 @@ async def start(cfg: StageSettings) -> tuple[RunningServer, StageBackend]:
         backend.identity.checkpoint_fingerprint,
         cfg.weights.value,
     )
+    running.servicer = servicer
     return running, backend
 
 
-async def _evict_forever(backend: StageBackend) -> None:
+async def _evict_forever(servicer: DecoderStageServicer) -> None:
     while True:
         await asyncio.sleep(EVICTION_PERIOD_S)
-        await backend.evict()
+        await servicer.backend.evict()  # the servicer's backend: LoadLayers may have replaced it
 
 
 async def serve(cfg: StageSettings) -> None:
     running, backend = await start(cfg)
-    evictor = asyncio.create_task(_evict_forever(backend))
+    evictor = asyncio.create_task(_evict_forever(running.servicer))
     try:
         await serve_until_signal(running, cfg.server.grace_s)
     finally:

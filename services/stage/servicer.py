@@ -6,11 +6,13 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 
 from edgeinspect import codec
-from edgeinspect.errors import InvalidInput, Unavailable
+from edgeinspect.errors import EdgeInspectError, InvalidInput, ResourceExhausted, Unavailable
+from edgeinspect.models.planner import DTYPE_BYTES, layer_costs_from_checkpoint
 from edgeinspect.models.sampling import SamplingParams
 from edgeinspect.models.stage import StepInput
 from edgeinspect.services.common import metrics
@@ -51,16 +53,43 @@ def identity_from_proto(p: common_pb2.PeerIdentity) -> Identity:
     )
 
 
+def memory_available() -> int:
+    """This box's MemAvailable in bytes (0 when unknown)."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def range_weight_bytes(ckpt, start: int, end: int, weights: str) -> int:
+    """Bytes of the weights of layers [start, end) (+ embeddings on the first stage, norm + lm_head on the last)."""
+    try:
+        costs = layer_costs_from_checkpoint(ckpt.path, weights if weights in DTYPE_BYTES else "fp32")
+    except EdgeInspectError:
+        return 0
+    head = costs.head_bytes if start == 0 else 0
+    tail = costs.tail_bytes if end == costs.num_layers else 0
+    return int(sum(costs.layer_bytes[start:end]) + head + tail)
+
+
 class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
     def __init__(self, backend: StageBackend | None, next_stage: str | None = None, max_message_mb: int = 64):
         self._backend = backend
         self.next_stage = next_stage
         self.max_message_mb = max_message_mb
         self._cleanup_tasks: set[asyncio.Task] = set()  # keeps release tasks referenced until they finish
+        self.home = (-1, -1)
+        self._reloading = asyncio.Lock()
 
     def attach(self, backend: StageBackend) -> None:
         """The loaded backend; until then every call answers UNAVAILABLE (health says NOT_SERVING meanwhile)."""
         self._backend = backend
+        if self.home == (-1, -1):
+            self.home = (backend.range.start, backend.range.end)  # the range of its own config
 
     @property
     def backend(self) -> StageBackend:
@@ -177,7 +206,37 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             session_steps=b.sessions_stepped,
             kv_reserved_bytes=sum(b.reservations().values()),
             refused_sessions=b.refused,
+            max_batch_sessions=b.cfg.max_batch_sessions,
+            home_layer_start=self.home[0],
+            home_layer_end=self.home[1],
+            memory_available_bytes=memory_available(),
+            weight_bytes=range_weight_bytes(b.ckpt, b.range.start, b.range.end, b.cfg.weights.value),
         )
+
+    async def LoadLayers(self, request: stage_pb2.LoadLayersRequest, context) -> stage_pb2.StageStats:
+        """Serves layers [a, b) from now on (re-planning), loaded from this box's checkpoint; drops every session."""
+        b = self.backend
+        start, end, total = request.layer_start, request.layer_end, b.range.total
+        if not 0 <= start < end <= total:
+            raise InvalidInput(f"layer range [{start}, {end}) is not within the model's {total} layers")
+        if (start, end) != (b.range.start, b.range.end):
+            async with self._reloading:
+                need = range_weight_bytes(b.ckpt, start, end, b.cfg.weights.value)
+                have = memory_available()
+                if have and need > have:
+                    raise ResourceExhausted(
+                        f"layers [{start}, {end}) need {need >> 20} MiB of weights; this box has {have >> 20} MiB "
+                        "available",
+                        retry_after_ms=10_000,
+                    )
+                cfg = b.cfg.model_copy(update={"layer_start": start, "layer_end": end})
+                log.info("re-planning: loading layers [%d, %d) (was %s)", start, end, b.range)
+                new = await asyncio.to_thread(StageBackend, cfg, b.ckpt)
+                await asyncio.to_thread(new.canary)
+                self.attach(new)
+                await b.close()
+                log.info("re-planning: now serving layers %s; every earlier session was dropped", new.range)
+        return await self.Stats(stage_pb2.StatsRequest(), context)
 
     # -- translation -------------------------------------------------------------------------------------------
 

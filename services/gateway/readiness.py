@@ -1,0 +1,102 @@
+"""The gateway's readiness: SERVING exactly while a complete route over the decoder stages exists and the vision
+node (running our checkpoint) is up. Re-planning is started from here when a layer range is left without a stage."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+
+from edgeinspect.services.common import metrics
+from edgeinspect.services.common.server import HealthState
+from edgeinspect.services.gateway.inspection import Inspector
+from edgeinspect.services.gateway.replan import Replanner
+
+log = logging.getLogger(__name__)
+PERIOD_S = 0.25  # also woken at once by any change the router sees
+
+
+class Readiness:
+    def __init__(self, inspector: Inspector, health: HealthState):
+        self.inspector = inspector
+        self.health = health
+        self.replanner = Replanner(inspector.router, inspector.ckpt, inspector.cfg)
+        self.vision_mismatch = ""
+        self._vision_checked = False
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._follow())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.replanner.close()
+        insp = self.inspector
+        await insp.router.close()
+        await insp.vision.close()
+        if insp.retrieval is not None:
+            await insp.retrieval.close()
+
+    def serving(self) -> bool:
+        insp = self.inspector
+        return insp.router.complete() and insp.vision.health.serving and not self.vision_mismatch
+
+    async def _follow(self) -> None:
+        router = self.inspector.router
+        while True:
+            await self._check_vision()
+            if not router.complete():
+                await self.replanner.cover_gaps()
+            else:
+                await self.replanner.restore_when_settled()
+            serving = self.serving()
+            metrics.ROUTE_COMPLETE.set(1 if router.complete() else 0)
+            metrics.ADMISSION.labels(state="running").set(self.inspector.admission.inflight)
+            metrics.ADMISSION.labels(state="queued").set(self.inspector.admission.queued)
+            if serving != self.health.serving:
+                if serving:
+                    self._size_admission()
+                    self.inspector.stages.regroup()
+                    log.info("gateway ready: plan %s", router.plan_text())
+                else:
+                    log.warning("gateway not ready: %s", self.why_not())
+                await self.health.set_serving(serving)
+            await router.wait_changed(PERIOD_S)
+
+    def why_not(self) -> str:
+        insp = self.inspector
+        if self.vision_mismatch:
+            return self.vision_mismatch
+        if not insp.vision.health.serving:
+            return f"vision node {insp.vision.health.state}"
+        return insp.router.missing_message()
+
+    def _size_admission(self) -> None:
+        per_range: dict[tuple[int, int], int] = {}
+        for ep in self.inspector.router.usable():
+            per_range[ep.range] = per_range.get(ep.range, 0) + ep.max_batch
+        self.inspector.size_admission(list(per_range.values()))
+
+    async def _check_vision(self) -> None:
+        """The vision node must run our checkpoint: checked each time it comes up."""
+        vision = self.inspector.vision
+        if not vision.health.serving:
+            self._vision_checked = False
+            return
+        if self._vision_checked:
+            return
+        try:
+            info = await vision.info()
+        except grpc.aio.AioRpcError:
+            return
+        self._vision_checked = True
+        theirs, ours = info.identity.checkpoint_fingerprint, self.inspector.ckpt.fingerprint
+        self.vision_mismatch = ""
+        if theirs and theirs != ours:
+            self.vision_mismatch = f"vision node {vision.address} runs checkpoint {theirs}, this gateway {ours}"
+            log.error("%s: not serving until it is replaced", self.vision_mismatch)

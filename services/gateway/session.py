@@ -1,0 +1,300 @@
+"""Recovery's home: one inspection's generation across the decoder stages, surviving stage failures by replay.
+
+The session keeps a journal (prompt ids, visual tokens, tokens generated so far). When a stage fails, closes its
+stream or stalls past the step bound, the failed endpoint is reported to the router (which bans it), the session
+takes another route and rebuilds its KV cache there by replaying the journal: the prompt exactly as first sent
+(same chunks, same prefix), then each generated token but the last as its own decode step, every replayed step
+checked against the journal (position by position: the stages refuse a step at the wrong position, and each
+replayed sample must equal the token already generated). Greedy fp32 replicas reproduce the undisturbed run bit
+for bit, the grammar matcher of the last stage advances over the same tokens, and the failed step then runs on
+the new route. Failovers per inspection are bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from edgeinspect.errors import ResourceExhausted, Unavailable
+from edgeinspect.services.common import metrics
+from edgeinspect.services.gateway.pipeline import (
+    MicroBatchGroups,
+    PrefixBook,
+    PrefixMissed,
+    RouteSession,
+    StageFailure,
+    StageRefused,
+    StepResult,
+    WireOptions,
+    prefix_key,
+    prompt_chunks,
+)
+from edgeinspect.services.gateway.routing import Endpoint, StageRouter, fmt_range
+from edgeinspect.v1 import inspection_pb2, stage_pb2, tensor_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Journal:
+    """What it takes to replay a session into a replacement route."""
+
+    prompt_ids: list[int]
+    visual_tokens: tensor_pb2.TensorFrame | None  # as received from the vision node
+    sampling: stage_pb2.SamplingParams  # first step's (carries the grammar); later steps send only its id
+    prefix_length: int = 0  # shared prompt prefix (system + spec context), 0: none
+    generated: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """Stall bounds and the failover budget (GatewaySettings fills it)."""
+
+    max_failovers: int = 3
+    stall_min_s: float = 2.0  # a decode step is stalled after max(stall_min_s, stall_factor x its usual time)
+    stall_factor: float = 20.0
+    prefill_stall_s: float = 60.0  # bound for one prefill (a whole prompt through a stage)
+    chunk_tokens: int = 128
+    image_token_id: int = 0
+
+
+class InferenceSession:
+    """Prefill, then decode steps; each survives a stage failure by moving to another route and replaying."""
+
+    def __init__(
+        self,
+        router: StageRouter,
+        groups: MicroBatchGroups,
+        prefixes: PrefixBook,
+        wire: WireOptions,
+        base_id: str,
+        journal: Journal,
+        max_positions: int,
+        policy: RecoveryPolicy,
+    ):
+        self.router = router
+        self.groups = groups
+        self.prefixes = prefixes
+        self.wire_opts = wire
+        self.base_id = base_id
+        self.journal = journal
+        self.max_positions = max_positions
+        self.policy = policy
+        self.group = 0
+        self.wire: RouteSession | None = None
+        self.failovers: list[inspection_pb2.Failover] = []
+        self.refused: list[Endpoint] = []  # endpoints too full for this session: not banned, only avoided
+        self.prefix_reused = 0
+        self.prefilled = False  # the prompt went through on some route (replays then redo it)
+        self.truncated = True  # the budget ran out before end of sequence
+        self._opened = 0
+        self._route: list[Endpoint] = []
+        self._visual = None  # the visual tokens decoded once, when the prompt is chunked
+        self._decode_ms = 0.0  # usual wall time of a decode step (EWMA), for the stall bound
+
+    async def __aenter__(self) -> InferenceSession:
+        self.group = self.groups.join()
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        self.groups.leave(self.group)
+        wire, self.wire = self.wire, None
+        if wire is None:
+            return
+        self.router.release(wire.route)
+        if exc_type is None:
+            await wire.close()
+        else:
+            wire.cancel()
+
+    @property
+    def route_names(self) -> list[str]:
+        """The route that served the latest step (kept after the session closed, for the report)."""
+        return [f"stage{k}={ep.address}{ep.name}" for k, ep in enumerate(self._route)]
+
+    # -- the two operations --------------------------------------------------------------------------------------
+
+    async def prefill(self) -> StepResult:
+        """The prompt through the stages; samples and journals the first token."""
+        result = await self._with_failover(self._prefill_on)
+        self.prefilled = True
+        self.journal.generated.append(result.token_id)
+        return result
+
+    async def decode(self) -> StepResult:
+        """Feeds the last generated token; samples and journals the next."""
+        token = self.journal.generated[-1]
+        t0 = time.perf_counter()
+        result = await self._with_failover(lambda wire: self._step_on(wire, token))
+        ms = (time.perf_counter() - t0) * 1e3
+        self._decode_ms = ms if not self._decode_ms else 0.8 * self._decode_ms + 0.2 * ms
+        self.journal.generated.append(result.token_id)
+        return result
+
+    # -- failover --------------------------------------------------------------------------------------------------
+
+    async def _with_failover(self, op) -> StepResult:
+        noticed: float | None = None
+        failure: StageFailure | None = None
+        while True:
+            try:
+                if self.wire is None:
+                    await self._open(replay=self.prefilled)
+                result = await op(self.wire)
+            except StageFailure as exc:
+                failure, noticed = exc, noticed or time.perf_counter()
+                self._fail_over(exc)
+                continue
+            except StageRefused as exc:
+                self._drop_wire()
+                self.refused.append(exc.endpoint)
+                log.info("session %s: stage %s is full (%s); trying another route", self.base_id, exc.endpoint, exc)
+                try:
+                    self.router.route(exclude=self.refused)
+                except Unavailable:
+                    raise ResourceExhausted(
+                        f"decoder stages are full: {exc}", retry_after_ms=exc.retry_after_ms
+                    ) from None
+                continue
+            if failure is not None:
+                self.failovers[-1].recovery_ms = (time.perf_counter() - noticed) * 1e3
+                self.failovers[-1].route.extend(self.route_names)
+                log.info(
+                    "session %s: recovered from %s in %.0f ms",
+                    self.base_id,
+                    failure,
+                    self.failovers[-1].recovery_ms,
+                )
+            for ep, timing in zip(self.wire.callees, result.timings, strict=False):
+                self.router.report_success(ep, timing.compute_ms)
+            return result
+
+    def _fail_over(self, exc: StageFailure) -> None:
+        """Bans the failed endpoint, records the failover and drops the route; the next attempt replays."""
+        position = self.wire.position if self.wire else 0
+        self._drop_wire()
+        self.router.report_failure(exc.endpoint, exc.reason)
+        self.router.events.failovers += 1
+        metrics.FAILOVERS.labels(stage=exc.endpoint.name).inc()
+        self.failovers.append(
+            inspection_pb2.Failover(
+                stage=exc.endpoint.name,
+                endpoint=exc.endpoint.address,
+                position=position,
+                reason=exc.reason,
+                replayed_tokens=max(len(self.journal.generated) - 1, 0),
+            )
+        )
+        log.warning(
+            "session %s: stage %s %s failed at position %d (%s); failover %d of at most %d",
+            self.base_id,
+            exc.endpoint.address,
+            exc.endpoint.name,
+            position,
+            exc.reason,
+            len(self.failovers),
+            self.policy.max_failovers,
+        )
+        if len(self.failovers) > self.policy.max_failovers:
+            raise Unavailable(
+                f"decoder stage {exc.endpoint.name} failed ({exc.reason}) and {self.policy.max_failovers} failovers "
+                "did not get this inspection through; retry shortly"
+            )
+
+    def _drop_wire(self) -> None:
+        if self.wire is not None:
+            self.wire.cancel()
+            self.router.release(self.wire.route)
+            self.wire = None
+
+    async def _open(self, replay: bool) -> None:
+        """A route for the session (least loaded, avoiding full endpoints) under a fresh session id; with `replay`
+        the journal is fed through it first so it holds what the failed route held."""
+        route = self.router.route(exclude=self.refused)
+        self._opened += 1
+        session_id = self.base_id if self._opened == 1 else f"{self.base_id}-f{self._opened - 1}"
+        self.wire = RouteSession(route, session_id, self.wire_opts, self.group, self.max_positions)
+        self._route = route
+        self.router.acquire(route)
+        if not replay:
+            return
+        generated = self.journal.generated
+        first = await self._prefill_on(self.wire)
+        expected = [first.token_id]
+        for token in generated[:-1]:
+            expected.append((await self._step_on(self.wire, token)).token_id)
+        if expected != generated:
+            at = next(i for i, (a, b) in enumerate(zip(expected, generated, strict=True)) if a != b)
+            # The cache holds the journal's tokens either way; only this new route would have sampled otherwise.
+            log.error(
+                "session %s: replay on %s diverged at generated token %d (%d != %d): replicas differ in format?",
+                self.base_id,
+                self.route_names,
+                at,
+                expected[at],
+                generated[at],
+            )
+            if self.failovers:
+                self.failovers[-1].reason += f"; replay diverged at token {at}"
+
+    # -- steps on one route ------------------------------------------------------------------------------------
+
+    def _decode_timeout(self) -> float:
+        usual_s = self._decode_ms / 1e3
+        return max(self.policy.stall_min_s, self.policy.stall_factor * usual_s)
+
+    async def _step_on(self, wire: RouteSession, token: int) -> StepResult:
+        sampling = stage_pb2.SamplingParams(grammar_id=self.journal.sampling.grammar_id)
+        sampling.temperature, sampling.top_p, sampling.seed = (
+            self.journal.sampling.temperature,
+            self.journal.sampling.top_p,
+            self.journal.sampling.seed,
+        )
+        return await wire.step([token], None, sampling, self._decode_timeout())
+
+    def _chunks(self, ids: list[int], frame: tensor_pb2.TensorFrame | None):
+        from edgeinspect import codec
+
+        if frame is not None and self._visual is None and 0 < self.policy.chunk_tokens < len(ids):
+            self._visual = codec.decode_frame(frame, name="visual tokens")  # once per inspection, not per chunk
+        return prompt_chunks(ids, frame, self.policy.chunk_tokens, self.policy.image_token_id, self._visual)
+
+    async def _prefill_on(self, wire: RouteSession) -> StepResult:
+        """The prompt, sampling its first token. With a shared prefix (system prompt + spec context, before the
+        image) that the stages hold, only the rest is sent; otherwise it is computed and the stages keep it. A stage
+        that has evicted it answers a prefix cache miss: the session starts over on the same route."""
+        j, timeout = self.journal, self.policy.prefill_stall_s
+        ids, n = j.prompt_ids, j.prefix_length
+        if n <= 0:
+            return await wire.prefill(self._chunks(ids, j.visual_tokens), j.sampling, timeout, None)
+        ref = stage_pb2.PrefixRef(key=prefix_key(ids[:n]), length=n)
+        if ref.key in self.prefixes:
+            wire.position = n
+            try:
+                result = await wire.prefill(self._chunks(ids[n:], j.visual_tokens), j.sampling, timeout, ref)
+                self.prefix_reused = n
+                return result
+            except PrefixMissed as miss:
+                log.info("session %s: %s; sending the whole prompt", self.base_id, miss)
+                self.prefixes.forget(ref.key)
+                wire = self._restart(wire)
+        # The prefix is a chunk boundary, so the stages can store exactly its keys/values.
+        chunks = self._chunks(ids[:n], None) + self._chunks(ids[n:], j.visual_tokens)
+        result = await wire.prefill(chunks, j.sampling, timeout, ref)
+        self.prefixes.remember(ref.key)
+        return result
+
+    def _restart(self, wire: RouteSession) -> RouteSession:
+        """Drops the session on its route and starts over at position 0 under a new id (the old streams' release
+        runs asynchronously on the stages, so the id must not be reused)."""
+        wire.cancel()
+        self._opened += 1
+        self.wire = RouteSession(
+            wire.route, f"{self.base_id}-f{self._opened - 1}", self.wire_opts, self.group, self.max_positions
+        )
+        return self.wire
+
+
+def route_text(route: list[Endpoint]) -> str:
+    return "+".join(fmt_range(*ep.range) for ep in route)

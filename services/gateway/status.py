@@ -1,0 +1,67 @@
+"""The cluster as the gateway sees it (GetClusterStatus, `edgeinspect status`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from edgeinspect.services.gateway.inspection import Inspector
+from edgeinspect.v1 import inspection_pb2, stage_pb2
+
+STATS_TIMEOUT_S = 1.0  # a stopped stage must not hold the status call
+
+
+async def cluster_status(inspector: Inspector) -> inspection_pb2.ClusterStatus:
+    router = inspector.router
+    now = time.monotonic()
+
+    async def one(ep) -> inspection_pb2.StageEndpointStatus:
+        out = inspection_pb2.StageEndpointStatus(
+            address=ep.address,
+            layer_start=ep.layer_start,
+            layer_end=ep.layer_end,
+            home_start=ep.home[0] if ep.home else -1,
+            home_end=ep.home[1] if ep.home else -1,
+            state=ep.state(now),
+            reason=ep.mismatch or ep.ban_reason,
+            sessions=ep.sessions,
+            last_step_ms=ep.last_step_ms,
+            failures=ep.failures,
+            weights=ep.weights,
+        )
+        if ep.serving:
+            try:
+                stats = await ep.stub.Stats(stage_pb2.StatsRequest(), timeout=STATS_TIMEOUT_S)
+                out.kv_bytes, out.kv_budget_bytes, out.live_sessions = (
+                    stats.kv_bytes,
+                    stats.kv_budget_bytes,
+                    stats.sessions,
+                )
+            except grpc.aio.AioRpcError as exc:
+                out.reason = out.reason or f"Stats: {exc.code().name}"
+        return out
+
+    stages = await asyncio.gather(*(one(ep) for ep in router.endpoints))
+    vision_ok = inspector.vision.health.serving
+    serving = router.complete() and vision_ok
+    notes = router.degraded_notes()
+    retrieval = inspector.retrieval.health.state if inspector.retrieval else ""
+    if inspector.retrieval and retrieval != "SERVING":
+        notes.append(f"retrieval {retrieval}: reports are made without spec context")
+    return inspection_pb2.ClusterStatus(
+        serving=serving,
+        degraded=serving and bool(notes),
+        plan=router.plan_text(),
+        normal_plan=[f"[{a},{b})" for a, b in router.normal_plan()],
+        stages=stages,
+        vision=inspector.vision.health.state,
+        retrieval=retrieval,
+        inflight=inspector.admission.inflight,
+        queued=inspector.admission.queued,
+        max_inflight=inspector.admission.max_inflight,
+        max_queued=inspector.admission.max_queued,
+        failovers=router.events.failovers,
+        notes=notes + router.events.notes[-10:],
+    )
