@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import pytest
 
@@ -54,6 +55,33 @@ def embedded_stack(tiny_checkpoint, tmp_path_factory):
     opts = StackOptions(workdir=tmp_path_factory.mktemp("embedded"), checkpoint=tiny_checkpoint, stages=2)
     with LocalStack(opts) as stack:
         yield stack
+
+
+@dataclass(frozen=True)
+class ReviewingStack:
+    stack: object  # LocalStack
+    admin: str  # token of "ann-admin" (role admin: may review)
+    reader: str  # token of "viewer" (role read)
+    frame_budget: int
+
+
+@pytest.fixture(scope="session")
+def reviewing_stack(tiny_checkpoint, tmp_path_factory):
+    """The embedded default with an admin and a read token, and a frame store that holds two sample frames
+    (~53 kB each plus a thumbnail) but not three (the console and store-recovery tests)."""
+    import json
+
+    from edgeinspect.services.common.auth import hash_token
+    from edgeinspect.services.launcher import LocalStack, StackOptions
+
+    admin, reader, budget = "ei_console-admin-token-for-tests-0123", "ei_console-read-token-for-tests-0123", 140_000
+    tokens = [{"name": "ann-admin", "role": "admin", "hash": hash_token(admin)},
+              {"name": "viewer", "role": "read", "hash": hash_token(reader)}]  # fmt: skip
+    env = {"EDGEINSPECT_API_TOKENS": json.dumps(tokens), "EDGEINSPECT_FRAMES__MAX_BYTES": str(budget)}
+    opts = StackOptions(workdir=tmp_path_factory.mktemp("reviewing"), checkpoint=tiny_checkpoint, stages=2,
+                        api_token=admin, extra_env=env)  # fmt: skip
+    with LocalStack(opts) as stack:
+        yield ReviewingStack(stack, admin, reader, budget)
 
 
 @pytest.fixture(scope="session")

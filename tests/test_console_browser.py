@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import subprocess
 import sys
 import time
@@ -16,17 +15,14 @@ import pytest
 import yaml
 
 from edgeinspect.assets import asset_path
-from edgeinspect.services.common.auth import hash_token
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]  # fmt: skip
-ADMIN, READER = "ei_console-admin-token-for-tests-0123456789", "ei_console-read-token-for-tests-0123456789"
+ADMIN, READER = "ei_console-admin-token-for-tests-0123", "ei_console-read-token-for-tests-0123"  # conftest
 STATION = "st-browser"
-# Room for two of the sample frames (~53 kB each plus a thumbnail), not three.
-FRAME_BUDGET = 140_000
 
 if not Path(CHROMIUM).exists():  # tools/test.sh installs it; without it these tests cannot run at all
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
@@ -34,18 +30,9 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_checkpoint, tmp_path_factory):
-    from edgeinspect.services.launcher import LocalStack, StackOptions
-
-    tokens = [{"name": "ann-admin", "role": "admin", "hash": hash_token(ADMIN)},
-              {"name": "viewer", "role": "read", "hash": hash_token(READER)}]  # fmt: skip
-    env = {"EDGEINSPECT_API_TOKENS": json.dumps(tokens), "EDGEINSPECT_FRAMES__MAX_BYTES": str(FRAME_BUDGET)}
-    opts = StackOptions(
-        workdir=tmp_path_factory.mktemp("console-stack"), checkpoint=tiny_checkpoint, stages=2,
-        api_token=ADMIN, extra_env=env,
-    )  # fmt: skip
-    with LocalStack(opts) as s:
-        yield s
+def stack(reviewing_stack):
+    assert (reviewing_stack.admin, reviewing_stack.reader) == (ADMIN, READER)
+    return reviewing_stack.stack
 
 
 @pytest.fixture(scope="module")
