@@ -47,21 +47,16 @@ def media_type(data: bytes) -> str:
     return next((kind for magic, kind in _MAGIC if data.startswith(magic)), "application/octet-stream")
 
 
-def to_prune(rows: list[FrameRow], now_us: int, max_bytes: int, max_age_us: int) -> list[str]:
-    """Frames to delete: every one older than max_age_us (0: no age limit), then the oldest until the rest fit."""
+def to_prune(oldest: list[FrameRow], total_bytes: int, now_us: int, max_bytes: int, max_age_us: int) -> list[str]:
+    """Frames to delete from the oldest ones (oldest first) given the store's total: every one older than
+    max_age_us (0: no age limit), then the oldest until the rest fit max_bytes."""
     doomed: list[str] = []
-    kept: list[FrameRow] = []
-    for row in sorted(rows, key=lambda r: (r.stored_us, r.sha256)):
-        if max_age_us and now_us - row.stored_us > max_age_us:
-            doomed.append(row.sha256)
-        else:
-            kept.append(row)
-    total = sum(r.nbytes for r in kept)
-    for row in kept:  # oldest first
-        if total <= max_bytes:
+    for row in oldest:
+        too_old = max_age_us and now_us - row.stored_us > max_age_us
+        if not too_old and total_bytes <= max_bytes:
             break
         doomed.append(row.sha256)
-        total -= row.nbytes
+        total_bytes -= row.nbytes
     return doomed
 
 

@@ -226,9 +226,23 @@ class ReportStore:
         if self.frame_settings is None or self.frames is None:
             return []
         cfg = self.frame_settings
+        doomed: list[str] = []
         with self._lock:
-            rows = [FrameRow(*r) for r in self._db.execute("SELECT sha256, nbytes, stored_us FROM frames")]
-            doomed = frame_policy.to_prune(rows, _now_us(), cfg.max_bytes, int(cfg.max_age_s * 1e6))
+            total = self._db.execute("SELECT COALESCE(SUM(nbytes), 0) FROM frames").fetchone()[0]
+            # The oldest frames in batches (frames_by_time): a pass reads only what it may delete.
+            while True:
+                oldest = [
+                    FrameRow(*r)
+                    for r in self._db.execute(
+                        "SELECT sha256, nbytes, stored_us FROM frames ORDER BY stored_us, sha256 LIMIT 256 OFFSET ?",
+                        (len(doomed),),
+                    )
+                ]
+                batch = frame_policy.to_prune(oldest, total, _now_us(), cfg.max_bytes, int(cfg.max_age_s * 1e6))
+                doomed += batch
+                total -= sum(r.nbytes for r in oldest[: len(batch)])
+                if len(batch) < len(oldest) or not oldest:
+                    break
             if doomed:
                 with self._transaction():
                     self._db.executemany("DELETE FROM frames WHERE sha256 = ?", [(s,) for s in doomed])
