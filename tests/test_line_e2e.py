@@ -1,9 +1,15 @@
-"""The PLC handshake end to end: the embedded stack, a real `edgeinspect ingest` process serving OPC UA, and an
-asyncua client in the test playing the PLC. Faults are real: a PLC that never acks, a stage frozen with SIGSTOP,
-a gateway killed."""
+"""The verdict reaching the line, end to end on one embedded stack (its gateway publishing to a real Mosquitto)
+and a real `edgeinspect ingest` process serving OPC UA to an asyncua client that plays the PLC.
+
+MQTT: one inspection publishes exactly one result with its report id; results made while the broker is down
+arrive after it returns, in order (the subscriber dedupes by report id: delivery is at least once).
+OPC UA: 20 handshakes in a row; a PLC that never acks; a stage frozen with SIGSTOP (NG + Error=timeout at the
+deadline, the late report linked); a killed gateway (Error=unavailable within the deadline; last, it stays down).
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,22 +20,40 @@ import time
 
 import pytest
 import yaml
+from line_peers import Subscriber
 
 from edgeinspect.assets import sample_image
 from edgeinspect.services.client import InspectionClient
 from edgeinspect.services.launcher import LocalStack, StackOptions
 from edgeinspect.services.line.handshake import ErrorCode
 from edgeinspect.services.line.plcsim import PlcSim
-from edgeinspect.services.line.testing import free_port
+from edgeinspect.services.line.testing import MosquittoBroker, free_port
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(shutil.which("mosquitto") is None, reason="needs Debian's mosquitto"),
+]
+RESULTS = "edgeinspect/+/+/result"
 FAST_MS = 20_000  # station-a: room for an inspection on a loaded 2-core box
 TIGHT_MS = 2_500  # station-b: the takt budget the faults are measured against
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_checkpoint, tmp_path_factory):
-    opts = StackOptions(workdir=tmp_path_factory.mktemp("line-stack"), checkpoint=tiny_checkpoint, stages=2)
+def broker(tmp_path_factory):
+    with MosquittoBroker(tmp_path_factory.mktemp("mosquitto")) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_checkpoint, broker, tmp_path_factory):
+    """The embedded stack with the gateway publishing to the broker (as `edgeinspect up --mqtt URL` does)."""
+    outputs = {"mqtt": {"url": broker.url, "node": "station-3"}, "retry_base_s": 0.1, "retry_max_s": 0.5}
+    opts = StackOptions(
+        workdir=tmp_path_factory.mktemp("line-stack"),
+        checkpoint=tiny_checkpoint,
+        stages=2,
+        extra_env={"EDGEINSPECT_OUTPUTS": json.dumps(outputs)},
+    )
     with LocalStack(opts) as s:
         yield s
 
@@ -104,6 +128,54 @@ def journal_row(path, cycle_id: str) -> dict:
         return {} if row is None else dict(zip([d[0] for d in cur.description], row, strict=True))
 
 
+def inspect(stack, n: int = 1) -> list[str]:
+    image = sample_image().read_bytes()
+    with InspectionClient(stack.gateway_address, stack.api_token) as client:
+        reports = [client.inspect(image, station="station-3", part="HSG-210", max_new_tokens=24) for _ in range(n)]
+    return [r.report_id for r in reports]
+
+
+def test_one_inspection_publishes_exactly_one_result_with_its_report_id(stack, broker):
+    sub = Subscriber(broker.port, RESULTS, "test-one")
+    try:
+        time.sleep(0.3)  # subscribed before the report exists
+        (report_id,) = inspect(stack)
+        sub.wait_for(lambda s: report_id in s.unique_ids(), 30, "the result message")
+        time.sleep(1.0)  # a second message would arrive by now
+        assert [b["report_id"] for b in sub.bodies()] == [report_id]
+        topic, body, _ = sub.messages[0]
+        assert topic == "edgeinspect/station-3/none/result"  # no camera in a CLI inspection
+        assert body["station"] == "station-3" and body["part"] == "HSG-210"
+        assert body["verdict"] in ("OK", "DEFECT", "UNCERTAIN") and isinstance(body["classes"], list)
+        assert body["created_time"].endswith("+00:00")
+    finally:
+        sub.close()
+    # A controller that connects later still sees the station's last verdict and the gateway online (retained).
+    late = Subscriber(broker.port, "edgeinspect/#", "test-late")
+    try:
+        late.wait_for(lambda s: len(s.messages) >= 2, 10, "the retained messages")
+        retained = {t: b for t, b, r in late.messages if r}
+        assert retained["edgeinspect/station-3/last"]["report_id"] == report_id
+        assert retained["edgeinspect/station-3/status"] == {"raw": "online"}
+    finally:
+        late.close()
+
+
+def test_results_made_while_the_broker_is_down_arrive_after_it_returns_in_order(stack, broker):
+    sub = Subscriber(broker.port, RESULTS, "test-outage")  # persistent session: the broker keeps its queue
+    try:
+        time.sleep(0.3)
+        broker.stop()
+        ids = inspect(stack, 3)  # the inspections never wait for the broker
+        time.sleep(1.0)  # the gateway has tried (and failed) to publish by now
+        assert not any(b.get("report_id") in ids for b in sub.bodies())
+        broker.start()
+        sub.wait_for(lambda s: all(i in s.unique_ids() for i in ids), 60, "all three results after the restart")
+        assert [i for i in sub.unique_ids() if i in ids] == ids
+    finally:
+        sub.close()
+
+
 async def test_plc_runs_twenty_cycles_in_a_row(stack, line):
     endpoint, _ = line
     plc = await connected(endpoint, "station-a")
@@ -168,5 +240,4 @@ async def test_a_dead_gateway_gives_error_unavailable_within_the_deadline(stack,
         assert cycle.ng and cycle.error == ErrorCode.unavailable and not cycle.busy_at_result
         assert cycle.trigger_to_result_ms < TIGHT_MS  # an answer before the deadline, not a timeout
     finally:
-        await plc.__aexit__()
-        stack.restart("gateway")
+        await plc.__aexit__()  # the gateway stays down: this module's stack ends here
