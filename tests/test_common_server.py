@@ -236,8 +236,9 @@ async def test_metrics_endpoint_counts_rpcs_by_role_method_and_code(start):
     assert f'edgeinspect_rpc_latency_seconds_count{{method="{method}",role="{role}"}} 2.0' in text
 
 
-async def test_an_upstream_error_passes_its_code_through_with_the_peer_named(start):
-    """A server calling another (as the gateway calls retrieval) re-raises the upstream status, peer first."""
+async def test_an_upstream_error_passes_its_code_through_with_the_peer_named_in_the_log_only(start, caplog):
+    """A server calling another (as the gateway calls retrieval) re-raises the upstream status and message; the
+    upstream's address goes to the log, never to the caller (issue 15)."""
     upstream = await start(role=unique_role())
     address = f"127.0.0.1:{upstream.port}"
 
@@ -258,7 +259,8 @@ async def test_an_upstream_error_passes_its_code_through_with_the_peer_named(sta
     finally:
         await front.stop(0)
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == f"{address}: query is empty: send the text to search the specs for"
+    assert info.value.details() == "query is empty: send the text to search the specs for"
+    assert any(address in r.getMessage() for r in caplog.records if "rpc failed" in r.getMessage())
 
 
 async def test_the_callers_deadline_reaches_the_next_hop_without_being_passed_by_hand(start):
