@@ -155,7 +155,7 @@ def test_an_inspect_token_inspects_and_an_admin_token_may_do_everything(gateway)
 
 @pytest.mark.parametrize(
     ("token", "words"),
-    [(None, "missing bearer token"), ("ei_nobody-has-this", "unknown token"), (_token("old"), "revoked")],
+    [(None, "missing bearer token"), ("ei_nobody-has-this", "invalid token"), (_token("old"), "revoked")],
 )
 def test_missing_unknown_and_revoked_tokens_are_unauthenticated(gateway, token, words):
     err = _refused(lambda: _call(gateway.address, "ListReports", inspection_pb2.ListReportsRequest(), token))

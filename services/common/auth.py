@@ -132,7 +132,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         digest = hash_token(presented)
         entry = self._by_hash.get(digest)
         if entry is None:
-            raise Unauthenticated("unknown token")
+            raise Unauthenticated("invalid token")
         if entry.revoked:
             raise Unauthenticated(f"token {entry.name!r} was revoked")
         return Caller(entry.name, entry.role), digest
