@@ -17,6 +17,7 @@ from edgeinspect.services.deploy.cli import app as deploy_app
 from edgeinspect.services.deploy.healthcheck import healthcheck_command
 from edgeinspect.services.evaluation.cli import eval_command
 from edgeinspect.services.ingest.cli import ingest_command
+from edgeinspect.services.line.cli import app as line_app
 from edgeinspect.services.reports_cli import app as reports_app
 from edgeinspect.services.verify import verify_command
 
@@ -35,6 +36,7 @@ app.add_typer(token_app, name="token", help="Public API bearer tokens: create on
 app.add_typer(kb_app, name="kb", help="Knowledge base of defect specs: index a folder, search, stats, verify.")
 app.add_typer(reports_app, name="reports", help="Stored reports: list, show, export (CSV/JSON), review.")
 app.command("ingest")(ingest_command)
+app.add_typer(line_app, name="line", help="The production line: play the PLC side of the OPC UA handshake.")
 app.command("serve")(serve_command)
 app.command("up")(up_command)
 app.command("inspect")(inspect_command)
