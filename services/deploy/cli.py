@@ -15,9 +15,11 @@ app = typer.Typer(no_args_is_help=True)
 RENDER_HELP = (
     "Plan layer ranges over the decoder boxes and write every box's compose file and role settings.\n\n"
     "Every address, port, layer range and codec is filled in from the inventory: nobody edits layer ranges by "
-    "hand. API tokens are never written: boxes read them from secrets/api_tokens.json (compose) or from the "
-    "Secret made from k8s/secrets.env (Kubernetes). Re-run after any inventory change and copy each box's "
-    "folder to that box (guide: compose/DEPLOY.md)."
+    "hand. Every internal hop is mTLS (plant.tls, on by default): one certificate per box is issued from the plant "
+    "CA (--ca; made there on first use) into each folder's secrets/tls/ and mounted as compose secrets or a "
+    "Kubernetes Secret. API tokens are never written: the gateway reads their hashes from secrets/api_tokens.json "
+    "(compose) or from the Secret made from k8s/secrets.env (Kubernetes). Re-run after any inventory change and "
+    "copy each box's folder to that box (guide: compose/DEPLOY.md)."
 )
 EXAMPLE = "Example: edgeinspect deploy render -i compose/plant.example.yaml -o /tmp/plant --target all"
 
@@ -48,6 +50,12 @@ def render_command(
         file_okay=False,
         help="a local copy of the checkpoint to plan from (default: the inventory's model sizes)",
     ),
+    ca: Path = typer.Option(
+        Path("pki"), "--ca", envvar="EDGEINSPECT_PKI", help="plant CA folder (`edgeinspect certs init`; made if absent)"
+    ),
+    issue_certs: bool = typer.Option(
+        True, "--certs/--no-certs", help="issue the box certificates (--no-certs: settings and manifests only)"
+    ),
 ) -> None:
     """Plan layer ranges and write every box's files (help text: RENDER_HELP)."""
     from rich.console import Console
@@ -62,7 +70,13 @@ def render_command(
     stages = plan_stages(inv, checkpoint)
     rendering = render.render(inv, stages, target, cameras)
     written = render.write(rendering, out)
+    if inv.plant.tls and issue_certs:
+        from edgeinspect import certs
 
+        made = not (ca / certs.CA_CERT).exists()
+        written += render.write_certs(inv, rendering, out, certs.ensure_ca(ca))
+        if made:
+            typer.echo(f"made the plant CA in {ca} (keep {ca / certs.CA_KEY} off the boxes)", err=True)
     console = Console()
     table = Table(title=f"plant {inv.plant.name}: {len(written)} files in {out}")
     for col in ("service", "box", "address", "layers"):

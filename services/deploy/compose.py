@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgeinspect.services.deploy import tls
 from edgeinspect.services.deploy.inventory import Box, Inventory, Role
 from edgeinspect.services.deploy.topology import Instance
 
@@ -66,18 +67,24 @@ def _service(
         "init": True,
         "environment": {"HF_HUB_OFFLINE": "1"},
     }
-    ports = [p for p in (inst.port, inst.metrics_port, *client_ports) if p]
-    if ports and (publish or inst.role is Role.gateway):
-        svc["ports"] = [f"{p}:{p}" for p in ports]
+    ports = _published(inst, client_ports) if publish else {inst.port: ""} if inst.role is Role.gateway else {}
+    if ports:
+        svc["ports"] = [f"{host}:{p}:{p}" if host else f"{p}:{p}" for p, host in ports.items()]
     svc["volumes"] = _volumes(inv, inst)
+    secrets = []
     if inst.role in SECRET_OF_ROLE:
         name = SECRET_OF_ROLE[inst.role]
-        svc["secrets"] = [{"source": name, "target": SECRETS[name][1]}]
+        secrets.append({"source": name, "target": SECRETS[name][1]})
+    if inv.plant.tls:
+        secrets += [{"source": src, "target": tls.mounted(target)} for src, target in _tls_secrets(inst.box).items()]
+    if secrets:
+        svc["secrets"] = secrets
     if inst.role is Role.vision and inst.box.hailo:
         svc["devices"] = [f"{HAILO_DEVICE}:{HAILO_DEVICE}"]
+    health_tls = tls.healthcheck_args() if inv.plant.tls else []
     if inst.port:
         svc["healthcheck"] = {
-            "test": ["CMD", "edgeinspect", "healthcheck", f"127.0.0.1:{inst.port}"],
+            "test": ["CMD", "edgeinspect", "healthcheck", *health_tls, f"127.0.0.1:{inst.port}"],
             "interval": "15s",
             "timeout": "5s",
             "retries": 3,
@@ -110,9 +117,47 @@ def compose_project(
     services = {i.service: _service(inv, i, local, publish, client_ports.get(i.service, [])) for i in local}
     doc: dict[str, Any] = {"name": name, "services": services}
     used = [SECRET_OF_ROLE[i.role] for i in local if i.role in SECRET_OF_ROLE]
-    if used:
-        doc["secrets"] = {n: {"file": SECRETS[n][0]} for n in sorted(set(used))}
+    files = {n: SECRETS[n][0] for n in used}
+    if inv.plant.tls:
+        for box in {i.box.name: i.box for i in local}.values():
+            files |= {src: f"./{tls.SECRETS_DIR}/{tls_file(box, target)}" for src, target in _tls_secrets(box).items()}
+    if files:
+        doc["secrets"] = {n: {"file": files[n]} for n in sorted(files)}
     return doc
+
+
+def _tls_secrets(box: Box) -> dict[str, str]:
+    """compose secret name -> file name under the TLS mount, for the certificate of `box`."""
+    return {"tls_ca": tls.CA_FILE, f"tls_cert_{box.name}": tls.CERT_FILE, f"tls_key_{box.name}": tls.KEY_FILE}
+
+
+def tls_file(box: Box, mounted_name: str) -> str:
+    """The file under secrets/tls/ that is mounted as `mounted_name` for `box`'s services."""
+    return {tls.CA_FILE: tls.CA_FILE, tls.CERT_FILE: f"{box.name}.crt", tls.KEY_FILE: f"{box.name}.key"}[mounted_name]
+
+
+def _ip_or_none(address: str | None) -> str:
+    """A host address compose can publish on ("" : every interface, when it is a DNS name or unset)."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(address)) if address else ""
+    except ValueError:
+        return ""
+
+
+def _published(inst: Instance, client_ports: list[int]) -> dict[int, str]:
+    """port -> host address it is published on. The gateway's public API on every interface; internal gRPC ports on
+    the box's address; metrics on its metrics_address (default: its address), never on 0.0.0.0 when known."""
+    box = inst.box
+    out: dict[int, str] = {}
+    if inst.port:
+        out[inst.port] = "" if inst.role is Role.gateway else _ip_or_none(box.address)
+    if inst.metrics_port:
+        out[inst.metrics_port] = _ip_or_none(box.metrics_address or box.address)
+    for p in client_ports:  # ingest's trigger endpoint (and metrics): reached by the line at the box's address
+        out.setdefault(p, _ip_or_none(box.address))
+    return out
 
 
 def compose_yaml(doc: dict[str, Any], header: str) -> str:

@@ -8,6 +8,7 @@ instead of a new process per poll.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import typer
 
@@ -28,6 +29,9 @@ def healthcheck_command(
     wait: float = typer.Option(
         0.0, "--wait", min=0.0, help="keep asking for up to this many seconds until SERVING (0: ask once)"
     ),
+    ca: Path | None = typer.Option(None, "--ca", help="CA certificate: ask over TLS, verifying the server"),
+    cert: Path | None = typer.Option(None, "--cert", help="client certificate (an mTLS server requires one)"),
+    key: Path | None = typer.Option(None, "--key", help="its private key"),
 ) -> None:
     """Ask a server's grpc.health.v1 Check: exit 0 when SERVING, 1 otherwise (not serving, unreachable)."""
     import grpc
@@ -35,7 +39,14 @@ def healthcheck_command(
 
     serving = health_pb2.HealthCheckResponse.SERVING
     deadline = time.monotonic() + wait
-    with grpc.insecure_channel(address, options=RECONNECT_OPTIONS) as channel:
+    if ca is None:
+        channel = grpc.insecure_channel(address, options=RECONNECT_OPTIONS)
+    else:
+        creds = grpc.ssl_channel_credentials(
+            ca.read_bytes(), key.read_bytes() if key else None, cert.read_bytes() if cert else None
+        )
+        channel = grpc.secure_channel(address, creds, options=RECONNECT_OPTIONS)
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:

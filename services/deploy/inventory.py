@@ -53,6 +53,9 @@ class Box(BaseModel):
     box_type: str = Field(
         "generic", pattern=r"^[a-z0-9]([a-z0-9.-]{0,60}[a-z0-9])?$", description="Kubernetes node-selector value"
     )
+    metrics_address: str | None = Field(
+        None, description="address this box publishes /metrics on, for the plant's Prometheus (default: address)"
+    )
 
     @field_validator("roles")
     @classmethod
@@ -125,6 +128,12 @@ class Plant(BaseModel):
         pattern=r"^[a-z0-9]([a-z0-9-]{0,60}[a-z0-9])?$",
         description="compose secret / Kubernetes Secret holding the gateway's API tokens (a JSON list)",
     )
+    tls: bool = Field(
+        True,
+        description="mTLS between the roles and TLS on the public API, one certificate per box from the plant CA "
+        "(`deploy render --ca DIR`); false only on a network nobody else can reach",
+    )
+    cert_days: int = Field(825, gt=0, description="validity of the box certificates `deploy render` issues")
     ports: Ports = Field(default_factory=Ports)
     model: ModelSizes = Field(default_factory=ModelSizes, description="sizes for planning without a checkpoint")
     log_level: str = Field("INFO")

@@ -3,8 +3,10 @@ grpc.health.v1, node selectors per box type, hostPath storage, the API tokens fr
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+from edgeinspect.services.deploy import tls
 from edgeinspect.services.deploy.compose import (
     CONFIG_DIR,
     HAILO_DEVICE,
@@ -13,7 +15,7 @@ from edgeinspect.services.deploy.compose import (
     config_file,
     image_for,
 )
-from edgeinspect.services.deploy.inventory import Inventory, Role
+from edgeinspect.services.deploy.inventory import Box, Inventory, Role
 from edgeinspect.services.deploy.topology import Instance
 
 CONFIGMAP = "edgeinspect-config"
@@ -55,7 +57,16 @@ def _storage(inv: Inventory, inst: Instance) -> tuple[list[dict[str, Any]], list
     if inst.role is Role.vision and inst.box.hailo:
         volumes.append(_host_path("hailo", HAILO_DEVICE, "CharDevice"))
         mounts.append({"name": "hailo", "mountPath": HAILO_DEVICE})
+    if plant.tls:
+        # The box's certificate, key and the plant CA; readable by the pod's group only (fsGroup).
+        volumes.append({"name": "tls", "secret": {"secretName": tls_secret(inv, inst.box), "defaultMode": 0o440}})
+        mounts.append({"name": "tls", "mountPath": tls.MOUNT, "readOnly": True})
     return volumes, mounts
+
+
+def tls_secret(inv: Inventory, box: Box) -> str:
+    """The Secret holding `box`'s certificate (made by kustomize from k8s/secrets/tls/, never a rendered YAML)."""
+    return f"edgeinspect-tls-{box.name}"
 
 
 def _container(inv: Inventory, inst: Instance, mounts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -79,11 +90,16 @@ def _container(inv: Inventory, inst: Instance, mounts: list[dict[str, Any]]) -> 
         c["ports"] = [{"name": "grpc", "containerPort": inst.port}]
         if inst.metrics_port:
             c["ports"].append({"name": "metrics", "containerPort": inst.metrics_port})
-        grpc = {"grpc": {"port": inst.port}}
+        if inv.plant.tls:  # kubelet's gRPC probe speaks no TLS: ask through `edgeinspect healthcheck` instead
+            grpc = {
+                "exec": {"command": ["edgeinspect", "healthcheck", *tls.healthcheck_args(), f"127.0.0.1:{inst.port}"]}
+            }
+        else:
+            grpc = {"grpc": {"port": inst.port}}
         # SERVING only once the model is loaded and a canary inference passed: minutes on a Pi.
-        c["startupProbe"] = {**grpc, "periodSeconds": 10, "failureThreshold": 60}
-        c["readinessProbe"] = {**grpc, "periodSeconds": 10, "timeoutSeconds": 5}
-        c["livenessProbe"] = {**grpc, "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3}
+        c["startupProbe"] = {**copy.deepcopy(grpc), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 60}
+        c["readinessProbe"] = {**copy.deepcopy(grpc), "periodSeconds": 10, "timeoutSeconds": 5}
+        c["livenessProbe"] = {**copy.deepcopy(grpc), "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3}
     if inst.role is Role.stage:
         c["resources"] = {"requests": {"memory": f"{inst.box.stage_budget_bytes() // 2**20}Mi"}}
     if inst.role is Role.vision and inst.box.hailo:
@@ -157,10 +173,29 @@ def kustomization(inv: Inventory, resources: list[str]) -> dict[str, Any]:
         "kind": "Kustomization",
         "namespace": f"edgeinspect-{inv.plant.name}",
         "resources": resources,
-        # secrets.env (not rendered, never committed): EDGEINSPECT_API_TOKENS=["...", ...] for the gateway and
+        # secrets.env (not rendered, never committed): EDGEINSPECT_API_TOKENS=[{"name": ..., "role": ..., "hash": ...}]
+        # (`edgeinspect token create` prints each entry) for the gateway and
         # EDGEINSPECT_API_TOKEN=... for ingest.
-        "secretGenerator": [{"name": inv.plant.api_tokens_secret, "envs": ["secrets.env"]}],
+        "secretGenerator": [{"name": inv.plant.api_tokens_secret, "envs": ["secrets.env"]}] + _tls_generators(inv),
     }
+
+
+def _tls_generators(inv: Inventory) -> list[dict[str, Any]]:
+    """One Secret per box from the files `deploy render` issued into k8s/secrets/tls/."""
+    if not inv.plant.tls:
+        return []
+    d = tls.SECRETS_DIR
+    return [
+        {
+            "name": tls_secret(inv, box),
+            "files": [
+                f"{tls.CA_FILE}={d}/{tls.CA_FILE}",
+                f"{tls.CERT_FILE}={d}/{box.name}.crt",
+                f"{tls.KEY_FILE}={d}/{box.name}.key",
+            ],
+        }
+        for box in inv.boxes
+    ]
 
 
 def namespace(inv: Inventory) -> dict[str, Any]:

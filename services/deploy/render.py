@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
+from edgeinspect.certs import Issued
 from edgeinspect.config import GatewaySettings, RoleSettings
-from edgeinspect.services.deploy import compose, k8s
+from edgeinspect.services.deploy import compose, k8s, tls
 from edgeinspect.services.deploy.inventory import Inventory, Role
 from edgeinspect.services.deploy.settings import ingest_settings, role_settings, settings_yaml
 from edgeinspect.services.deploy.topology import Addressing, Instance, StagePlacement, instances
@@ -36,7 +37,7 @@ def _header(inv: Inventory, what: str) -> str:
     return (
         f"{what} for plant {inv.plant.name}.\n"
         "Rendered by `edgeinspect deploy render` from the plant inventory: edit the inventory and re-render,\n"
-        "not this file. Secrets (API tokens) are not in here: see compose/DEPLOY.md."
+        "not this file. Secrets (API tokens, TLS keys) are not in here: see compose/DEPLOY.md."
     )
 
 
@@ -138,11 +139,29 @@ def render(inv: Inventory, stages: list[StagePlacement], target: Target, cameras
 
 
 def write(rendering: Rendering, out: Path) -> list[Path]:
-    """Writes every rendered file under `out`; returns the paths written."""
+    """Writes every rendered file under `out`, role settings owner-only (0600); returns the paths written."""
+    import os
+
     written = []
     for rel, text in rendering.files.items():
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        mode = 0o600 if "/config/" in f"/{rel}" else 0o644
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(path, mode)
         written.append(path)
+    return written
+
+
+def write_certs(inv: Inventory, rendering: Rendering, out: Path, ca: Issued) -> list[Path]:
+    """Issues one certificate per box and writes it where each rendered folder mounts it from: a box folder gets
+    its own, all-in-one/ and k8s/ every box's. Keys are 0600 secret files, never in a YAML."""
+    issued = tls.issue(inv, rendering.instances, ca, inv.plant.cert_days)
+    folders = {rel.split("/", 1)[0] for rel in rendering.files}
+    written = []
+    for folder in sorted(folders):
+        mine = issued if folder in (ALL_IN_ONE, K8S) else {folder: issued[folder]}
+        written += tls.write(out / folder, ca.cert, mine)
     return written

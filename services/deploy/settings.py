@@ -15,6 +15,7 @@ from edgeinspect.config import (
     VisionBackend,
     VisionSettings,
 )
+from edgeinspect.services.deploy import tls
 from edgeinspect.services.deploy.inventory import Inventory, Role
 from edgeinspect.services.deploy.topology import Addressing, Instance
 
@@ -35,9 +36,12 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
     """The settings object one instance is started with. Secrets (API tokens) are left out: they come from the
     environment at start (compose secrets, Kubernetes Secrets, an env file)."""
     plant = inv.plant
+    # 0.0.0.0 inside the container; the compose file publishes internal ports on the box's own address only.
     server: dict[str, Any] = {"host": "0.0.0.0", "port": inst.port}
     if inst.metrics_port:
         server["metrics_port"] = inst.metrics_port
+    if plant.tls:
+        server["tls"] = tls.server_tls(inst)
     common: dict[str, Any] = {"server": server, "log_level": plant.log_level}
     stages = sorted((i for i in everyone if i.stage is not None), key=lambda i: i.stage.index)
 
@@ -63,6 +67,8 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
         }
         if plant.chained and st.index + 1 < len(stages):
             data["next_stage"] = stages[st.index + 1].address(addressing)
+            if plant.tls:
+                data["client_tls"] = tls.client_tls()
         return _isolated(StageSettings, data)
     if inst.role is Role.retrieval:
         return _isolated(RetrievalSettings, {**common, "kb_dir": plant.kb_dir})
@@ -84,6 +90,8 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
         }
         if Role.retrieval in by_role:
             data["retrieval"] = by_role[Role.retrieval].address(addressing)
+        if plant.tls:
+            data["client_tls"] = tls.client_tls()
         return _isolated(GatewaySettings, data)
     raise ValueError(f"role {inst.role} has no settings class")
 
@@ -104,6 +112,8 @@ def ingest_settings(
     (gateway,) = [i for i in everyone if i.role is Role.gateway]
     data["gateway"] = gateway.address(addressing)
     data["frames_dir"] = str(inv.plant.frames_dir)
+    if inv.plant.tls:
+        data["gateway_tls"] = tls.public_ca()
     data.setdefault("log_level", inv.plant.log_level)
     # Keep the pipeline full: with S decoder stages, at least S inspections must be in flight or stages idle
     # while another works; two per stage leave each stage a queued step while its last one crosses the wire.

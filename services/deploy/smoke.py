@@ -16,7 +16,14 @@ NETWORK_TIMING = "network_per_token"
 
 
 def inspect_once(
-    gateway: str, image: bytes, token: str, station: str, part: str, timeout_s: float, max_new_tokens: int = 0
+    gateway: str,
+    image: bytes,
+    token: str,
+    station: str,
+    part: str,
+    timeout_s: float,
+    max_new_tokens: int = 0,
+    ca: Path | None = None,
 ) -> dict:
     """Streams one inspection; returns the report's ids, tokens and partition, the gateway's TTFT and per-token
     time, and when the client saw its first text (seconds). Raises grpc.RpcError when the gateway refuses."""
@@ -24,7 +31,7 @@ def inspect_once(
     from edgeinspect.v1 import inspection_pb2
 
     arrivals: list[float] = []
-    with InspectionClient(gateway, token, timeout_s=timeout_s) as client:
+    with InspectionClient(gateway, token, timeout_s=timeout_s, ca=ca) as client:
         start = time.perf_counter()
         report = client.inspect(
             image,
@@ -71,12 +78,15 @@ def smoke_command(
     max_new_tokens: int = typer.Option(0, "--max-new-tokens", min=0, help="generation budget (0: the gateway's)"),
     timeout: float = typer.Option(600.0, "--timeout", help="seconds the whole inspection may take"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a summary"),
+    ca: Path | None = typer.Option(
+        None, "--ca", envvar="EDGEINSPECT_CA", help="the plant CA certificate (a TLS gateway; plant.tls is the default)"
+    ),
 ) -> None:
     """Run one inspection through the gateway and print the report id, verdict, TTFT and per-token time."""
     import grpc
 
     try:
-        result = inspect_once(gateway, image.read_bytes(), token, station, part, timeout, max_new_tokens)
+        result = inspect_once(gateway, image.read_bytes(), token, station, part, timeout, max_new_tokens, ca)
     except grpc.RpcError as err:
         typer.echo(f"inspection through {gateway} failed: {err.code().name}: {err.details()}", err=True)
         raise typer.Exit(1) from None

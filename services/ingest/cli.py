@@ -99,7 +99,11 @@ def ingest_command(
     async def main() -> None:
         nonlocal loop, ingestor
         loop = asyncio.get_running_loop()
-        sink = None if dry_run else GrpcReportSink(settings.gateway, settings.api_token, settings.request_timeout_s)
+        sink = (
+            None
+            if dry_run
+            else GrpcReportSink(settings.gateway, settings.api_token, settings.request_timeout_s, settings.gateway_tls)
+        )
         ingestor = Ingestor(settings, sink, metrics, on_report=on_report, on_decision=on_decision if dry_run else None)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, ingestor.stop)

@@ -8,7 +8,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, Field, model_validator
 
-from edgeinspect.config import RoleSettings
+from edgeinspect.config import RoleSettings, TLSConfig
 from edgeinspect.services.line.config import OpcUaConfig, StationLineConfig
 from edgeinspect.services.outputs.config import OutputsConfig
 
@@ -87,6 +87,7 @@ class IngestSettings(RoleSettings):
     cameras: list[CameraConfig] = Field(..., min_length=1, description="the cameras to follow")
     gateway: str = Field("127.0.0.1:50051", description="host:port of the gateway's InspectionService")
     api_token: str = Field("", description="bearer token for the gateway (env EDGEINSPECT_API_TOKEN)")
+    gateway_tls: TLSConfig | None = Field(None, description="TLS to the gateway: `ca` verifies it (None: plaintext)")
     frames_dir: Path | None = Field(Path("var/frames"), description="inspected frames are saved here; None: not")
     retention: RetentionConfig = Field(default_factory=RetentionConfig, description="what saved frames are kept")
     max_in_flight: int = Field(4, ge=1, description="inspections running at once across all cameras")

@@ -13,6 +13,7 @@ from typing import Protocol
 import grpc
 import numpy as np
 
+from edgeinspect.config import TLSConfig
 from edgeinspect.errors import CodecError
 from edgeinspect.services.common.errors import RETRY_PUSHBACK_KEY, status_for
 
@@ -93,11 +94,11 @@ def encode_jpeg(image: np.ndarray, quality: int) -> bytes:
 class GrpcReportSink:
     """The gateway's InspectionService.Inspect over gRPC, with the bearer token on every call."""
 
-    def __init__(self, address: str, token: str, timeout_s: float) -> None:
+    def __init__(self, address: str, token: str, timeout_s: float, tls: TLSConfig | None = None) -> None:
         from edgeinspect.services.common.channel import make_channel
         from edgeinspect.v1 import inspection_pb2_grpc
 
-        self._channel = make_channel(address)
+        self._channel = make_channel(address, tls=tls)
         self._stub = inspection_pb2_grpc.InspectionServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout_s = timeout_s
