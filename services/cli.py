@@ -96,6 +96,9 @@ def up_command(
     restart: bool = typer.Option(
         True, "--restart/--no-restart", help="restart a crashed role on its port with backoff (off: any exit stops all)"
     ),
+    mqtt: str | None = typer.Option(
+        None, "--mqtt", help="publish every result to this broker: mqtt://HOST:PORT (mqtts:// for TLS)"
+    ),
 ) -> None:
     """Start every role on this box as separate processes (the embedded default); Ctrl-C, SIGTERM or SIGHUP stops
     them all. run/stack.json in the workdir lists every role's pid and address while it runs."""
@@ -106,6 +109,7 @@ def up_command(
 
     if kb is not None and no_kb:
         raise typer.BadParameter("--kb and --no-kb exclude each other")
+    outputs_env = _mqtt_env(mqtt)  # a bad URL fails before the KB is indexed or a process starts
     console = Console()
     _log_to(console)
     kb_dir = None if no_kb else _indexed_kb(kb) if kb is not None else _ensure_kb(workdir)
@@ -122,6 +126,7 @@ def up_command(
             supervise=restart,
             tls=tls,
             allow_unauthenticated=allow_unauthenticated,
+            extra_env=outputs_env,
         )
     )
     code = 0
@@ -130,6 +135,8 @@ def up_command(
         with signals_as_interrupt():
             stack.start()
             _print_banner(console, stack)
+            if mqtt:
+                console.print(f"  every result to {mqtt}: edgeinspect/<station>/<camera>/result", highlight=False)
             code = _serve_until_stopped(stack, console)
     except KeyboardInterrupt:
         console.print("stopping ...")
@@ -138,6 +145,16 @@ def up_command(
             stack.stop()
     if code:
         raise typer.Exit(code)
+
+
+def _mqtt_env(url: str | None) -> dict[str, str]:
+    from edgeinspect.errors import InvalidInput
+    from edgeinspect.services.outputs.config import mqtt_outputs_env
+
+    try:
+        return mqtt_outputs_env(url) if url else {}
+    except InvalidInput as exc:
+        raise typer.BadParameter(str(exc), param_hint="--mqtt") from exc
 
 
 def _log_to(console) -> None:

@@ -54,3 +54,14 @@ class OutputsConfig(BaseModel):
     @property
     def enabled(self) -> bool:
         return self.mqtt is not None or bool(self.webhooks)
+
+
+def mqtt_outputs_env(url: str, node: str = "embedded") -> dict[str, str]:
+    """The environment that makes a gateway publish every result to `url` (`edgeinspect up --mqtt URL`): role
+    settings read EDGEINSPECT_* variables, so no role's written config changes."""
+    import json
+
+    from edgeinspect.services.outputs.mqtt import broker_address
+
+    broker_address(url)  # a malformed URL fails here, before any process starts
+    return {"EDGEINSPECT_OUTPUTS": json.dumps({"mqtt": {"url": url, "node": node}})}
