@@ -66,9 +66,9 @@ class ReviewingStack:
 
 
 @pytest.fixture(scope="session")
-def reviewing_stack(tiny_checkpoint, tmp_path_factory):
-    """The embedded default with an admin and a read token, and a frame store that holds two sample frames
-    (~53 kB each plus a thumbnail) but not three (the console and store-recovery tests)."""
+def reviewing_stack(tiny_checkpoint, sample_kb, tmp_path_factory):
+    """The embedded default with the sample KB, an admin and a read token, and a frame store that holds two sample
+    frames (~53 kB each plus a thumbnail) but not three (the console, aggregate and store-recovery tests)."""
     import json
 
     from edgeinspect.services.common.auth import hash_token
@@ -79,7 +79,7 @@ def reviewing_stack(tiny_checkpoint, tmp_path_factory):
               {"name": "viewer", "role": "read", "hash": hash_token(reader)}]  # fmt: skip
     env = {"EDGEINSPECT_API_TOKENS": json.dumps(tokens), "EDGEINSPECT_FRAMES__MAX_BYTES": str(budget)}
     opts = StackOptions(workdir=tmp_path_factory.mktemp("reviewing"), checkpoint=tiny_checkpoint, stages=2,
-                        api_token=admin, extra_env=env)  # fmt: skip
+                        kb_dir=sample_kb, api_token=admin, extra_env=env)  # fmt: skip
     with LocalStack(opts) as stack:
         yield ReviewingStack(stack, admin, reader, budget)
 

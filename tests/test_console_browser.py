@@ -127,6 +127,11 @@ def test_operator_sees_the_new_report_opens_it_and_overrides_the_verdict(browser
     model_label = inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_")
     assert model_label in page.text_content("[data-testid=model-verdict]")
     assert report.model.checkpoint_fingerprint in page.content()
+    assert report.references and report.references[0].text  # the sample KB's specs were cited
+    page.click("a[href$='/spec/0']")
+    assert report.references[0].text.strip()[:40] in page.text_content("[data-testid=spec-text]")
+    page.go_back()
+    _frame_loaded(page)
     override = "ok" if report.verdict == inspection_pb2.VERDICT_DEFECT else "defect"
     page.select_option("[data-testid=override-verdict]", override)
     if override == "defect":
@@ -203,4 +208,31 @@ def test_a_frame_pruned_by_retention_says_it_expired_and_the_report_stays(browse
     assert first.report_id in page.content()
     page.goto(f"{console_url}/reports/{last.report_id}")
     _frame_loaded(page)
+    context.close()
+
+
+def test_defect_boxes_are_drawn_over_the_frame(browser, console_url, reviewing_stack, shots):
+    from edgeinspect.config import FrameSettings
+    from edgeinspect.services.gateway.store import ReportStore
+
+    # A report whose model gave coordinates, stored by a second writer on the gateway's own database.
+    db = reviewing_stack.stack.opts.workdir / "reports.sqlite"
+    with ReportStore(db, frames=FrameSettings(max_bytes=reviewing_stack.frame_budget)) as store:
+        report_id, _ = store.claim("", "boxes")
+        r = inspection_pb2.DefectReport(
+            report_id=report_id, station=STATION, camera_id="cam-3", part="HSG-210",
+            verdict=inspection_pb2.VERDICT_DEFECT, description="dent near the bore",
+        )  # fmt: skip
+        d = r.defects.add(defect_class="dent", severity="major", location="right of the bore", evidence="shadow")
+        d.box.x, d.box.y, d.box.width, d.box.height = 0.56, 0.52, 0.14, 0.16
+        store.complete(r, image=asset_path("part_dent.jpg").read_bytes())
+    context, page = _login(browser, console_url, READER)
+    page.goto(f"{console_url}/reports/{report_id}")
+    _frame_loaded(page)
+    box = page.locator(".defect-box")
+    assert box.count() == 1 and "dent (major)" in box.text_content()
+    frame, drawn = page.locator("[data-testid=frame]").bounding_box(), box.bounding_box()
+    assert abs((drawn["x"] - frame["x"]) / frame["width"] - 0.56) < 0.01
+    assert abs(drawn["width"] / frame["width"] - 0.14) < 0.01
+    page.screenshot(path=str(shots / "report-boxes.png"), full_page=True)
     context.close()
