@@ -3,13 +3,13 @@ and a real `edgeinspect ingest` process serving OPC UA to an asyncua client that
 
 MQTT: one inspection publishes exactly one result with its report id; results made while the broker is down
 arrive after it returns, in order (the subscriber dedupes by report id: delivery is at least once).
-OPC UA: 20 handshakes in a row; a PLC that never acks; a stage frozen with SIGSTOP (NG + Error=timeout at the
-deadline, the late report linked); a killed gateway (Error=unavailable within the deadline; last, it stays down).
+OPC UA: 3 handshakes in a row (20 under -m slow); a PLC that never acks; a stage frozen with SIGSTOP (NG +
+Error=timeout at the deadline, the late report linked); a killed gateway (Error=unavailable within the deadline;
+last, so it stays down).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -28,6 +28,7 @@ from edgeinspect.services.launcher import LocalStack, StackOptions
 from edgeinspect.services.line.handshake import ErrorCode
 from edgeinspect.services.line.plcsim import PlcSim
 from edgeinspect.services.line.testing import MosquittoBroker, free_port
+from edgeinspect.services.outputs.config import mqtt_outputs_env
 
 pytestmark = [
     pytest.mark.e2e,
@@ -47,12 +48,11 @@ def broker(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stack(tiny_checkpoint, broker, tmp_path_factory):
     """The embedded stack with the gateway publishing to the broker (as `edgeinspect up --mqtt URL` does)."""
-    outputs = {"mqtt": {"url": broker.url, "node": "station-3"}, "retry_base_s": 0.1, "retry_max_s": 0.5}
     opts = StackOptions(
         workdir=tmp_path_factory.mktemp("line-stack"),
         checkpoint=tiny_checkpoint,
         stages=2,
-        extra_env={"EDGEINSPECT_OUTPUTS": json.dumps(outputs)},
+        extra_env=mqtt_outputs_env(broker.url, node="station-3"),
     )
     with LocalStack(opts) as s:
         yield s
@@ -176,11 +176,12 @@ def test_results_made_while_the_broker_is_down_arrive_after_it_returns_in_order(
         sub.close()
 
 
-async def test_plc_runs_twenty_cycles_in_a_row(stack, line):
+@pytest.mark.parametrize("n", [3, pytest.param(20, marks=pytest.mark.slow)])
+async def test_plc_runs_cycles_in_a_row(stack, line, n):
     endpoint, _ = line
     plc = await connected(endpoint, "station-a")
     try:
-        cycles = [await plc.cycle(result_timeout_s=FAST_MS / 1000 + 5, lot_id="LOT-7") for _ in range(20)]
+        cycles = [await plc.cycle(result_timeout_s=FAST_MS / 1000 + 5, lot_id="LOT-7") for _ in range(n)]
     finally:
         await plc.__aexit__()
     with InspectionClient(stack.gateway_address, stack.api_token) as client:
@@ -191,7 +192,7 @@ async def test_plc_runs_twenty_cycles_in_a_row(stack, line):
             assert report.idempotency_key == c.cycle_id and report.station == "station-a"
             assert c.ok == (report.verdict == 1)  # VERDICT_OK
             assert c.ack_to_ready_ms is not None
-    assert len({c.report_id for c in cycles}) == 20
+    assert len({c.report_id for c in cycles}) == n
 
 
 async def test_a_cycle_without_ack_times_out_into_error_and_the_next_trigger_recovers(line):
@@ -229,6 +230,21 @@ async def test_a_frozen_stage_gives_ng_timeout_at_the_deadline_and_the_late_repo
     assert row["late"] == 1 and row["line"] == "NG" and row["error"] == ErrorCode.timeout
     with InspectionClient(stack.gateway_address, stack.api_token) as client:
         assert client.get(row["report_id"]).idempotency_key == cycle.cycle_id
+
+
+@pytest.mark.slow  # a CLI process of its own: ~10 s of imports on a loaded box
+def test_plc_sim_prints_each_cycle_and_a_summary(line):
+    endpoint, _ = line
+    args = ["line", "plc-sim", "--endpoint", endpoint, "--station", "station-a", "--cycles", "2", "--lot", "L1"]
+    out = subprocess.run(
+        [sys.executable, "-m", "edgeinspect.cli", *args, "--timeout", str(FAST_MS / 1000 + 5)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 cycles:" in out.stdout and "errors 0" in out.stdout and "trigger→result median" in out.stdout
 
 
 async def test_a_dead_gateway_gives_error_unavailable_within_the_deadline(stack, line):
