@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import statistics
 import subprocess
 import sys
@@ -83,7 +82,7 @@ class Plant:
 
     def __init__(self, lab: Lab, renders: dict[str, Path], netns_of: dict[str, str], logs: Path) -> None:
         self.lab, self.netns_of = lab, netns_of
-        env = role_env(json.dumps([TOKEN]))
+        env = role_env([TOKEN])
         self.runs = [PlantRun(lab, next(iter(renders.values())), env, logs / "backends")]
         self.gateways: dict[str, str] = {}
         for k, (codec, rendered) in enumerate(renders.items()):

@@ -51,7 +51,7 @@ def test_the_validator_rejects_a_misspelled_probe(manifests):
         kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
 
 
-def test_one_deployment_per_layer_range_with_grpc_probes_pinned_to_its_box(manifests):
+def test_one_deployment_per_layer_range_with_mtls_health_probes_pinned_to_its_box(manifests):
     _, docs = manifests
     deployments = of_kind(docs, "Deployment")
     config = of_kind(docs, "ConfigMap")["edgeinspect-config"]["data"]
@@ -63,7 +63,10 @@ def test_one_deployment_per_layer_range_with_grpc_probes_pinned_to_its_box(manif
         container = pod["containers"][0]
         port = container["ports"][0]["containerPort"]
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"] == {"port": port}
+            # kubelet's gRPC probe speaks no TLS: grpc.health.v1 is asked by `edgeinspect healthcheck` over mTLS
+            command = container[probe]["exec"]["command"]
+            assert command[:2] == ["edgeinspect", "healthcheck"] and command[-1] == f"127.0.0.1:{port}"
+            assert {"--ca", "--cert", "--key"} <= set(command)
         assert set(pod["nodeSelector"]) == {"edgeinspect.io/box-type", "kubernetes.io/hostname"}
         cfg_name = Path(container["args"][container["args"].index("--config") + 1]).name
         settings = StageSettings.model_validate(yaml.safe_load(config[cfg_name]))
@@ -86,9 +89,36 @@ def test_gateway_reaches_every_peer_through_a_service_and_tokens_come_from_the_s
         assert selector.items() <= pod_labels.items()
     kust = yaml.safe_load((root / "kustomization.yaml").read_text())
     assert sorted(kust["resources"]) == sorted(p.name for p in root.glob("*.yaml") if p.name != "kustomization.yaml")
-    (generated,) = kust["secretGenerator"]
+    generated = next(g for g in kust["secretGenerator"] if "envs" in g)
     for name in ("gateway", "ingest-cell-pi"):
         env = of_kind(docs, "Deployment")[name]["spec"]["template"]["spec"]["containers"][0]["env"]
         refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in env if "valueFrom" in e]
         assert refs == [generated["name"]]
     assert "api_tokens" not in config["gateway.yaml"]
+
+
+def test_every_pod_mounts_its_boxs_certificate_and_every_internal_channel_is_mtls(manifests):
+    root, docs = manifests
+    kust = yaml.safe_load((root / "kustomization.yaml").read_text())
+    tls_secrets = {g["name"]: g["files"] for g in kust["secretGenerator"] if "files" in g}
+    config = of_kind(docs, "ConfigMap")["edgeinspect-config"]["data"]
+    for name, dep in of_kind(docs, "Deployment").items():
+        pod = dep["spec"]["template"]["spec"]
+        box = pod["nodeSelector"]["kubernetes.io/hostname"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+        assert volume["secret"]["secretName"] == f"edgeinspect-tls-{box}"
+        assert f"box.key=secrets/tls/{box}.key" in tls_secrets[f"edgeinspect-tls-{box}"]
+        mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts["tls"]["mountPath"] == "/run/secrets/edgeinspect-tls" and mounts["tls"]["readOnly"]
+        settings = yaml.safe_load(config[f"{name}.yaml"])
+        if name.startswith("ingest-"):
+            assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]  # no key for a client
+            assert settings["gateway_tls"]["ca"] == "/run/secrets/edgeinspect-tls/ca.crt"
+            continue
+        tls = settings["server"]["tls"]
+        assert tls["cert"] == "/run/secrets/edgeinspect-tls/box.crt"
+        assert tls["require_client_auth"] is (name != "gateway")
+    gateway = yaml.safe_load(config["gateway.yaml"])
+    assert gateway["client_tls"]["key"] == "/run/secrets/edgeinspect-tls/box.key"
+    for text in config.values():
+        assert "PRIVATE KEY" not in text and "sha256:" not in text

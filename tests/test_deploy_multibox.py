@@ -4,7 +4,6 @@ configuration; an inspection over the shaped links produces the same tokens as t
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -117,7 +116,7 @@ def render_plant(tmp: Path, data_dir: Path, addresses: dict[str, str], name: str
 
 
 def start_plant(lab: Lab, runs: list, rendered: Path, netns_of: dict[str, str], logs: Path) -> PlantRun:
-    run = PlantRun(lab, rendered, role_env(json.dumps([TOKEN])), logs)
+    run = PlantRun(lab, rendered, role_env([TOKEN]), logs)
     runs.append(run)
     run.start(netns_of)
     return run

@@ -11,6 +11,7 @@ import yaml
 
 from edgeinspect.config import GatewaySettings, RetrievalSettings, StageSettings, VisionSettings
 from edgeinspect.services.deploy import render
+from edgeinspect.services.deploy import tls as deploy_tls
 from edgeinspect.services.deploy.inventory import Inventory, Role, load_inventory
 from edgeinspect.services.deploy.topology import StagePlacement
 from edgeinspect.services.ingest.config import IngestSettings
@@ -94,8 +95,12 @@ def test_every_depends_on_volume_secret_and_config_reference_resolves(rendered, 
             config = Path(_config_of(svc))
             assert str(config.parent) in targets, f"{path}: {name}'s --config folder is not mounted"
             assert (path.parent / "config" / config.name).is_file(), f"{path}: {config.name} was not rendered"
+            role_text = (path.parent / "config" / config.name).read_text()
             for secret in svc.get("secrets", []):
                 assert secret["source"] in doc["secrets"], f"{path}: undeclared secret {secret['source']}"
+                if secret["target"].startswith(deploy_tls.MOUNT):  # a TLS file: the role's settings name it
+                    assert secret["target"] in role_text, f"{path}: {name} mounts {secret['target']} but never uses it"
+                    continue
                 field = secret["target"].removeprefix("EDGEINSPECT_").lower()
                 role_settings = ROLE_CLASSES[name.split("-")[0]]
                 assert field in role_settings.model_fields, f"{path}: {secret['target']} sets no setting of {name}"
@@ -120,8 +125,8 @@ def _served_by_boxes(root: Path) -> dict[str, str]:
                 continue
             cfg = yaml.safe_load((path.parent / "config" / Path(_config_of(svc)).name).read_text())
             port = cfg["server"]["port"]
-            assert cfg["server"]["host"] == "0.0.0.0"
-            assert f"{port}:{port}" in svc["ports"], f"{box}/{name} does not publish {port}"
+            assert cfg["server"]["host"] == "0.0.0.0"  # inside the container; published on the box's address only
+            assert any(p.endswith(f"{port}:{port}") for p in svc["ports"]), f"{box}/{name} does not publish {port}"
             out[f"{box}:{port}"] = name
     return out
 

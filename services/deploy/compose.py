@@ -76,7 +76,9 @@ def _service(
         name = SECRET_OF_ROLE[inst.role]
         secrets.append({"source": name, "target": SECRETS[name][1]})
     if inv.plant.tls:
-        secrets += [{"source": src, "target": tls.mounted(target)} for src, target in _tls_secrets(inst.box).items()]
+        # ingest only verifies the gateway: the CA, not the box's key
+        wanted = _tls_secrets(inst.box).items() if inst.role is not Role.ingest else [("tls_ca", tls.CA_FILE)]
+        secrets += [{"source": src, "target": tls.mounted(target)} for src, target in wanted]
     if secrets:
         svc["secrets"] = secrets
     if inst.role is Role.vision and inst.box.hailo:
@@ -116,13 +118,12 @@ def compose_project(
     (`client_ports`: ports of clients such as ingest's trigger endpoint, by service)."""
     services = {i.service: _service(inv, i, local, publish, client_ports.get(i.service, [])) for i in local}
     doc: dict[str, Any] = {"name": name, "services": services}
-    used = [SECRET_OF_ROLE[i.role] for i in local if i.role in SECRET_OF_ROLE]
-    files = {n: SECRETS[n][0] for n in used}
-    if inv.plant.tls:
-        for box in {i.box.name: i.box for i in local}.values():
-            files |= {src: f"./{tls.SECRETS_DIR}/{tls_file(box, target)}" for src, target in _tls_secrets(box).items()}
-    if files:
-        doc["secrets"] = {n: {"file": files[n]} for n in sorted(files)}
+    files = {n: file for n, (file, _) in SECRETS.items()}
+    for box in {i.box.name: i.box for i in local}.values():
+        files |= {src: f"./{tls.SECRETS_DIR}/{tls_file(box, target)}" for src, target in _tls_secrets(box).items()}
+    used = {s["source"] for svc in services.values() for s in svc.get("secrets", [])}
+    if used:
+        doc["secrets"] = {n: {"file": files[n]} for n in sorted(used)}
     return doc
 
 

@@ -59,7 +59,10 @@ def _storage(inv: Inventory, inst: Instance) -> tuple[list[dict[str, Any]], list
         mounts.append({"name": "hailo", "mountPath": HAILO_DEVICE})
     if plant.tls:
         # The box's certificate, key and the plant CA; readable by the pod's group only (fsGroup).
-        volumes.append({"name": "tls", "secret": {"secretName": tls_secret(inv, inst.box), "defaultMode": 0o440}})
+        secret: dict[str, Any] = {"secretName": tls_secret(inv, inst.box), "defaultMode": 0o440}
+        if inst.role is Role.ingest:  # ingest only verifies the gateway: the CA, not the box's key
+            secret["items"] = [{"key": tls.CA_FILE, "path": tls.CA_FILE}]
+        volumes.append({"name": "tls", "secret": secret})
         mounts.append({"name": "tls", "mountPath": tls.MOUNT, "readOnly": True})
     return volumes, mounts
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from edgeinspect.services.deploy import tls
 from edgeinspect.services.deploy.compose import CONFIG_DIR
 from edgeinspect.services.deploy.netns import Lab
 
@@ -33,6 +34,7 @@ class PlantRun:
     logs: Path
     procs: list[subprocess.Popen] = field(default_factory=list)
     servers: list[tuple[str, str]] = field(default_factory=list)  # (lab box, host:port as seen inside it)
+    health_args: dict[str, list[str]] = field(default_factory=dict)  # host:port -> healthcheck's TLS options
     log_of: dict[int, Path] = field(default_factory=dict)  # pid -> its log file
 
     def start(self, netns_of: dict[str, str], roles: set[str] | None = None) -> None:
@@ -47,9 +49,14 @@ class PlantRun:
             for name, svc in doc["services"].items():
                 if svc["command"][0] != "serve" or (roles is not None and svc["command"][1] not in roles):
                     continue
-                # The container's /etc/edgeinspect is the box folder's config/: same files, same command.
+                # The container's /etc/edgeinspect is the box folder's config/: same files, same command; its
+                # mounted secrets are the box folder's secrets/ (the settings name them at the mount: rewritten).
+                mount = self._tls_mount(compose_file.parent, box)
                 argv = [a.replace(CONFIG_DIR, str(compose_file.parent / "config")) for a in svc["command"]]
-                cfg = yaml.safe_load((compose_file.parent / "config" / Path(argv[-1]).name).read_text())
+                text = (compose_file.parent / "config" / Path(argv[-1]).name).read_text().replace(tls.MOUNT, mount)
+                argv[-1] = str(self.logs / f"{box}-{Path(argv[-1]).name}")
+                Path(argv[-1]).write_text(text)
+                cfg = yaml.safe_load(text)
                 log_path = self.logs / f"{box}-{name}.log"
                 with log_path.open("w") as out:
                     proc = self.lab.popen(
@@ -61,12 +68,30 @@ class PlantRun:
                 host = svc["healthcheck"]["test"][-1].rsplit(":", 1)[0]
                 port = self.env.get("EDGEINSPECT_SERVER__PORT", cfg["server"]["port"])
                 self.servers.append((netns_of[box], f"{host}:{port}"))
+                options = svc["healthcheck"]["test"][3:-1]  # CMD edgeinspect healthcheck [TLS options] ADDRESS
+                self.health_args[f"{host}:{port}"] = [a.replace(tls.MOUNT, mount) for a in options]
+
+    def _tls_mount(self, box_dir: Path, box: str) -> str:
+        """A folder laid out as the container's TLS mount (ca.crt, box.crt, box.key) from box_dir/secrets/tls/."""
+        mount = self.logs / f"tls-{box}"
+        mount.mkdir(parents=True, exist_ok=True)
+        src = box_dir / tls.SECRETS_DIR
+        for name, file in ((tls.CA_FILE, tls.CA_FILE), (tls.CERT_FILE, f"{box}.crt"), (tls.KEY_FILE, f"{box}.key")):
+            if (src / file).is_file() and not (mount / name).exists():
+                (mount / name).symlink_to(src / file)
+        return str(mount)
+
+    def ca_file(self, box: str) -> Path | None:
+        """The plant CA as `box` holds it (None: the plant runs without TLS)."""
+        ca = self.logs / f"tls-{box}" / tls.CA_FILE
+        return ca if ca.exists() else None
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Waits until every role answers SERVING (one `healthcheck --wait` per role, inside its box); raises
         RuntimeError with the log tail as soon as a role exits, TimeoutError when one is not up in time."""
         waiters = [
-            (address, self.lab.popen(box, [EDGEINSPECT, "healthcheck", address, "--wait", str(timeout_s)],
+            (address, self.lab.popen(box, [EDGEINSPECT, "healthcheck", *self.health_args.get(address, []), address,
+                                           "--wait", str(timeout_s)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
             for box, address in self.servers
         ]  # fmt: skip
@@ -98,6 +123,9 @@ class PlantRun:
         """One inspection from inside `box`'s namespace; the smoke command's JSON."""
         argv = [EDGEINSPECT, "deploy", "smoke", "-g", gateway, "--image", str(image), "--token", token, "--json"]
         argv += ["--timeout", str(timeout_s)]
+        ca = next((self.ca_file(b) for b in sorted({b for b, _ in self.servers}) if self.ca_file(b)), None)
+        if ca is not None:
+            argv += ["--ca", str(ca)]
         done = subprocess.run(
             ["ip", "netns", "exec", self.lab.netns(box), *argv], capture_output=True, text=True, env=self.env
         )
@@ -121,12 +149,16 @@ class PlantRun:
         self.procs.clear()
 
 
-def role_env(tokens_json: str, threads: int = 1) -> dict[str, str]:
-    """Environment of the role processes: offline hub, the gateway's tokens (a secret: env, not settings)."""
+def role_env(tokens: list[str], threads: int = 1) -> dict[str, str]:
+    """Environment of the role processes: offline hub, the gateway's tokens (as hashes, admin role; env, not
+    settings, as a deployment passes them)."""
+    from edgeinspect.services.common.auth import hash_token
+
+    entries = [{"name": f"lab-{i}", "role": "admin", "hash": hash_token(t)} for i, t in enumerate(tokens)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGEINSPECT_")}
     env |= {
         "HF_HUB_OFFLINE": "1",
-        "EDGEINSPECT_API_TOKENS": tokens_json,
+        "EDGEINSPECT_API_TOKENS": json.dumps(entries),
         "OMP_NUM_THREADS": str(threads),
         "TOKENIZERS_PARALLELISM": "false",
     }
