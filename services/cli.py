@@ -99,6 +99,7 @@ def up_command(
     mqtt: str | None = typer.Option(
         None, "--mqtt", help="publish every result to this broker: mqtt://HOST:PORT (mqtts:// for TLS)"
     ),
+    console_port: int = typer.Option(8080, help="web console HTTP port (0: a free one; -1: no console)"),
 ) -> None:
     """Start every role on this box as separate processes (the embedded default); Ctrl-C, SIGTERM or SIGHUP stops
     them all. run/stack.json in the workdir lists every role's pid and address while it runs."""
@@ -127,6 +128,7 @@ def up_command(
             tls=tls,
             allow_unauthenticated=allow_unauthenticated,
             extra_env=outputs_env,
+            console_port=None if console_port < 0 else console_port,
         )
     )
     code = 0
@@ -135,6 +137,8 @@ def up_command(
         with signals_as_interrupt():
             stack.start()
             _print_banner(console, stack)
+            if stack.console_url:
+                console.print(f"  web console {stack.console_url} (log in with the token)", highlight=False)
             if mqtt:
                 console.print(f"  every result to {mqtt}: edgeinspect/<station>/<camera>/result", highlight=False)
             code = _serve_until_stopped(stack, console)

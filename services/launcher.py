@@ -32,6 +32,7 @@ from edgeinspect.config import (
 )
 from edgeinspect.errors import InvalidInput, Unavailable
 from edgeinspect.services.common.lifecycle import PARENT_PID_ENV, RestartPolicy
+from edgeinspect.services.console.settings import ConsoleSettings
 from edgeinspect.services.stack_security import StackCredentials, stack_credentials
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ ROLES = {
     "stage": RoleKind("edgeinspect.services.stage", StageSettings),
     "retrieval": RoleKind("edgeinspect.services.retrieval", RetrievalSettings),
     "gateway": RoleKind("edgeinspect.services.gateway", GatewaySettings),
+    "console": RoleKind("edgeinspect.services.console", ConsoleSettings),
 }
 STACK_FILE = "stack.json"
 
@@ -72,6 +74,7 @@ class StackOptions:
     supervise: bool = False  # restart a crashed role on its port with backoff (`up`); off: tests drive restarts
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     extra_env: dict[str, str] = field(default_factory=dict)
+    console_port: int | None = None  # `up`: the web console on this HTTP port (0: a free one); None: none
 
 
 @dataclass
@@ -200,6 +203,11 @@ class LocalStack:
         return self.creds.token if self.creds is not None else self.opts.api_token
 
     @property
+    def console_url(self) -> str | None:
+        """The web console's address, when this stack runs one."""
+        return next((f"http://{self.opts.host}:{r.port}" for r in self.roles if r.name == "console"), None)
+
+    @property
     def client_ca(self) -> Path | None:
         """The CA a client of the public API verifies the gateway with (None: plaintext)."""
         return self.creds.ca if self.creds is not None else None
@@ -285,6 +293,10 @@ class LocalStack:
             upstream_timeout_s=o.start_timeout_s,
         )
         self._spawn("gateway", "gateway", gateway)
+        if o.console_port is not None and not o.tls:  # the console speaks plaintext gRPC to the gateway only
+            port = o.console_port or free_ports(1, o.host, avoid=tuple(r.port for r in self.roles))[0]
+            console = ConsoleSettings(gateway=f"{o.host}:{gateway.server.port}", server=self._server("console", port))
+            self._spawn("console", "console", console)
         self.gateway_address = self.address_of("gateway")
         for role in self.roles:
             self._wait_bound(role)
