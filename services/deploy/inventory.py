@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edgeinspect.config import WeightsDtype, WireCodec
+from edgeinspect.services.outputs.config import OutputsConfig
 
 GIB = 1024**3
 # Memory a co-located role (and the OS) keeps away from a decoder stage on the same box, in GiB. Measured
@@ -137,6 +138,11 @@ class Plant(BaseModel):
     ports: Ports = Field(default_factory=Ports)
     model: ModelSizes = Field(default_factory=ModelSizes, description="sizes for planning without a checkpoint")
     log_level: str = Field("INFO")
+    outputs: OutputsConfig = Field(
+        default_factory=OutputsConfig,
+        description="where the gateway sends each result (MQTT, webhooks); passwords and secrets via "
+        "EDGEINSPECT_OUTPUTS__... at start, not in this file",
+    )
 
     @property
     def checkpoint_path(self) -> Path:

@@ -68,11 +68,12 @@ def _settings_files(inv: Inventory, local: list[Instance], settings: dict[str, R
 
 
 def _client_ports(settings: dict[str, RoleSettings]) -> dict[str, list[int]]:
-    """Ports clients listen on themselves (ingest: trigger endpoint and metrics), to publish on the box."""
+    """Ports clients listen on themselves (ingest: trigger endpoint, OPC UA server, metrics), to publish."""
     out = {}
     for service, s in settings.items():
-        trigger = getattr(s, "trigger", None)
+        trigger, opcua = getattr(s, "trigger", None), getattr(s, "opcua", None)
         ports = [trigger.port if trigger is not None else None, s.server.metrics_port]
+        ports.append(opcua.port if opcua is not None else None)
         if service.startswith("ingest-"):
             out[service] = [p for p in ports if p]
     return out

@@ -92,6 +92,8 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             data["retrieval"] = by_role[Role.retrieval].address(addressing)
         if plant.tls:
             data["client_tls"] = tls.client_tls()
+        if plant.outputs.enabled:
+            data["outputs"] = plant.outputs.model_dump(mode="json", exclude_none=True)
         return _isolated(GatewaySettings, data)
     raise ValueError(f"role {inst.role} has no settings class")
 
@@ -126,6 +128,12 @@ def ingest_settings(
             data["max_in_flight"],
             n_stages,
         )
+    # The line's journal and outboxes live beside the saved frames: the ingest role's one writable volume.
+    line_dir = inv.plant.frames_dir / "line"
+    if isinstance(data.get("opcua"), dict):
+        data["opcua"].setdefault("journal", str(line_dir / "cycles.sqlite"))
+    if isinstance(data.get("outputs"), dict):
+        data["outputs"].setdefault("outbox_dir", str(line_dir / "outbox"))
     return _isolated(IngestSettings, data)
 
 
