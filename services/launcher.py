@@ -295,8 +295,8 @@ class LocalStack:
         self._spawn("gateway", "gateway", gateway)
         if o.console_port is not None and not o.tls:  # the console speaks plaintext gRPC to the gateway only
             port = o.console_port or free_ports(1, o.host, avoid=tuple(r.port for r in self.roles))[0]
-            console = ConsoleSettings(gateway=f"{o.host}:{gateway.server.port}", server=self._server("console", port))
-            self._spawn("console", "console", console)
+            server = ServerConfig(host=o.host, port=port, port_file=self.run_dir / "console.port", grace_s=2.0)
+            self._spawn("console", "console", ConsoleSettings(gateway=f"{o.host}:{gateway.server.port}", server=server))
         self.gateway_address = self.address_of("gateway")
         for role in self.roles:
             self._wait_bound(role)
