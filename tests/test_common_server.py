@@ -16,11 +16,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from edgeinspect.config import ServerConfig
+from edgeinspect.config import ApiToken, ServerConfig, TokenRole
 from edgeinspect.errors import InvalidInput, Unavailable
+from edgeinspect.services.common.auth import TokenAuthInterceptor, hash_token
 from edgeinspect.services.common.channel import make_channel, wait_for_serving
 from edgeinspect.services.common.context import REQUEST_ID_KEY, request_id_var
-from edgeinspect.services.common.interceptors import BearerAuthInterceptor
 from edgeinspect.services.common.logging import configure_logging
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.testing import grpcurl
@@ -176,7 +176,8 @@ async def test_a_call_without_request_id_gets_a_fresh_one_returned_in_trailers(s
 
 
 async def test_bearer_auth_rejects_missing_and_wrong_tokens_and_exempts_health(start):
-    server = await start(interceptors=[BearerAuthInterceptor(["s3cret", "other"])])
+    tokens = [ApiToken(name=t, role=TokenRole.admin, hash=hash_token(t)) for t in ("s3cret", "other")]
+    server = await start(interceptors=[TokenAuthInterceptor(tokens, 100.0, 10)])
     with pytest.raises(grpc.aio.AioRpcError) as missing:
         await search(server.port, "x")
     assert missing.value.code() is grpc.StatusCode.UNAUTHENTICATED
@@ -192,8 +193,8 @@ async def test_bearer_auth_rejects_missing_and_wrong_tokens_and_exempts_health(s
     assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-async def test_no_tokens_means_auth_is_off(start):
-    server = await start(interceptors=[BearerAuthInterceptor([])])
+async def test_no_tokens_and_allow_unauthenticated_admits_everyone(start):
+    server = await start(interceptors=[TokenAuthInterceptor([], 100.0, 10, allow_unauthenticated=True)])
     assert (await search(server.port, "x")).chunks[0].text == "x"
 
 

@@ -1,8 +1,7 @@
-"""Server interceptors: request id + deadline context, metrics, the error policy, bearer-token auth."""
+"""Server interceptors: request id + deadline context, metrics, the error policy (bearer tokens: auth.py)."""
 
 from __future__ import annotations
 
-import hmac
 import inspect
 import logging
 import time
@@ -24,7 +23,8 @@ from edgeinspect.services.common.metrics import RPC_LATENCY, RPC_REQUESTS
 
 logger = logging.getLogger(__name__)
 
-# Probes and tooling must work without credentials (orchestrators, grpcurl list).
+# Probes and tooling need no token or caller role (orchestrators, grpcurl list); over mTLS they still need a
+# certificate from the plant CA to complete the handshake.
 AUTH_EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 _KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
@@ -172,49 +172,3 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
                     await scope.fail(exc)
 
         return wrapped
-
-
-def _deny(message: str) -> Callable[..., Any]:
-    async def deny(_request_or_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    return deny
-
-
-class BearerAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Requires `authorization: Bearer <token>` except on health and reflection; [] disables auth."""
-
-    def __init__(self, tokens: list[str]) -> None:
-        self._tokens = [t.encode() for t in tokens if t]
-        if not self._tokens:
-            logger.warning("bearer auth disabled: no API tokens configured, every caller is accepted")
-
-    def _accepts(self, presented: str) -> bool:
-        candidate = presented.encode()
-        # Check every token so the time taken does not reveal which (if any) matched a prefix.
-        matched = False
-        for token in self._tokens:
-            matched |= hmac.compare_digest(candidate, token)
-        return matched
-
-    def _rejection(self, metadata: Any) -> str | None:
-        values = [v for k, v in metadata or () if k == "authorization"]
-        if not values:
-            return "missing bearer token: send metadata 'authorization: Bearer <token>'"
-        scheme, _, token = (values[0] if isinstance(values[0], str) else values[0].decode()).partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return "missing bearer token: authorization metadata must be 'Bearer <token>'"
-        return None if self._accepts(token.strip()) else "invalid token"
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(handler_call_details)
-        if handler is None or not self._tokens or handler_call_details.method.startswith(AUTH_EXEMPT_PREFIXES):
-            return handler
-        reason = self._rejection(handler_call_details.invocation_metadata)
-        if reason is None:
-            return handler
-        return _rebuild(handler, _deny(reason))
