@@ -13,6 +13,7 @@ from google.protobuf.json_format import MessageToDict
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 TOKEN_ENV = "EDGEINSPECT_TOKEN"
+CA_ENV = "EDGEINSPECT_CA"  # the CA of a TLS gateway, for every command built on this client
 
 
 def resolve_token(token: str | None, token_file: Path | None) -> str:
@@ -27,10 +28,12 @@ def resolve_token(token: str | None, token_file: Path | None) -> str:
 
 
 class InspectionClient:
-    """`ca`: verify the gateway's TLS certificate against it (a gateway with `server.tls`); None: plaintext."""
+    """`ca`: verify the gateway's TLS certificate against it (a gateway with `server.tls`); None: $EDGEINSPECT_CA,
+    else plaintext."""
 
     def __init__(self, address: str, token: str, timeout_s: float = 600.0, ca: Path | None = None):
         options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        ca = ca if ca is not None else (os.environ.get(CA_ENV) or None)
         if ca is None:
             self.channel = grpc.insecure_channel(address, options=options)
         else:
