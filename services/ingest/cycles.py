@@ -80,6 +80,7 @@ class LineSide:
         self.server = None
         self.journal = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._saves: set[asyncio.Task] = set()  # frames being written after their verdict went out
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -95,6 +96,7 @@ class LineSide:
         self.server = await LineServer(cfg, line_stations, self.run_cycle, self.journal).start()
 
     async def stop(self) -> None:
+        await asyncio.gather(*self._saves, return_exceptions=True)
         if self.server is not None:
             await self.server.stop()
             self.server = None
@@ -160,8 +162,10 @@ class LineSide:
                     raise
                 await asyncio.sleep(UNAVAILABLE_RETRY_S)
         self.metrics.frames_inspected.labels(camera=cam.id).inc()
-        if self._frames is not None:
-            await asyncio.to_thread(self._frames.save, report.report_id, jpeg, frame.wall_time)
+        if self._frames is not None:  # off the line's critical path: the PLC hears the verdict first
+            save = asyncio.create_task(asyncio.to_thread(self._frames.save, report.report_id, jpeg, frame.wall_time))
+            self._saves.add(save)
+            save.add_done_callback(self._saves.discard)
         return report, frame.wall_time
 
     async def run_cycle(self, station, start: Start, recipe: str, lot_id: str) -> Outcome:
