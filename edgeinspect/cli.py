@@ -16,6 +16,7 @@ from edgeinspect.services.cli import demo_command, inspect_command, serve_comman
 from edgeinspect.services.deploy.cli import app as deploy_app
 from edgeinspect.services.deploy.healthcheck import healthcheck_command
 from edgeinspect.services.evaluation.cli import eval_command
+from edgeinspect.services.evaluation.rollout_cli import app as rollout_app
 from edgeinspect.services.ingest.cli import ingest_command
 from edgeinspect.services.line.cli import app as line_app
 from edgeinspect.services.reports_cli import app as reports_app
@@ -44,6 +45,7 @@ app.command("demo")(demo_command)
 app.command("bench")(bench_command)
 app.command("verify")(verify_command)
 app.command("eval")(eval_command)
+app.add_typer(rollout_app, name="rollout", help="Model versions: shadow a candidate, promote it, roll it back.")
 
 
 def main() -> None:

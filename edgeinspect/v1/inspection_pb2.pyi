@@ -111,7 +111,7 @@ class Reference(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., section: _Optional[str] = ..., score: _Optional[float] = ..., index_version: _Optional[str] = ..., path: _Optional[str] = ..., page: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("checkpoint", "checkpoint_fingerprint", "tokenizer_fingerprint", "partition", "codec", "plan", "shadow")
+    __slots__ = ("checkpoint", "checkpoint_fingerprint", "tokenizer_fingerprint", "partition", "codec", "plan", "shadow", "prompt_sha256")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class ModelInfo(_message.Message):
     CODEC_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_SHA256_FIELD_NUMBER: _ClassVar[int]
     checkpoint: str
     checkpoint_fingerprint: str
     tokenizer_fingerprint: str
@@ -126,7 +127,8 @@ class ModelInfo(_message.Message):
     codec: str
     plan: str
     shadow: bool
-    def __init__(self, checkpoint: _Optional[str] = ..., checkpoint_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., partition: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ..., plan: _Optional[str] = ..., shadow: _Optional[bool] = ...) -> None: ...
+    prompt_sha256: str
+    def __init__(self, checkpoint: _Optional[str] = ..., checkpoint_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., partition: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ..., plan: _Optional[str] = ..., shadow: _Optional[bool] = ..., prompt_sha256: _Optional[str] = ...) -> None: ...
 
 class Failover(_message.Message):
     __slots__ = ("stage", "endpoint", "position", "reason", "recovery_ms", "replayed_tokens", "route")

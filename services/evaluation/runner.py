@@ -109,8 +109,7 @@ def record_from_report(sample: Sample, sha256: str, report: inspection_pb2.Defec
             "tokenizer_fingerprint": report.model.tokenizer_fingerprint,
             "codec": report.model.codec,
             "partition": list(report.model.partition),
-            # Present once the gateway reports its prompt hash (ModelInfo.prompt_sha256); "" before.
-            "prompt_sha256": getattr(report.model, "prompt_sha256", ""),
+            "prompt_sha256": report.model.prompt_sha256,
         },
         "index_versions": sorted({r.index_version for r in report.references if r.index_version}),
     }

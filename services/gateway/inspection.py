@@ -32,6 +32,7 @@ from edgeinspect.services.gateway.schema import build_report_grammar, parse_stru
 from edgeinspect.services.gateway.session import InferenceSession
 from edgeinspect.services.gateway.stages import StageCluster
 from edgeinspect.services.gateway.store import ReportStore
+from edgeinspect.services.gateway.versions import prompt_digest
 from edgeinspect.services.outputs.fanout import Outputs
 from edgeinspect.v1 import inspection_pb2, retrieval_pb2, stage_pb2
 
@@ -375,6 +376,7 @@ class Inspector:
                 codec=self.codec.value,
                 partition=session.route_names,
                 plan=self.router.plan_text(),
+                prompt_sha256=prompt_digest(journal.prompt_ids, prompt.grammar.grammar_id if prompt.grammar else ""),
             ),
             failovers=session.failovers,
             degraded=prompt.degraded,

@@ -12,15 +12,18 @@ from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.services.common.auth import public_auth
 from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
+from edgeinspect.services.gateway import rollout_servicer
 from edgeinspect.services.gateway.clients import RetrievalClient, VisionClient, gateway_identity
 from edgeinspect.services.gateway.inspection import Inspector
 from edgeinspect.services.gateway.pipeline import WireOptions
 from edgeinspect.services.gateway.readiness import Readiness
+from edgeinspect.services.gateway.rollout import RolloutManager
 from edgeinspect.services.gateway.routing import StageRouter
 from edgeinspect.services.gateway.servicer import InspectionServicer
 from edgeinspect.services.gateway.session import RecoveryPolicy
 from edgeinspect.services.gateway.stages import StageCluster
 from edgeinspect.services.gateway.store import ReportStore
+from edgeinspect.services.gateway.versions import apply_record
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,7 @@ async def connect(cfg: GatewaySettings, store: ReportStore) -> Inspector:
         prefill_stall_s=cfg.prefill_stall_s,
         chunk_tokens=cfg.prefill_chunk_tokens,
         image_token_id=ckpt.config.image_token_id,
+        route_wait_s=min(30.0, cfg.upstream_timeout_s) if cfg.replan else 0.0,
     )
     wire = WireOptions(codec.Codec(cfg.codec.value), cfg.zstd, cfg.chained)
     stages = StageCluster(router, wire, policy, cfg.micro_batches)
@@ -61,18 +65,24 @@ async def connect(cfg: GatewaySettings, store: ReportStore) -> Inspector:
 
 
 async def start(cfg: GatewaySettings) -> tuple[RunningServer, Readiness]:
+    cfg = apply_record(cfg)  # a promoted model version survives a restart (services/gateway/versions.py)
     store = ReportStore(cfg.db_path, frames=cfg.frames)
     store.recover_interrupted()  # rows a crash left pending: failed, "gateway restarted during inspection"
     servicer = InspectionServicer(store)
+    rollout = RolloutManager(cfg, store, connect)
     auth = [public_auth(cfg.api_tokens, cfg.token_rate_per_s, cfg.token_burst, cfg.allow_unauthenticated)]
     running = await start_server(
-        [lambda s: inspection_pb2_grpc.add_InspectionServiceServicer_to_server(servicer, s)],
-        [SERVICE_NAME],
+        [
+            lambda s: inspection_pb2_grpc.add_InspectionServiceServicer_to_server(servicer, s),
+            rollout_servicer.register(rollout),
+        ],
+        [SERVICE_NAME, rollout_servicer.SERVICE_NAME],
         cfg.server,
         role="gateway",
         interceptors=auth,
     )
-    inspector = servicer.inspector = await connect(cfg, store)
+    inspector = await connect(cfg, store)
+    servicer.inspector = await rollout.attach(inspector)  # per-station version routing and the shadow
     readiness = Readiness(inspector, running.health)
     readiness.start()
     log.info("gateway started: vision %s, stages %s, retrieval %s", cfg.vision, cfg.stages, cfg.retrieval)
