@@ -1,12 +1,18 @@
-"""Test-side peers of the line outputs: an MQTT subscriber (paho-mqtt) that keeps every message it gets."""
+"""Test-side peers of the line outputs: an MQTT subscriber (paho-mqtt) and a webhook receiver, both keeping what
+they got."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import paho.mqtt.client as mqtt
+
+from edgeinspect.services.outputs.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+
+SECRET = "0123456789abcdef-secret"  # the webhook secret the tests' receivers share
 
 
 class Subscriber:
@@ -50,3 +56,44 @@ class Subscriber:
     def close(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
+
+
+class Receiver:
+    """A webhook receiver: verifies each signature, answers from `script` (then 200), records every request."""
+
+    def __init__(self, script: list[int] | None = None, delay_s: float = 0.0) -> None:
+        self.script = list(script or [])
+        self.delay_s = delay_s
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                time.sleep(receiver.delay_s)
+                ok = verify(SECRET, self.headers[TIMESTAMP_HEADER], body, self.headers[SIGNATURE_HEADER])
+                with receiver.lock:
+                    status = receiver.script.pop(0) if receiver.script else 200
+                    receiver.requests.append(
+                        {"at": time.monotonic(), "id": self.headers[DELIVERY_HEADER], "ok": ok, "status": status,
+                         "body": json.loads(body)}
+                    )  # fmt: skip
+                self.send_response(status if ok else 401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def delivered(self) -> list[str]:
+        with self.lock:
+            return [r["id"] for r in self.requests if r["status"] == 200 and r["ok"]]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 
 from ingest_streams import RecordingSink
+from line_peers import SECRET, Receiver
 from prometheus_client import CollectorRegistry
 
 from edgeinspect.assets import sample_image
@@ -28,7 +29,7 @@ def part_folder(tmp_path):
     return str(folder)
 
 
-def settings(tmp_path, token: str = TOKEN, **line) -> IngestSettings:
+def settings(tmp_path, token: str = TOKEN, outputs: dict | None = None, **line) -> IngestSettings:
     cam = CameraConfig(
         id="plc-cam",
         station="station-3",
@@ -39,7 +40,9 @@ def settings(tmp_path, token: str = TOKEN, **line) -> IngestSettings:
         sampling={"trigger_only": True},
         line=line or None,
     )
-    return IngestSettings(cameras=[cam], frames_dir=tmp_path / "frames", trigger={"port": 0, "token": token})
+    return IngestSettings(
+        cameras=[cam], frames_dir=tmp_path / "frames", trigger={"port": 0, "token": token}, outputs=outputs or {}
+    )
 
 
 def post(port: int, path: str, token: str | None = TOKEN) -> tuple[int, dict]:
@@ -108,3 +111,24 @@ async def test_a_missed_takt_budget_answers_ng_timeout_and_the_report_still_arri
     finally:
         ingestor.stop()
         await asyncio.wait_for(task, 30)
+
+
+async def test_ingest_hosted_outputs_send_each_report_with_what_the_line_was_told(tmp_path):
+    receiver = Receiver()
+    outputs = {"webhooks": [{"url": receiver.url, "secret": SECRET}], "retry_base_s": 0.1}
+    ingestor, task = await running(settings(tmp_path, outputs=outputs, on_uncertain="recheck"), RecordingSink())
+    try:
+        status, body = await asyncio.to_thread(post, ingestor.trigger_port, "/trigger/plc-cam?wait=1")
+        assert status == 200
+        for _ in range(100):
+            if receiver.delivered():
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        ingestor.stop()
+        await asyncio.wait_for(task, 30)
+        receiver.close()
+    assert receiver.delivered() == [body["report_id"]]
+    sent = receiver.requests[0]["body"]
+    assert sent["station"] == "station-3" and sent["camera"] == "plc-cam" and sent["verdict"] == "OK"
+    assert sent["line"] == {"cycle_id": body["cycle_id"], "line": "OK"} and sent["latency_ms"] >= 0

@@ -3,64 +3,19 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from line_peers import SECRET, Receiver
 from prometheus_client import REGISTRY
 
 from edgeinspect.services.outputs.config import OutputsConfig
 from edgeinspect.services.outputs.fanout import Outputs
 from edgeinspect.services.outputs.outbox import Outbox
 from edgeinspect.services.outputs.result import LineResult, from_report, is_shadow
-from edgeinspect.services.outputs.webhook import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, sign, verify
+from edgeinspect.services.outputs.webhook import sign, verify
 from edgeinspect.v1 import inspection_pb2
-
-SECRET = "0123456789abcdef-secret"
-
-
-class Receiver:
-    """A webhook receiver: verifies each signature, answers from `script` (then 200), records every request."""
-
-    def __init__(self, script: list[int] | None = None, delay_s: float = 0.0) -> None:
-        self.script = list(script or [])
-        self.delay_s = delay_s
-        self.requests: list[dict] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                time.sleep(receiver.delay_s)
-                ok = verify(SECRET, self.headers[TIMESTAMP_HEADER], body, self.headers[SIGNATURE_HEADER])
-                with receiver.lock:
-                    status = receiver.script.pop(0) if receiver.script else 200
-                    receiver.requests.append(
-                        {"at": time.monotonic(), "id": self.headers[DELIVERY_HEADER], "ok": ok, "status": status,
-                         "body": json.loads(body)}
-                    )  # fmt: skip
-                self.send_response(status if ok else 401)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def delivered(self) -> list[str]:
-        with self.lock:
-            return [r["id"] for r in self.requests if r["status"] == 200 and r["ok"]]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def result(i: int, station: str = "station-3") -> LineResult:
