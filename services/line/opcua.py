@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -170,6 +171,10 @@ class LineServer:
         return f"opc.tcp://{self.cfg.host}:{self.cfg.port}/edgeinspect/"
 
     async def start(self) -> LineServer:
+        if self.cfg.port == 0:  # the endpoint URL names the port, so pick it before binding
+            with socket.socket() as probe:
+                probe.bind((self.cfg.host, 0))
+                self.cfg = self.cfg.model_copy(update={"port": probe.getsockname()[1]})
         server, cfg = self.server, self.cfg
         await server.init()
         server.set_endpoint(self.endpoint)
