@@ -85,6 +85,17 @@ def stored_times(gateway_log: Path) -> dict[str, float]:
     return out
 
 
+def journal_written_at(path: Path, cycle_id: str) -> float:
+    """Wall time the station wrote the cycle's result (trigger time + trigger -> write, from the journal)."""
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        triggered, written_ms = db.execute(
+            "SELECT triggered_at, written_ms FROM cycles WHERE cycle_id = ?", (cycle_id,)
+        ).fetchone()
+    return triggered + written_ms / 1e3
+
+
 def stats(values: list[float]) -> dict:
     ordered = sorted(values)
     return {
@@ -173,6 +184,7 @@ def main() -> None:
                     triggered = c.result_seen_at - c.trigger_to_result_ms / 1e3
                     message = arrivals.at.get(c.report_id)
                     stored = stored_at[c.report_id]
+                    wrote = journal_written_at(work / "line.sqlite", c.cycle_id)
                     rows.append(
                         {
                             "report_id": c.report_id,
@@ -183,6 +195,9 @@ def main() -> None:
                             "gateway_store_ms": round((stored - created) * 1e3, 2),
                             "integration_opcua_ms": round((c.result_seen_at - stored) * 1e3, 2),
                             "integration_mqtt_ms": None if message is None else round((message - stored) * 1e3, 2),
+                            # the OPC UA integration split: stored -> ingest wrote the result nodes -> PLC saw them
+                            "stored_to_written_ms": round((wrote - stored) * 1e3, 2),
+                            "written_to_plc_ms": round((c.result_seen_at - wrote) * 1e3, 2),
                         }
                     )
     finally:

@@ -184,7 +184,7 @@ class LineSide:
         classes, _ = rank_defects(list(report.defects))
         ok, ng, recheck = line_signals(report.verdict, ErrorCode.none, station.cfg)
         line = {"cycle_id": start.cycle_id, "lot_id": lot_id, "recipe": recipe, "line": line_word(ok, ng, recheck)}
-        self.on_report(report, line, captured)
+        asyncio.get_running_loop().call_soon(self.on_report, report, line, captured)  # after the PLC's write
         return Outcome(
             start.cycle, verdict=report.verdict, defect_class=classes[0] if classes else "", report_id=report.report_id
         )

@@ -105,25 +105,27 @@ class StationDriver:
                 task = asyncio.create_task(self._cycle(start, recipe, lot))
                 self._cycles.add(task)
                 task.add_done_callback(self._cycles.discard)
-            for written in self.hs.tick(time.monotonic()):
-                self._record(written)
+            timed_out = self.hs.tick(time.monotonic())
             await self._sync()
+        for written in timed_out:  # journaled once the line has it: the PLC never waits on the disk
+            self._record(written)
 
     async def _cycle(self, start: Start, recipe: str, lot: str) -> None:
         outcome = await self._run_cycle(self.station, start, recipe, lot)
         async with self._lock:
-            for action in self.hs.outcome(outcome, time.monotonic()):
-                if isinstance(action, Written):
-                    self._record(action)
-                elif isinstance(action, Late):
-                    logger.warning(
-                        "station %s: cycle %s: report %s arrived after the deadline (the line got NG/timeout)",
-                        self.station.name,
-                        start.cycle_id,
-                        outcome.report_id,
-                    )
-                    self._journal.resolved(start.cycle_id, outcome.report_id, outcome.verdict, late=True)
+            actions = self.hs.outcome(outcome, time.monotonic())
             await self._sync()
+        for action in actions:
+            if isinstance(action, Written):
+                self._record(action)
+            elif isinstance(action, Late):
+                logger.warning(
+                    "station %s: cycle %s: report %s arrived after the deadline (the line got NG/timeout)",
+                    self.station.name,
+                    start.cycle_id,
+                    outcome.report_id,
+                )
+                self._journal.resolved(start.cycle_id, outcome.report_id, outcome.verdict, late=True)
 
     def _record(self, written: Written) -> None:
         cycle_id = written.signals.cycle_id
