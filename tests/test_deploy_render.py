@@ -226,3 +226,26 @@ def test_inventory_mistakes_are_refused_with_a_reason(edit, message):
     with pytest.raises(ValueError, match=message):
         inv = Inventory.model_validate(data)
         [b.stage_budget_bytes() for b in inv.boxes_with(Role.stage)]
+
+
+def test_internal_ports_and_metrics_are_published_on_the_boxs_own_address_only(example, tmp_path):
+    boxes = [
+        b.model_copy(update={"metrics_address": "10.99.0.12"}) if b.name == "jetson-a" else b for b in example.boxes
+    ]
+    inv = example.model_copy(update={"boxes": boxes})
+    render.write(
+        render.render(inv, placements(inv, [0, 14, 24]), render.Target.compose, {"cell-pi": CAMERAS}), tmp_path
+    )
+    for box in inv.boxes:
+        doc = yaml.safe_load((tmp_path / box.name / "compose.yaml").read_text())
+        for name, svc in doc["services"].items():
+            for mapping in svc.get("ports", []):
+                host, port, _ = mapping.rsplit(":", 2) if mapping.count(":") == 2 else ("", *mapping.split(":"))
+                if name == "gateway" and port == "50051":
+                    assert host == "", "the public API is published on every interface"
+                elif int(port) >= 51000:  # metrics
+                    assert host == (box.metrics_address or box.address), mapping
+                else:
+                    assert host == box.address, f"{box.name}/{name}: {mapping}"
+    stage = yaml.safe_load((tmp_path / "jetson-a" / "compose.yaml").read_text())["services"]["stage-0"]
+    assert "10.99.0.12:51060:51060" in stage["ports"] and "10.20.7.12:50060:50060" in stage["ports"]
