@@ -47,7 +47,8 @@ def start_up(tmp_path: Path, checkpoint: Path, *args: str) -> tuple[subprocess.P
     workdir = tmp_path / "up"
     port = free_ports(1, "127.0.0.1")[0]
     argv = [sys.executable, "-m", "edgeinspect.cli", "up", "--checkpoint", str(checkpoint), "--no-kb"]
-    argv += ["--port", str(port), "--workdir", str(workdir), *args]
+    # The console on a free port too: every process `up` starts must follow it.
+    argv += ["--port", str(port), "--workdir", str(workdir), "--console-port", "0", *args]
     log = (tmp_path / "up.log").open("wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ignore_sigint)
     stack_file = workdir / "run" / "stack.json"
@@ -94,7 +95,7 @@ def test_sigterm_to_up_stops_every_role_of_a_replicated_stack(tmp_path, tiny_che
 
         os.kill(proc.pid, signal.SIGTERM)
         assert wait_gone(pids, GONE_S) == [], "roles still running after SIGTERM to up"
-        assert proc.wait(5) == 0
+        assert proc.wait(30) == 0  # its own exit (interpreter teardown after torch) is slow on a loaded box
         assert not (tmp_path / "up" / "run" / "stack.json").exists()
     finally:
         kill_all(proc, pids)
@@ -104,7 +105,8 @@ def test_sigkill_of_up_takes_every_role_with_it(tmp_path, tiny_checkpoint):
     proc, stack = start_up(tmp_path, tiny_checkpoint, "--stages", "2")
     pids = [r["pid"] for r in stack["roles"]]
     try:
-        assert len(pids) == 4 and all(alive(p) for p in pids)
+        assert {"vision", "stage0", "stage1", "gateway"} <= {r["name"] for r in stack["roles"]}
+        assert all(alive(p) for p in pids)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         assert wait_gone(pids, GONE_S) == [], "roles outlived a SIGKILLed up"
