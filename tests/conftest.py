@@ -68,7 +68,8 @@ class ReviewingStack:
 @pytest.fixture(scope="session")
 def reviewing_stack(tiny_checkpoint, sample_kb, tmp_path_factory):
     """The embedded default with the sample KB, an admin and a read token, and a frame store that holds two sample
-    frames (~53 kB each plus a thumbnail) but not three (the console, aggregate and store-recovery tests)."""
+    frames (~53 kB each plus a thumbnail) but not three, and the web console as `up` starts it (the console,
+    aggregate and store-recovery tests)."""
     import json
 
     from edgeinspect.services.common.auth import hash_token
@@ -79,9 +80,32 @@ def reviewing_stack(tiny_checkpoint, sample_kb, tmp_path_factory):
               {"name": "viewer", "role": "read", "hash": hash_token(reader)}]  # fmt: skip
     env = {"EDGEINSPECT_API_TOKENS": json.dumps(tokens), "EDGEINSPECT_FRAMES__MAX_BYTES": str(budget)}
     opts = StackOptions(workdir=tmp_path_factory.mktemp("reviewing"), checkpoint=tiny_checkpoint, stages=2,
-                        kb_dir=sample_kb, api_token=admin, extra_env=env)  # fmt: skip
+                        kb_dir=sample_kb, api_token=admin, extra_env=env, console_port=0)  # fmt: skip
     with LocalStack(opts) as stack:
+        # The gateway serves before the retrieval node has loaded its index (reports then cite no specs); these
+        # tests look at cited specs, so they start once it serves.
+        _wait_serving(stack.address_of("retrieval"), timeout_s=180)
         yield ReviewingStack(stack, admin, reader, budget)
+
+
+def _wait_serving(address: str, timeout_s: float) -> None:
+    import time
+
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                answer = health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            assert time.monotonic() < deadline, f"{address} not SERVING within {timeout_s}s"
+            time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")

@@ -1,18 +1,14 @@
 """The web console in a real browser: Debian's headless Chromium driven by Playwright, against the real embedded
-stack (vision, 2 stages, gateway) and a console process. Screenshots land in the test's temp dir."""
+stack (vision, 2 stages, retrieval, gateway, console as `up` starts them). Screenshots land in the test's temp dir."""
 
 from __future__ import annotations
 
 import csv
 import io
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 
 from edgeinspect.assets import asset_path
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
@@ -36,32 +32,10 @@ def stack(reviewing_stack):
 
 
 @pytest.fixture(scope="module")
-def console_url(stack, tmp_path_factory):
-    run = tmp_path_factory.mktemp("console")
-    port_file = run / "console.port"
-    cfg = {"gateway": stack.gateway_address, "refresh_s": 1, "log_json": False,
-           "server": {"host": "127.0.0.1", "port": 0, "port_file": str(port_file)}}  # fmt: skip
-    (run / "console.yaml").write_text(yaml.safe_dump(cfg))
-    log = (run / "console.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "edgeinspect.services.console", "--config", str(run / "console.yaml")],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not port_file.exists() or not port_file.read_text():
-            assert proc.poll() is None, (run / "console.log").read_text()
-            assert time.monotonic() < deadline, "console did not start"
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port_file.read_text()}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
+def console_url(stack):
+    """The console LocalStack started beside the gateway, as `edgeinspect up` does."""
+    assert stack.console_url
+    return stack.console_url
 
 
 @pytest.fixture(scope="module")
