@@ -204,3 +204,13 @@ def test_the_parent_watch_alone_ends_a_role_whose_launcher_was_sigkilled():
     finally:
         if alive(role_pid):
             os.kill(role_pid, signal.SIGKILL)
+
+
+def test_up_with_a_kb_folder_that_holds_no_index_says_so_before_starting_anything(tmp_path):
+    empty = tmp_path / "kb"
+    empty.mkdir()
+    argv = [sys.executable, "-m", "edgeinspect.cli", "up", "--kb", str(empty), "--workdir", str(tmp_path / "w")]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "400"})
+    assert out.returncode != 0
+    assert "holds no index" in out.stderr and "edgeinspect kb index" in out.stderr
+    assert not (tmp_path / "w" / "run").exists()  # no role was started
