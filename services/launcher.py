@@ -293,10 +293,12 @@ class LocalStack:
             upstream_timeout_s=o.start_timeout_s,
         )
         self._spawn("gateway", "gateway", gateway)
-        if o.console_port is not None and not o.tls:  # the console speaks plaintext gRPC to the gateway only
+        if o.console_port is not None:  # a client of the public API (TLS: it verifies the gateway with the CA)
             port = o.console_port or free_ports(1, o.host, avoid=tuple(r.port for r in self.roles))[0]
             server = ServerConfig(host=o.host, port=port, port_file=self.run_dir / "console.port", grace_s=2.0)
-            self._spawn("console", "console", ConsoleSettings(gateway=f"{o.host}:{gateway.server.port}", server=server))
+            gateway_at = f"{o.host}:{gateway.server.port}"
+            console = ConsoleSettings(gateway=gateway_at, server=server, client_tls=self.creds.public_tls())
+            self._spawn("console", "console", console)
         self.gateway_address = self.address_of("gateway")
         for role in self.roles:
             self._wait_bound(role)
