@@ -154,3 +154,28 @@ def test_mvtec_and_manifest_layouts_give_the_same_samples(tmp_path):
     with pytest.raises(InvalidInput, match="set.csv:2: label 'maybe'"):
         load_dataset(manifest)
     assert normalise_class(" Missing-Hole ") == "missing hole"
+
+
+def test_eval_cli_names_bad_input_and_an_unreachable_gateway(tmp_path):
+    import socket
+
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from edgeinspect.cli import app
+
+    runner = CliRunner()
+    missing = runner.invoke(app, ["eval", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o1")])
+    said = " ".join(missing.output.split())  # rich wraps at the terminal width
+    assert missing.exit_code == 2 and "expected an MVTec-layout folder or a .csv manifest" in said
+    good = tmp_path / "set" / "part" / "test" / "good"
+    good.mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(good / "0.png")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = runner.invoke(
+        app, ["eval", str(tmp_path / "set"), "--out", str(tmp_path / "o2"), "--gateway", f"127.0.0.1:{port}"]
+    )
+    said = " ".join(down.output.split())
+    assert down.exit_code == 3 and "UNAVAILABLE" in said and "rerun to resume" in said
