@@ -1,4 +1,4 @@
-"""The console's pure helpers: shifts, defect boxes, filter parsing, CSV rows."""
+"""The console's pure helpers (shifts, defect boxes, filter parsing, CSV rows) and its listener."""
 
 from __future__ import annotations
 
@@ -55,3 +55,21 @@ def test_csv_rows_carry_both_verdicts():
     assert (row["verdict"], row["reviewed_verdict"], row["reviewed_classes"], row["reviewer"]) == (
         "OK", "DEFECT", "dent", "ann")  # fmt: skip
     assert row["review_agrees"] == "no"
+
+
+def test_console_on_a_taken_port_fails_naming_the_port():
+    import socket
+
+    from edgeinspect.errors import FailedPrecondition
+    from edgeinspect.services.console.server import bind
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    port = holder.getsockname()[1]
+    try:
+        with pytest.raises(FailedPrecondition, match=f"127.0.0.1:{port}"):
+            bind("127.0.0.1", port)
+    finally:
+        holder.close()
+    bind("127.0.0.1", port).close()  # free again: it binds
