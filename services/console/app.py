@@ -115,6 +115,9 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
             if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 return page(request, "login.jinja", 401, next=_local_path(next), error="This token is not accepted.")
             raise
+        now = time.time()
+        for stale in [k for k, v in sessions.items() if v.expires < now]:  # sessions live in memory only
+            del sessions[stale]
         sid = secrets.token_urlsafe(32)
         sessions[sid] = Session(token.strip(), caller.name, caller.role, caller.may_review,
                                 time.time() + cfg.session_ttl_s)  # fmt: skip
