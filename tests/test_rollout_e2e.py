@@ -1,6 +1,7 @@
-"""Shadow, canary, promote and rollback end to end: a live embedded stack (tiny checkpoint A, a webhook output as
-the line), a second set of vision + stage processes on checkpoint B (another seed) as the candidate, driven by
-the real `edgeinspect rollout` CLI against the gateway's RolloutService."""
+"""Shadow, canary, promote and rollback end to end, driven by the real `edgeinspect rollout` CLI against the
+gateway's RolloutService. Live: a stack of its own on a tiny checkpoint of another seed, with a webhook output as
+the line. Candidate: the vision and stage processes of the session's embedded stack (the shared tiny checkpoint),
+i.e. a second model version on capacity the live gateway does not use."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import grpc
 import pytest
 
 from edgeinspect.models.checkpoint import open_checkpoint
@@ -19,9 +21,10 @@ from edgeinspect.models.tiny import TinySpec, make_tiny
 from edgeinspect.services.client import InspectionClient
 from edgeinspect.services.gateway.store import ReportStore
 from edgeinspect.services.launcher import LocalStack, StackOptions
-from edgeinspect.v1 import inspection_pb2
+from edgeinspect.v1 import inspection_pb2, rollout_pb2, rollout_pb2_grpc
 
-pytestmark = pytest.mark.e2e
+# Two stacks, 40 inspections, a gateway restart and a verify run: minutes on a loaded 2-core box.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 INSPECTIONS = 20
 NEW_TOKENS = 24  # short reports: this test counts and routes, it does not read them
 
@@ -52,18 +55,17 @@ def line():
 
 
 @pytest.fixture(scope="module")
-def stacks(tiny_checkpoint, tmp_path_factory, line):
-    ckpt_b = make_tiny(tmp_path_factory.mktemp("ckpt-b") / "tiny-b", TinySpec(seed=7))
+def live(tmp_path_factory, line):
+    ckpt = make_tiny(tmp_path_factory.mktemp("ckpt-live") / "tiny-seed7", TinySpec(seed=7))
     webhook = json.dumps([{"url": line, "secret": "s" * 32, "name": "line"}])
-    live_opts = StackOptions(
+    opts = StackOptions(
         workdir=tmp_path_factory.mktemp("live"),
-        checkpoint=tiny_checkpoint,
+        checkpoint=ckpt,
         stages=2,
         extra_env={"EDGEINSPECT_OUTPUTS__WEBHOOKS": webhook, "EDGEINSPECT_OUTPUTS__RETRY_BASE_S": "0.05"},
     )
-    cand_opts = StackOptions(workdir=tmp_path_factory.mktemp("candidate"), checkpoint=ckpt_b, stages=2)
-    with LocalStack(live_opts) as live, LocalStack(cand_opts) as candidate:
-        yield live, candidate, ckpt_b
+    with LocalStack(opts) as stack:
+        yield stack
 
 
 def cli(live: LocalStack, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -74,8 +76,11 @@ def cli(live: LocalStack, *args: str, check: bool = True) -> subprocess.Complete
     return proc
 
 
-def status(live: LocalStack) -> dict:
-    return json.loads(cli(live, "rollout", "status", "--json").stdout)
+def status(live: LocalStack) -> rollout_pb2.RolloutStatus:
+    with grpc.insecure_channel(live.gateway_address) as channel:
+        return rollout_pb2_grpc.RolloutServiceStub(channel).GetRolloutStatus(
+            rollout_pb2.RolloutStatusRequest(), metadata=[("authorization", f"Bearer {live.api_token}")], timeout=30
+        )
 
 
 def inspect(client: InspectionClient, station: str) -> inspection_pb2.DefectReport:
@@ -83,66 +88,64 @@ def inspect(client: InspectionClient, station: str) -> inspection_pb2.DefectRepo
     return client.inspect(image.read_bytes(), station=station, part="HSG-210", max_new_tokens=NEW_TOKENS)
 
 
-def test_a_candidate_shadows_is_promoted_to_a_canary_then_all_and_rolls_back(stacks, tiny_checkpoint):
-    live, candidate, ckpt_b = stacks
-    fp_a, fp_b = open_checkpoint(tiny_checkpoint).fingerprint, open_checkpoint(ckpt_b).fingerprint
-    assert fp_a != fp_b
+def test_a_candidate_shadows_is_promoted_to_a_canary_then_all_and_rolls_back(live, embedded_stack):
+    candidate = embedded_stack
+    fp_live, fp_cand = open_checkpoint(live.checkpoint).fingerprint, open_checkpoint(candidate.checkpoint).fingerprint
+    assert fp_live != fp_cand
     stage_args = [a for k in range(2) for a in ("--stage", candidate.stage_endpoints(k)[0])]
     started = cli(
-        live, "rollout", "start", "--checkpoint", str(ckpt_b), "--vision", candidate.address_of("vision"),
-        *stage_args, "--name", "seed7", "--queue", str(INSPECTIONS), "--json",
+        live, "rollout", "start", "--checkpoint", str(candidate.checkpoint), "--vision", candidate.address_of("vision"),
+        *stage_args, "--name", "candidate", "--queue", str(INSPECTIONS), "--json",
     )  # fmt: skip
     s = json.loads(started.stdout)
-    assert s["state"] == "ROLLOUT_STATE_SHADOW" and s["candidate"]["checkpoint_fingerprint"] == fp_b
+    assert s["state"] == "ROLLOUT_STATE_SHADOW" and s["candidate"]["checkpoint_fingerprint"] == fp_cand
 
-    # 20 live inspections: 20 live reports from A answered and delivered to the line, 20 shadow reports from B
-    # stored apart, none of which reaches the caller or the line.
+    # 20 live inspections: 20 live reports answered and delivered to the line, 20 shadow reports from the
+    # candidate stored apart, none of which reaches the caller or the line.
     with InspectionClient(live.gateway_address, live.api_token) as client:
         answered = [inspect(client, f"station-{k % 2}") for k in range(INSPECTIONS)]
-        assert {r.model.checkpoint_fingerprint for r in answered} == {fp_a}
+        assert {r.model.checkpoint_fingerprint for r in answered} == {fp_live}
         assert not any(r.model.shadow for r in answered)
         deadline = time.monotonic() + 180
-        while (s := status(live))["shadowed"] < INSPECTIONS and time.monotonic() < deadline:
+        while (st := status(live)).shadowed < INSPECTIONS and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert s["shadowed"] == INSPECTIONS, s
-        assert s["skipped"] == 0 and s["shadow_failed"] == 0
+        assert (st.shadowed, st.skipped, st.shadow_failed) == (INSPECTIONS, 0, 0)
         shadow = ReportStore(live.opts.workdir / "shadow-reports.sqlite").list(page_size=500)[0]
         assert len(shadow) == INSPECTIONS
-        assert all(r.model.shadow and r.model.checkpoint_fingerprint == fp_b for r in shadow)
+        assert all(r.model.shadow and r.model.checkpoint_fingerprint == fp_cand for r in shadow)
         assert {r.idempotency_key.removeprefix("shadow:") for r in shadow} == {r.report_id for r in answered}
         listed = client.stub.ListReports(
             inspection_pb2.ListReportsRequest(page_size=500), metadata=client.metadata, timeout=30
         ).reports
         assert {r.report_id for r in listed} == {r.report_id for r in answered}
-        agreed = s["agreed"]
-        assert s["agreement"] == pytest.approx(agreed / INSPECTIONS)
-        assert len(s["disagreements"]) == min(INSPECTIONS - agreed, 20)
-        shown = cli(live, "rollout", "status").stdout
-        assert f"{agreed}/{INSPECTIONS}" in shown
+        assert st.agreement == pytest.approx(st.agreed / INSPECTIONS)
+        assert len(st.disagreements) == min(INSPECTIONS - st.agreed, 20)
+        assert f"{st.agreed}/{INSPECTIONS}" in cli(live, "rollout", "status").stdout
         deadline = time.monotonic() + 30
         while len(LineReceiver.received) < INSPECTIONS and time.monotonic() < deadline:
             time.sleep(0.2)
         assert sorted(LineReceiver.received) == sorted(r.report_id for r in answered)
 
-        # Canary: station-1 gets B, station-0 still A.
+        # Canary: station-1 gets the candidate, station-0 still the live version.
         cli(live, "rollout", "promote", "--station", "station-1")
-        assert inspect(client, "station-1").model.checkpoint_fingerprint == fp_b
-        assert inspect(client, "station-0").model.checkpoint_fingerprint == fp_a
-        # Promote to all: B everywhere, A kept as the previous version; a restarted gateway still serves B.
+        assert inspect(client, "station-1").model.checkpoint_fingerprint == fp_cand
+        assert inspect(client, "station-0").model.checkpoint_fingerprint == fp_live
+        # Promote to all: the candidate everywhere, the old version kept as previous.
         promoted = json.loads(cli(live, "rollout", "promote", "--json").stdout)
-        assert promoted["state"] == "ROLLOUT_STATE_PROMOTED" and promoted["previous"]["checkpoint_fingerprint"] == fp_a
-        assert inspect(client, "station-0").model.checkpoint_fingerprint == fp_b
+        assert promoted["state"] == "ROLLOUT_STATE_PROMOTED"
+        assert promoted["previous"]["checkpoint_fingerprint"] == fp_live
+        assert inspect(client, "station-0").model.checkpoint_fingerprint == fp_cand
+    # A restarted gateway comes back with the promoted version (the configuration followed the promotion).
     live.restart("gateway")
+    assert status(live).live.checkpoint_fingerprint == fp_cand
     with InspectionClient(live.gateway_address, live.api_token) as client:
-        assert inspect(client, "station-0").model.checkpoint_fingerprint == fp_b
-    assert status(live)["live"]["checkpoint_fingerprint"] == fp_b
-    cli(live, "verify", "--checkpoint", str(ckpt_b), "--max-new-tokens", "8")
+        assert inspect(client, "station-0").model.checkpoint_fingerprint == fp_cand
 
-    # Rollback: A everywhere again, checked by status, a report and a verify run against A.
+    # Rollback: the first version everywhere again, checked by status, a report and a verify run.
     rolled = json.loads(cli(live, "rollout", "rollback", "--json").stdout)
-    assert rolled["state"] == "ROLLOUT_STATE_ROLLED_BACK" and rolled["live"]["checkpoint_fingerprint"] == fp_a
+    assert rolled["state"] == "ROLLOUT_STATE_ROLLED_BACK" and rolled["live"]["checkpoint_fingerprint"] == fp_live
     with InspectionClient(live.gateway_address, live.api_token) as client:
-        assert inspect(client, "station-1").model.checkpoint_fingerprint == fp_a
-    cli(live, "verify", "--checkpoint", str(tiny_checkpoint), "--max-new-tokens", "8")
-    assert cli(live, "verify", "--checkpoint", str(ckpt_b), "--max-new-tokens", "8", check=False).returncode == 1
-    assert cli(live, "rollout", "rollback", check=False).returncode == 1  # nothing left to roll back
+        assert inspect(client, "station-1").model.checkpoint_fingerprint == fp_live
+    cli(live, "verify", "--checkpoint", str(live.checkpoint), "--max-new-tokens", "8")
+    again = cli(live, "rollout", "rollback", check=False)  # nothing left to roll back
+    assert again.returncode == 1 and "FAILED_PRECONDITION" in again.stderr
