@@ -1,0 +1,106 @@
+"""The report store's costs: storing a report with its frame vs without, and the console's queries on many reports.
+
+complete() per report, three ways in the same run: report only (the baseline), report + a 53 kB sample frame
+(content-addressed file + 256 px thumbnail), and the same with a byte budget so every store also prunes. Then, on
+N stored reports: ListReports filtered by defect class, by review state, and AggregateReports per station in 8 h
+buckets (the stations page's shift counts), each the median of repeats.
+
+    .venv/bin/python bench/report_store_bench.py            # -> bench/results/report_store.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py when run as a script
+from common import load_average, machine_info, median_ms, write_json  # noqa: E402
+
+from edgeinspect.assets import asset_path  # noqa: E402
+from edgeinspect.config import FrameSettings  # noqa: E402
+from edgeinspect.services.gateway.store import ReportStore  # noqa: E402
+from edgeinspect.v1 import inspection_pb2  # noqa: E402
+
+T0 = datetime(2026, 1, 5, 6, 0, tzinfo=UTC)
+CLASSES = ["porosity", "scratch", "dent", "burr", "crack"]
+# Reports are 7 s apart: 20,000 of them span 1.6 days, so the shift window below (day 1, 06:00-14:00) is full.
+
+
+def _report(store: ReportStore, rng: random.Random, i: int) -> inspection_pb2.DefectReport:
+    report_id, _ = store.claim(f"k{i}", "bench")
+    verdict = rng.choice([1, 1, 2, 3])
+    r = inspection_pb2.DefectReport(report_id=report_id, idempotency_key=f"k{i}", station=f"st{rng.randint(1, 8)}",
+                                    camera_id=f"cam{rng.randint(1, 16)}", verdict=verdict,
+                                    description="x" * 120)  # fmt: skip
+    for c in rng.sample(CLASSES, rng.randint(1, 2)) if verdict == 2 else []:
+        r.defects.add(defect_class=c, severity="minor", location="edge", evidence="seen")
+    r.created_time.FromDatetime(T0 + timedelta(seconds=i * 7))
+    return r
+
+
+def store_per_report_ms(folder: Path, n: int, frames: FrameSettings | None, frame: bytes | None) -> float:
+    rng = random.Random(1)
+    with ReportStore(folder / "reports.sqlite", frames=frames) as store:
+        t0 = time.perf_counter()
+        for i in range(n):
+            # A unique trailer after the JPEG's end marker: a distinct file per report that still decodes.
+            image = frame + i.to_bytes(4, "big") if frame else None
+            store.complete(_report(store, rng, i), image=image)
+        return round((time.perf_counter() - t0) / n * 1e3, 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--writes", type=int, default=300, help="reports stored per complete() variant")
+    parser.add_argument("--reports", type=int, default=20000, help="reports in the database the queries run on")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    info = machine_info(bandwidth=False)
+    frame = asset_path("part_dent.jpg").read_bytes()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        baseline = store_per_report_ms(root / "a", args.writes, None, None)
+        with_frame = store_per_report_ms(root / "b", args.writes, FrameSettings(), frame)
+        pruning = store_per_report_ms(root / "c", args.writes, FrameSettings(max_bytes=50 * len(frame)), frame)
+
+        rng = random.Random(2)
+        with ReportStore(root / "q" / "reports.sqlite") as store:
+            store._db.execute("PRAGMA synchronous=OFF")  # filling only: the queries are what is measured
+            for i in range(args.reports):
+                store.complete(_report(store, rng, i))
+                if i % 10 == 0:
+                    store.review(store.list(page_size=1)[0][0].report_id, 1, [], "", "bench", "admin")
+            queries = {
+                "list_class_page_ms": median_ms(lambda: store.list(defect_class="porosity", page_size=50), 9),
+                "list_disagreed_page_ms": median_ms(lambda: store.list(review=3, page_size=50), 9),
+                "list_station_page_ms": median_ms(lambda: store.list(station="st3", page_size=50), 9),
+                "aggregate_8h_buckets_ms": median_ms(lambda: store.aggregate(bucket_s=8 * 3600), 5),
+                "aggregate_one_shift_ms": median_ms(
+                    lambda: store.aggregate(since=T0 + timedelta(days=1), until=T0 + timedelta(days=1, hours=8)), 9
+                ),
+            }
+    result = {
+        "machine": info,
+        "loadavg_end": load_average(),
+        "writes": args.writes,
+        "reports": args.reports,
+        "complete_ms_per_report": {
+            "report_only": baseline,
+            "with_frame": with_frame,
+            "with_frame_and_pruning": pruning,
+        },
+        "frame_cost_ratio": round(with_frame / baseline, 2),
+        "frame_and_prune_cost_ratio": round(pruning / baseline, 2),
+        "queries_on_reports": queries,
+    }
+    print(write_json("report_store", result, args.out))
+    print(result["complete_ms_per_report"], result["queries_on_reports"])
+
+
+if __name__ == "__main__":
+    main()
