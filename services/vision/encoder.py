@@ -6,12 +6,16 @@ tower (`stats.hits` and the edgeinspect_vision_cache{result="hit"} counter prove
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import hashlib
 import io
 import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +40,31 @@ ENCODE_SECONDS = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 CACHE_LOOKUPS = Counter("edgeinspect_vision_cache", "visual-token cache lookups by result", ["result"])
+
+# Decoded images at least this large (width * height) hand their freed memory back to the OS after encoding.
+TRIM_AFTER_PIXELS = 4_000_000
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None elsewhere (musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    return getattr(libc, "malloc_trim", None)
+
+
+def release_freed_memory() -> None:
+    """Returns the heap pages a big image's buffers left behind to the OS.
+
+    Measured: after one 36 Mpx JPEG the vision process kept ~370 MB more RSS for good, and malloc_trim(0) gives
+    it all back. Why: Pillow allocates pixels in 16 MB blocks, and glibc raises its mmap threshold to the size
+    of the first such block it frees, so every later block comes from the heap of the encoding thread's arena
+    instead of its own mapping; freed, that heap memory stays with the process (glibc only trims the top of the
+    main heap by itself). malloc_trim(0) releases the free pages of every arena. Costs about a millisecond,
+    so it runs only after big images."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 @dataclass(frozen=True)
@@ -108,7 +137,11 @@ class VisionEncoder:
         if cached is not None:
             return EncodeResult(cached, digest, (time.perf_counter() - start) * 1e3, cache_hit=True)
         image = decode_image(data, self.max_image_bytes, self.max_image_pixels)
+        pixels = image.width * image.height
         tokens = self.run(self.preprocess(image))[0]  # [N, D]
+        del image  # the decoded pixels are freed here, before the trim
+        if pixels >= TRIM_AFTER_PIXELS:
+            release_freed_memory()
         if tuple(tokens.shape) != self.output_shape:
             raise FailedPrecondition(
                 f"backend {self.backend.name} returned {tuple(tokens.shape)}, expected {self.output_shape}"
