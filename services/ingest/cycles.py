@@ -155,10 +155,9 @@ class LineSide:
                 break
             except Exception as exc:
                 self.metrics.delivery_errors.labels(camera=cam.id, code=status_for(exc).name).inc()
-                if (
-                    status_for(exc) is not grpc.StatusCode.UNAVAILABLE
-                    or ends - time.monotonic() < 2 * UNAVAILABLE_RETRY_S
-                ):
+                # Stop with a tenth of the budget left, so the PLC hears "unavailable" before the deadline.
+                reserve = max(2 * UNAVAILABLE_RETRY_S, 0.1 * budget_s)
+                if status_for(exc) is not grpc.StatusCode.UNAVAILABLE or ends - time.monotonic() < reserve:
                     raise
                 await asyncio.sleep(UNAVAILABLE_RETRY_S)
         self.metrics.frames_inspected.labels(camera=cam.id).inc()
