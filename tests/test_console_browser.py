@@ -195,7 +195,7 @@ def test_defect_boxes_are_drawn_over_the_frame(browser, console_url, reviewing_s
         report_id, _ = store.claim("", "boxes")
         r = inspection_pb2.DefectReport(
             report_id=report_id, station=STATION, camera_id="cam-3", part="HSG-210",
-            verdict=inspection_pb2.VERDICT_DEFECT, description="dent near the bore",
+            verdict=inspection_pb2.VERDICT_DEFECT, description="dent near the bore <b id=injected>x</b>",
         )  # fmt: skip
         d = r.defects.add(defect_class="dent", severity="major", location="right of the bore", evidence="shadow")
         d.box.x, d.box.y, d.box.width, d.box.height = 0.56, 0.52, 0.14, 0.16
@@ -205,6 +205,8 @@ def test_defect_boxes_are_drawn_over_the_frame(browser, console_url, reviewing_s
     _frame_loaded(page)
     box = page.locator(".defect-box")
     assert box.count() == 1 and "dent (major)" in box.text_content()
+    # Model text is text: markup in it is shown, never run or rendered.
+    assert page.locator("#injected").count() == 0 and "<b id=injected>x</b>" in page.text_content("main")
     frame, drawn = page.locator("[data-testid=frame]").bounding_box(), box.bounding_box()
     assert abs((drawn["x"] - frame["x"]) / frame["width"] - 0.56) < 0.01
     assert abs(drawn["width"] / frame["width"] - 0.14) < 0.01

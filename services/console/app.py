@@ -15,6 +15,7 @@ from typing import Annotated
 from urllib.parse import urlencode
 
 import grpc
+import jinja2
 from fastapi import FastAPI, Form, Request
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -64,7 +65,9 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
 
     app = FastAPI(title="edgeinspect console", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    templates = Jinja2Templates(directory=HERE / "templates")
+    # autoescape for every template: model text (description, evidence) and filters end up in the pages.
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
+    templates = Jinja2Templates(env=env)
     templates.env.globals.update(verdict=views.verdict_label, when=views.local_time, classes_of=views.classes_of)
     sessions: dict[str, Session] = {}
 
