@@ -297,7 +297,9 @@ def fbgemm_vnni() -> bool:
 
 
 def resolve_weights(name: str) -> str:
-    """The format a stage actually runs: `auto` is bf16 where the CPU has fast bf16, else fp32."""
+    """The format a stage actually runs. load_stage resolves `auto` by measurement first (models/autoformat.py);
+    here `auto` is only a guess from CPU flags (bf16 where the CPU has bf16 instructions, else fp32) for callers
+    without a checkpoint to measure. It is often wrong: see autoformat's docstring."""
     if name == "auto":
         chosen = "bf16" if fast_bf16() else "fp32"
         log.info("weights auto -> %s (fast bf16 on this CPU: %s)", chosen, fast_bf16())

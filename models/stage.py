@@ -32,6 +32,7 @@ from edgeinspect.models.checkpoint import (
     layer_prefix,
     load_dtype,
 )
+from edgeinspect.models.int4 import int4_linears
 from edgeinspect.models.kv import KVBuffer
 from edgeinspect.models.quant import (
     Int8Linear,
@@ -109,9 +110,13 @@ def load_stage(
 ) -> StageModule:
     """Builds the stage on the meta device and fills it with just its tensors from the safetensors files.
 
-    Tensors are read one layer at a time; with `weights="int8"` each layer's linears (and the lm_head) are
-    quantized right after reading, so fp32 copies of at most one layer exist at once.
+    Tensors are read one layer at a time; with `weights="int8"` (or "int4", models/int4.py) each layer's linears
+    (and the lm_head) are quantized right after reading, so fp32 copies of at most one layer exist at once.
     """
+    if weights == "auto":  # measured on this CPU for this checkpoint (cached): models/autoformat.py
+        from edgeinspect.models.autoformat import choose_weights
+
+        weights = choose_weights(ckpt).weights
     weights = resolve_weights(weights)
     dtype = load_dtype(weights)
     module = StageModule(ckpt, layers)
@@ -129,6 +134,8 @@ def load_stage(
                 fuse_projections(layer)
             if weights == "int8":
                 quantize_linears(layer, int8_kernel)
+            elif weights == "int4":
+                int4_linears(layer)
             elif use_half16(weights):
                 half16_linears(layer)
                 layer.float()  # norms: activations stay fp32 beside the 16-bit packed weights
@@ -137,6 +144,8 @@ def load_stage(
         raise InvalidInput(f"checkpoint {ckpt.path} lacks weights for {', '.join(leftover[:5])}")
     if weights == "int8" and module.lm_head is not None:
         module.lm_head = Int8Linear.from_linear(module.lm_head, int8_kernel)
+    if weights == "int4" and module.lm_head is not None:  # int8: its error lands on the logits (models/int4.py)
+        module.lm_head = Int8Linear.from_linear(module.lm_head)
     if use_half16(weights):
         for part in (module.aligner, module.norm):
             if part is not None:

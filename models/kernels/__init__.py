@@ -8,7 +8,10 @@ costing more; one call per layer stores the new row of every session in the step
 (measured at 1.3B, 24 layers, one query: SDPA over fp32 18 ms, this kernel over fp16 7.5 ms at 600 positions).
 With several concurrent sessions this attention is what bounds batching (bench/README.md, perf_batching).
 
-The source is compiled with the system C compiler (`$CC`, else `cc`) at -O3 -march=native -fopenmp into a cache
+int4_gemm.c is the int4-weight x int8-activation matmul of models/int4.py (q4_0 grid, VNNI dot products; a
+plain-C path where the CPU has no AVX512-VNNI, correct but slow, which `weights: auto` then measures as such).
+
+Each source is compiled with the system C compiler (`$CC`, else `cc`) at -O3 -march=native -fopenmp into a cache
 folder ($EDGEINSPECT_KERNEL_DIR, default ~/.cache/edgeinspect/kernels), under a name keyed by the source, the
 flags, the compiler and this CPU's flags, so a shared folder never hands one CPU another's build. The library
 links libgomp by soname, so it joins the copy torch has loaded and shares its threads. With no compiler (or
@@ -37,6 +40,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
 ABI_VERSION = 2  # ei_abi_version() of the source this wrapper is written against
+INT4_SOURCE = Path(__file__).with_name("int4_gemm.c")
+INT4_ABI_VERSION = 1
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 ARCH_FLAGS = ("-march=native",)
 COMPILE_TIMEOUT_S = 120
@@ -50,14 +55,14 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
 
-def _build(cc: str, flags: tuple[str, ...], out: Path) -> None:
-    """Compiles SOURCE to `out` atomically (stages starting together may build at once; the last rename wins)."""
+def _build(cc: str, flags: tuple[str, ...], out: Path, source: Path = SOURCE) -> None:
+    """Compiles `source` to `out` atomically (stages starting together may build at once; the last rename wins)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
         subprocess.run(
-            [cc, *flags, str(SOURCE), "-o", tmp, "-lm"],
+            [cc, *flags, str(source), "-o", tmp, "-lm"],
             check=True,
             capture_output=True,
             text=True,
@@ -69,13 +74,13 @@ def _build(cc: str, flags: tuple[str, ...], out: Path) -> None:
             os.unlink(tmp)
 
 
-def _library_path(cc: str, flags: tuple[str, ...]) -> Path:
+def _library_path(cc: str, flags: tuple[str, ...], source: Path = SOURCE) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(flags).encode(), version.encode(), platform.machine().encode()):
+    for part in (source.read_bytes(), " ".join(flags).encode(), version.encode(), platform.machine().encode()):
         key.update(part)
     key.update(" ".join(sorted(cpu_flags())).encode())
-    return kernel_dir() / f"decode_attention-{key.hexdigest()[:16]}.so"
+    return kernel_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -89,29 +94,79 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The compiled kernels, built on first use; None where they cannot be built here (logged once)."""
+def _load(source: Path, bind, what: str) -> ctypes.CDLL | None:
+    """`source` compiled for this CPU (cached) and bound; None where it cannot be built here (logged)."""
     if os.environ.get("EDGEINSPECT_NATIVE_KERNELS", "1").lower() in ("0", "false", "off", "no"):
-        log.info("native kernels off (EDGEINSPECT_NATIVE_KERNELS): decode attention runs torch's SDPA")
+        log.info("native kernels off (EDGEINSPECT_NATIVE_KERNELS): %s runs torch's kernels", what)
         return None
     cc = _compiler()
     if cc is None:
-        log.warning("no C compiler (set CC or install gcc): decode attention runs torch's SDPA, KV cache stays 32-bit")
+        log.warning("no C compiler (set CC or install gcc): %s runs torch's kernels", what)
         return None
     errors = []
     for flags in (BASE_FLAGS + ARCH_FLAGS, BASE_FLAGS):  # some compilers/CPUs refuse -march=native
         try:
-            path = _library_path(cc, flags)
+            path = _library_path(cc, flags, source)
             if not path.exists():
-                log.info("compiling native decode kernels for this CPU -> %s", path)
-                _build(cc, flags, path)
-            return _bind(ctypes.CDLL(str(path)))
+                log.info("compiling native %s kernels for this CPU -> %s", what, path)
+                _build(cc, flags, path, source)
+            return bind(ctypes.CDLL(str(path)))
         except (OSError, subprocess.SubprocessError) as e:
             detail = getattr(e, "stderr", None) or str(e)
             errors.append(f"{' '.join(flags)}: {detail.strip()[-400:]}")
-    log.warning("native decode kernels could not be built (%s): torch's SDPA is used", " | ".join(errors))
+    log.warning("native %s kernels could not be built (%s): torch's kernels are used", what, " | ".join(errors))
     return None
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled decode-attention kernel, built on first use; None where it cannot be built here (logged once).
+    Without it decode attention runs torch's SDPA and the KV cache stays 32-bit."""
+    return _load(SOURCE, _bind, "decode attention")
+
+
+def _bind_int4(lib: ctypes.CDLL) -> ctypes.CDLL:
+    i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    lib.ei_int4_gemm.argtypes = [i32, i32, i32, ptr, i64, ptr, ptr, ptr, i64, i32]
+    lib.ei_int4_gemm.restype = i32
+    lib.ei_int4_simd.restype = i32
+    lib.ei_int4_abi_version.restype = i32
+    if lib.ei_int4_abi_version() != INT4_ABI_VERSION:
+        raise OSError(f"int4 kernel ABI {lib.ei_int4_abi_version()} != {INT4_ABI_VERSION}")
+    return lib
+
+
+@functools.cache
+def int4_library() -> ctypes.CDLL | None:
+    """The compiled int4 x int8 matmul (models/int4.py); None where it cannot be built (int4 then dequantizes)."""
+    return _load(INT4_SOURCE, _bind_int4, "int4 matmul")
+
+
+def int4_fast() -> bool:
+    """Whether the int4 kernel runs its VNNI path here (elsewhere it is a correct but slow plain-C loop)."""
+    lib = int4_library()
+    return lib is not None and bool(lib.ei_int4_simd())
+
+
+def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [R, K] fp32 (rows may be strided) @ the int4 weight (packed [N, K/2] uint8, scales [N, K/32] fp16).T
+    -> [R, N] fp32."""
+    lib = int4_library()
+    n, k = scales.shape[0], x.shape[1]
+    if x.dtype != torch.float32 or x.stride(1) != 1:
+        x = x.float().contiguous()
+    y = torch.empty(x.shape[0], n)
+    rc = lib.ei_int4_gemm(
+        x.shape[0], n, k, x.data_ptr(), x.stride(0), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), n,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise (
+            MemoryError("int4 matmul could not allocate its activation buffers")
+            if rc == -1
+            else ValueError(f"int4 matmul needs K divisible by 64, got {k}")
+        )
+    return y
 
 
 def available() -> bool:

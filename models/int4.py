@@ -1,0 +1,132 @@
+"""int4 weights for decode: group-wise scales on llama.cpp's q4_0 grid, half of int8's bytes per step.
+
+A decode step reads every weight once, so its time is the weight bytes over memory bandwidth: 4-bit weights
+with one fp16 scale per 32 (18 bytes per 32 weights, 0.56 bytes per weight vs int8's 1.0) cut that read almost in
+half. The matmul is our own compiled kernel (models/kernels/int4_gemm.c: activations quantized per group of 32 to
+int8, VNNI dot products, one FMA per group). torch's own int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, bf16
+activations) was measured here first: 36 ms for a [11264, 2048] weight at one row against fbgemm int8's 10 ms,
+so it is not used.
+
+Prompt chunks are compute-bound, not read-bound: there 4 bits buy nothing and our kernel has no GEMM blocking, so
+each Int4Linear also keeps the fbgemm int8 form of the same weight (models/quant.py, quantized from the original
+weights) for steps of more than DECODE_ROWS rows. A stage thus holds 1.56 bytes per weight (int8's 1.0 + 0.56);
+a decode step reads only the 0.56.
+
+Grid (q4_0): per group of 32, d = v / -8 where v is the value of largest magnitude (sign kept), q = round(w / d)
++ 8 clamped to [0, 15], w ~ (q - 8) * d; the extreme value lands exactly on -8 * d.
+Packing (what the kernel reads): per row, blocks of 64 weights in 32 bytes, byte j holding element j (low nibble)
+and element j + 32 (high nibble).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edgeinspect.models import kernels
+from edgeinspect.models.quant import TWO_PASS_LINEARS, Int8Linear
+
+GROUP = 32
+BLOCK = 64  # the kernel's unit: two groups in one 32-byte load
+DECODE_ROWS = 8  # steps of at most this many rows (decode, batched decode) read the int4 weights
+# Linears an int4 stage keeps in int8 (as llama.cpp's Q4_K_M keeps some tensors at higher precision): down_proj
+# reads the heavy-tailed silu(gate) * up and its error is what int4 adds most to; the lm_head's error lands on the
+# logits directly. Measured on the mid-size checkpoint (std 0.02, teacher-forced decode steps): every linear int4
+# min cosine 0.985, lm_head int8 0.988, lm_head + down_proj int8 0.9905. load_stage keeps the lm_head int8.
+INT8_LINEARS = frozenset({"down_proj"})
+
+
+def fits(linear: nn.Linear) -> bool:
+    """Whether a linear's input width suits the kernel's 64-wide blocks."""
+    return linear.in_features % BLOCK == 0
+
+
+def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] (K % 64 == 0) -> (q [N, K] uint8 in [0, 15], scales [N, K/32] fp16) on the q4_0 grid."""
+    n, k = weight.shape
+    w = weight.float().reshape(n, k // GROUP, GROUP)  # [N, G, 32]
+    idx = w.abs().argmax(dim=-1, keepdim=True)
+    d = (w.gather(-1, idx) / -8).squeeze(-1)  # [N, G], signed like q4_0
+    d16 = d.half()
+    inv = torch.where(d16 != 0, 1 / d16.float(), torch.zeros_like(d))  # divide by the scale actually stored
+    q = torch.clamp(torch.round(w * inv[..., None]) + 8, 0, 15).to(torch.uint8)
+    return q.reshape(n, k), d16
+
+
+def pack_q4(q: torch.Tensor) -> torch.Tensor:
+    """q [N, K] uint8 in [0, 15] -> [N, K/2] uint8 in the kernel's layout (see the module docstring)."""
+    n, k = q.shape
+    blocks = q.reshape(n, k // BLOCK, 2, 32)  # [N, B, half, 32]
+    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def unpack_q4(packed: torch.Tensor) -> torch.Tensor:
+    """[N, K/2] -> q [N, K] uint8 (the inverse of pack_q4)."""
+    n, half = packed.shape
+    blocks = packed.reshape(n, half // 32, 32)
+    return torch.stack([blocks & 0x0F, blocks >> 4], dim=2).reshape(n, half * 2)
+
+
+def dequantize_q4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """[N, K] float32: (q - 8) * d per group."""
+    q = unpack_q4(packed).float() - 8
+    n, k = q.shape
+    return (q.reshape(n, k // GROUP, GROUP) * scales.float()[..., None]).reshape(n, k)
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W.T (+ bias) with W on the q4_0 grid for decode rows and fbgemm int8 for prompt chunks."""
+
+    def __init__(self, linear: nn.Linear, two_pass: bool = False, prefill: bool = True):
+        super().__init__()
+        w = linear.weight.detach()
+        self.out_features, self.in_features = w.shape
+        if not fits(linear):
+            raise ValueError(f"int4 needs an input width divisible by {BLOCK}, got {self.in_features}")
+        q, self.scales = quantize_q4(w)  # scales [N, K/32] fp16
+        self.packed = pack_q4(q)  # [N, K/2] uint8
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        # The prompt path: int8 from the original weights (not from the int4 values). None: prompts dequantize.
+        self.prefill = Int8Linear.from_linear(linear, two_pass=two_pass) if prefill else None
+
+    def weight_bytes(self) -> int:
+        """What a decode step reads: K/2 bytes + K/32 fp16 scales per output row."""
+        return self.packed.numel() + 2 * self.scales.numel()
+
+    def dequantized(self) -> torch.Tensor:
+        return dequantize_q4(self.packed, self.scales)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)  # [R, K]
+        if x2.shape[0] > DECODE_ROWS and self.prefill is not None:
+            return self.prefill(x)
+        if kernels.int4_library() is not None:
+            y = kernels.int4_gemm(x2, self.packed, self.scales)  # [R, N]
+        else:
+            y = nn.functional.linear(x2.float(), self.dequantized())
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, group={GROUP}, prefill=int8"
+
+
+def int4_linears(module: nn.Module) -> tuple[int, int]:
+    """Replaces every nn.Linear under `module` by an Int4Linear where its width fits the kernel and it is not in
+    INT8_LINEARS, else by an Int8Linear; returns (int4 count, int8 count)."""
+    n4 = n8 = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            two_pass = name in TWO_PASS_LINEARS
+            if fits(child) and name not in INT8_LINEARS:
+                setattr(module, name, Int4Linear(child, two_pass=two_pass))
+                n4 += 1
+            else:
+                setattr(module, name, Int8Linear.from_linear(child, two_pass=two_pass))
+                n8 += 1
+        else:
+            a, b = int4_linears(child)
+            n4, n8 = n4 + a, n8 + b
+    return n4, n8

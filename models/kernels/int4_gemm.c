@@ -1,0 +1,168 @@
+/* int4 weight x int8 activation matmul for decode rows: y[R, N] = x[R, K] @ W[N, K]^T.
+ *
+ * Built and loaded at run time by models/kernels/__init__.py (ctypes), like decode_attention.c.
+ *
+ * Weights (models/int4.py packs them): per row n, K / 64 blocks of 32 bytes. Byte j of a block holds element j
+ * of the block in its low nibble and element j + 32 in its high nibble, so one 32-byte load splits into the
+ * block's two 32-element groups with an AND and a shift. Each value q in [0, 15] stands for (q - 8) * d, with one
+ * fp16 scale d per group of 32 (llama.cpp's q4_0 grid): 18 bytes per 32 weights.
+ *
+ * Activations are quantized here per row and group of 32 to int8 with an fp32 scale (absmax / 127, like
+ * llama.cpp's q8_0). A group's dot product is then sum(q * xq) - 8 * sum(xq), all in int32: VNNI's vpdpbusd
+ * multiplies the unsigned nibbles by the signed activations, and the 8 * sum(xq) term is folded in by starting
+ * each of the group's 8 accumulator lanes at -sum(xq). One fp32 FMA per group and row applies both scales.
+ * Rows of x are processed 4 at a time so each weight block is unpacked once per 4 rows.
+ * Returns 0, or -1 when the activation buffers cannot be allocated.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GROUP 32
+#define BLOCK 64
+#define ROWS 4
+
+static inline float half_to_float(uint16_t h) {
+    _Float16 f;
+    memcpy(&f, &h, 2);
+    return (float)f;
+}
+
+/* x [R, K] -> xq [R, K] int8, xd [R, K / 32] scales, xs [R, K / 32] sums of each group's int8 values. */
+static void quantize_rows(int R, int K, const float *x, int64_t x_row, int8_t *xq, float *xd, int32_t *xs) {
+    int groups = K / GROUP;
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < groups; g++) {
+            const float *src = x + r * x_row + (int64_t)g * GROUP;
+            float amax = 0.f;
+            for (int i = 0; i < GROUP; i++) amax = fmaxf(amax, fabsf(src[i]));
+            float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+            int32_t sum = 0;
+            int8_t *dst = xq + (int64_t)r * K + (int64_t)g * GROUP;
+            for (int i = 0; i < GROUP; i++) {
+                int v = (int)nearbyintf(src[i] * inv);
+                dst[i] = (int8_t)(v > 127 ? 127 : (v < -127 ? -127 : v));
+                sum += dst[i];
+            }
+            xd[(int64_t)r * groups + g] = d;
+            xs[(int64_t)r * groups + g] = sum;
+        }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define EI_INT4_SIMD 1
+
+/* Output rows [n0, n1) for x rows [r0, r0 + nr), nr <= ROWS. */
+static void rows_simd(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, const uint16_t *wd,
+                      const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
+    const int blocks = K / BLOCK, groups = K / GROUP;
+    (void)groups;
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int n = n0; n < n1; n++) {
+        const uint8_t *wrow = qw + (int64_t)n * (K / 2);
+        const uint16_t *drow = wd + (int64_t)n * groups;
+        __m512 acc[ROWS];
+        for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
+        for (int b = 0; b < blocks; b++) {
+            __m256i packed = _mm256_loadu_si256((const __m256i *)(wrow + (int64_t)b * 32));
+            __m256i lo = _mm256_and_si256(packed, low4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+            __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* [group 2b | group 2b + 1] */
+            uint32_t two;
+            memcpy(&two, drow + 2 * b, 4);
+            __m512 wscale = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(two))));
+            for (int r = 0; r < nr; r++) {
+                int64_t rb = ((int64_t)(r0 + r) * blocks + b) * 16; /* this row's lanes for block b */
+                __m512i start = _mm512_loadu_si512((const void *)(xs + rb));
+                __m512 xscale = _mm512_loadu_ps(xd + rb);
+                __m512i xv = _mm512_loadu_si512((const void *)(xq + (int64_t)(r0 + r) * K + (int64_t)b * BLOCK));
+                __m512i dot = _mm512_dpbusd_epi32(start, w, xv);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wscale, xscale), acc[r]);
+            }
+        }
+        for (int r = 0; r < nr; r++) y[(int64_t)(r0 + r) * y_row + n] = _mm512_reduce_add_ps(acc[r]);
+    }
+}
+#else
+#define EI_INT4_SIMD 0
+#endif
+
+/* Portable path: the same arithmetic in plain C (no VNNI here: slower, but exact to the same int32 sums). */
+static void rows_plain(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, const uint16_t *wd,
+                       const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
+    const int blocks = K / BLOCK, groups = K / GROUP;
+    for (int n = n0; n < n1; n++) {
+        const uint8_t *wrow = qw + (int64_t)n * (K / 2);
+        for (int r = r0; r < r0 + nr; r++) {
+            const int8_t *xrow = xq + (int64_t)r * K;
+            float acc = 0.f;
+            for (int b = 0; b < blocks; b++) {
+                int32_t s0 = 0, s1 = 0;
+                const uint8_t *blk = wrow + (int64_t)b * 32;
+                const int8_t *xb = xrow + (int64_t)b * BLOCK;
+                for (int j = 0; j < 32; j++) {
+                    s0 += (int32_t)(blk[j] & 0x0F) * xb[j];
+                    s1 += (int32_t)(blk[j] >> 4) * xb[j + 32];
+                }
+                int64_t g = (int64_t)r * groups + 2 * b;
+                s0 -= 8 * xs[g];
+                s1 -= 8 * xs[g + 1];
+                acc += (float)s0 * half_to_float(wd[(int64_t)n * groups + 2 * b]) * xd[g];
+                acc += (float)s1 * half_to_float(wd[(int64_t)n * groups + 2 * b + 1]) * xd[g + 1];
+            }
+            y[(int64_t)r * y_row + n] = acc;
+        }
+    }
+}
+
+int ei_int4_gemm(int R, int N, int K, const float *x, int64_t x_row, const uint8_t *qw, const uint16_t *wd, float *y,
+                 int64_t y_row, int threads) {
+    if (K % BLOCK) return -2;
+    const int groups = K / GROUP, blocks = K / BLOCK;
+    int8_t *xq = malloc((size_t)R * K);
+    float *xd = malloc(sizeof(float) * (size_t)R * groups);
+    int32_t *xs = malloc(sizeof(int32_t) * (size_t)R * groups);
+    /* SIMD path: each block's two groups spread over 16 lanes (8 each), the sums negated (the accumulator start) */
+    float *xdl = malloc(sizeof(float) * (size_t)R * blocks * 16);
+    int32_t *xsl = malloc(sizeof(int32_t) * (size_t)R * blocks * 16);
+    int rc = 0;
+    if (!xq || !xd || !xs || !xdl || !xsl) {
+        rc = -1;
+        goto done;
+    }
+    quantize_rows(R, K, x, x_row, xq, xd, xs);
+    for (int64_t rb = 0; rb < (int64_t)R * blocks; rb++)
+        for (int l = 0; l < 16; l++) {
+            xdl[rb * 16 + l] = xd[rb * 2 + l / 8];
+            xsl[rb * 16 + l] = -xs[rb * 2 + l / 8];
+        }
+    const int chunk = 16; /* output rows per task: 16 rows of a 2048-wide weight are 16 KiB */
+    int tasks = (N + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tasks; t++) {
+        int n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+        for (int r0 = 0; r0 < R; r0 += ROWS) {
+            int nr = R - r0 < ROWS ? R - r0 : ROWS;
+#if EI_INT4_SIMD
+            rows_simd(n0, n1, r0, nr, K, qw, wd, xq, xdl, xsl, y, y_row);
+#else
+            rows_plain(n0, n1, r0, nr, K, qw, wd, xq, xd, xs, y, y_row);
+#endif
+        }
+    }
+done:
+    free(xq);
+    free(xd);
+    free(xs);
+    free(xdl);
+    free(xsl);
+    return rc;
+}
+
+/* 1 where the VNNI path was compiled in (the plain path is a correctness fallback, not fast). */
+int ei_int4_simd(void) { return EI_INT4_SIMD; }
+
+int ei_int4_abi_version(void) { return 1; }

@@ -1,0 +1,98 @@
+"""int4 weights: the q4_0 grid and packing, the compiled kernel against the dequantized weights, the stage format,
+and the accuracy of a whole int4 model against fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_perf_int8 import MID, NEW_TOKENS, _case
+from torch import nn
+
+from edgeinspect.config import StageSettings, WeightsDtype
+from edgeinspect.models import kernels
+from edgeinspect.models.accuracy import compare
+from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.models.int4 import DECODE_ROWS, Int4Linear, dequantize_q4, pack_q4, quantize_q4, unpack_q4
+from edgeinspect.models.quant import Int8Linear
+from edgeinspect.models.stage import LayerRange, load_stage
+
+needs_kernel = pytest.mark.skipif(kernels.int4_library() is None, reason="no C compiler: int4 dequantizes")
+
+
+def test_q4_grid_keeps_each_group_within_half_a_step():
+    torch.manual_seed(0)
+    w = torch.randn(16, 256) * torch.logspace(-3, 1, 16)[:, None]  # rows 4 decades apart
+    q, d = quantize_q4(w)
+    assert q.dtype == torch.uint8 and int(q.max()) <= 15 and d.shape == (16, 8) and d.dtype == torch.float16
+    deq = dequantize_q4(pack_q4(q), d)
+    step = d.float().repeat_interleave(32, dim=1)  # [16, 256], signed
+    err = (deq - w).abs()
+    on_grid = (w / step >= -8) & (w / step <= 7)  # q4_0's grid is [-8, 7] steps: the far side clips at 7
+    assert torch.all(err[on_grid] <= step.abs()[on_grid] / 2 * 1.01 + 1e-7)
+    assert torch.all(err <= step.abs() * 1.01 + 1e-7)  # a clipped value is at most one step off
+    # the largest magnitude of each group lands exactly on -8 * d (q4_0's choice of sign)
+    groups = w.reshape(16, 8, 32)
+    extreme = groups.gather(-1, groups.abs().argmax(-1, keepdim=True)).squeeze(-1)
+    assert torch.allclose(-8 * d.float(), extreme, rtol=1e-3)
+
+
+def test_packing_round_trips_and_halves_the_bytes():
+    q = torch.randint(0, 16, (8, 128), dtype=torch.uint8)
+    packed = pack_q4(q)
+    assert packed.shape == (8, 64)
+    assert torch.equal(unpack_q4(packed), q)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, DECODE_ROWS])
+def test_kernel_matches_the_dequantized_weights(rows):
+    torch.manual_seed(1)
+    lin = nn.Linear(512, 320, bias=True)
+    q4 = Int4Linear(lin)
+    x = torch.randn(rows, 512)
+    ref = x @ q4.dequantized().T + lin.bias
+    got = q4(x)
+    assert got.shape == (rows, 320) and got.dtype == torch.float32
+    # the only difference is the activations' int8 rounding per group of 32 (about 1e-5 in cosine)
+    cos = nn.functional.cosine_similarity(got.flatten(), ref.detach().flatten(), dim=0)
+    assert cos > 0.9999, cos
+    # and strided rows (a column slice of a wider tensor) give the same result
+    wide = torch.randn(rows, 1024)
+    wide[:, :512] = x
+    assert torch.allclose(q4(wide[:, :512]), got, atol=1e-5)
+
+
+def test_prompt_chunks_run_the_int8_copy():
+    torch.manual_seed(2)
+    lin = nn.Linear(256, 128, bias=False)
+    q4 = Int4Linear(lin)
+    x = torch.randn(DECODE_ROWS + 5, 256)
+    assert torch.equal(q4(x), q4.prefill(x))
+    assert q4.weight_bytes() == 128 * 256 // 2 + 2 * 128 * 256 // 32  # what a decode step reads
+
+
+def test_int4_stage_replaces_linears_and_falls_back_to_int8_where_width_does_not_fit(tiny_checkpoint):
+    ckpt = open_checkpoint(tiny_checkpoint)
+    module = load_stage(ckpt, LayerRange(2, 5, ckpt.num_layers), "int4")
+    assert module.weights == "int4"
+    assert not [n for n, m in module.named_modules() if isinstance(m, nn.Linear)]
+    layer = module.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, Int4Linear)  # width 64
+    assert isinstance(layer.mlp.gate_up_proj, Int4Linear)
+    assert isinstance(layer.mlp.down_proj, Int8Linear)  # INT8_LINEARS (and width 176 would not fit anyway)
+    assert isinstance(module.lm_head, Int8Linear)  # its error lands on the logits directly
+    cfg = StageSettings.load(None, checkpoint=tiny_checkpoint, layer_start=0, layer_end=1, weights="int4")
+    assert cfg.weights is WeightsDtype.int4
+
+
+@pytest.fixture(scope="module")
+def mid_checkpoint(tmp_path_factory):
+    from edgeinspect.models.tiny import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("ckpt") / "mid", MID)
+
+
+def test_int4_logits_stay_close_to_fp32_at_trained_scale(mid_checkpoint, part_images):
+    acc = compare(*_case(mid_checkpoint, part_images[1]), "int4", NEW_TOKENS)
+    print(f"mid-size int4 vs fp32: {acc}")
+    assert acc.min_cosine >= 0.99  # the bound perf_accuracy gates formats with
