@@ -161,7 +161,13 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
     @app.get("/stations/live", response_class=HTMLResponse)
     async def stations_live(request: Request) -> HTMLResponse:
         session = session_of(request)
-        return page(request, "station_cards.jinja", **(await stations_context(session)))
+        try:
+            context = await stations_context(session)
+        except grpc.aio.AioRpcError as exc:
+            # The poll swaps this in: say the data is stale rather than keep showing it as if live.
+            line = f"gateway {exc.code().name.lower()} since {time.strftime('%H:%M:%S')}: no new reports shown"
+            return page(request, "station_cards.jinja", stations=[], shift={}, cluster=line, shift_since="-")
+        return page(request, "station_cards.jinja", **context)
 
     @app.get("/reports", response_class=HTMLResponse)
     async def reports(request: Request, page_token: str = "") -> HTMLResponse:
