@@ -166,7 +166,8 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
         except grpc.aio.AioRpcError as exc:
             # The poll swaps this in: say the data is stale rather than keep showing it as if live.
             line = f"gateway {exc.code().name.lower()} since {time.strftime('%H:%M:%S')}: no new reports shown"
-            return page(request, "station_cards.jinja", stations=[], shift={}, cluster=line, shift_since="-")
+            empty = {"stations": [], "shift": {}, "shift_since": "-", "stale": True}
+            return page(request, "station_cards.jinja", cluster=line, **empty)
         return page(request, "station_cards.jinja", **context)
 
     @app.get("/reports", response_class=HTMLResponse)
