@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +30,13 @@ from edgeinspect.config import (
     write_yaml,
 )
 from edgeinspect.errors import InvalidInput, Unavailable
-from edgeinspect.services.common.lifecycle import PARENT_PID_ENV, RestartPolicy
+from edgeinspect.services.common.lifecycle import (
+    PARENT_PID_ENV,
+    RestartPolicy,
+    RoleProcess,
+    supervise_step,
+    terminate,
+)
 from edgeinspect.services.console.settings import ConsoleSettings
 from edgeinspect.services.stack_security import StackCredentials, stack_credentials
 
@@ -75,35 +80,6 @@ class StackOptions:
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     extra_env: dict[str, str] = field(default_factory=dict)
     console_port: int | None = None  # `up`: the web console on this HTTP port (0: a free one); None: none
-
-
-@dataclass
-class RoleProcess:
-    name: str  # unique: "vision", "stage0", "stage0r1" (replica 1 of range 0), "gateway"
-    proc: subprocess.Popen
-    port: int
-    log_path: Path
-    role: str = ""  # key of ROLES: what the process runs
-    config_path: Path | None = None
-    layers: tuple[int, int] | None = None  # stages: the layer range [a, b) served
-    replica: int = 0
-    restarts: int = 0  # times the supervisor or restart() started it again
-    crashes_in_a_row: int = 0
-    started_at: float = field(default_factory=time.monotonic)
-    restart_at: float | None = None  # the supervisor's scheduled restart
-    given_up: bool = False  # crashed too often in a row: the supervisor no longer restarts it
-    held: bool = False  # being stopped or restarted on purpose: the supervisor keeps out
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_tail(self, lines: int = 20) -> str:
-        """The last lines of the role's log (what to show when it died)."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 def ensure_tiny_checkpoint(workdir: Path) -> Path:
@@ -411,7 +387,7 @@ class LocalStack:
             role.held = True
             role.restart_at = None
         try:
-            self._terminate([role], timeout_s=10.0)
+            terminate([role], timeout_s=10.0)
             with self._lock:
                 self._relaunch(role)
                 role.given_up, role.crashes_in_a_row = False, 0
@@ -447,55 +423,12 @@ class LocalStack:
             changed = False
             with self._lock:
                 for role in self.roles:
-                    changed |= self._check(role, policy)
+                    if not self._stopping.is_set():
+                        changed |= supervise_step(role, policy, self._relaunch)
+                if changed:
+                    self._changed.notify_all()  # wait_restarted sees restarts and give-ups at once
             if changed:
                 self._write_stack_file()
-
-    def _check(self, role: RoleProcess, policy: RestartPolicy) -> bool:
-        if role.held or role.given_up or self._stopping.is_set():
-            return False
-        now = time.monotonic()
-        if role.restart_at is not None:
-            if now < role.restart_at:
-                return False
-            role.restart_at = None
-            self._relaunch(role)
-            log.warning("%s restarted on port %d (pid %d)", role.name, role.port, role.pid)
-            return True
-        code = role.proc.poll()
-        if code is None:
-            return False
-        role.crashes_in_a_row = policy.next_count(role.crashes_in_a_row, now - role.started_at)
-        delay = policy.delay(role.crashes_in_a_row)
-        if delay is None:
-            role.given_up = True
-            self._changed.notify_all()
-            log.error(
-                "%s exited with code %s, its %d crash in a row; not restarting it again. Its log (%s) ends:\n%s",
-                role.name,
-                code,
-                role.crashes_in_a_row,
-                role.log_path,
-                role.log_tail(),
-            )
-            return True
-        attempt = role.crashes_in_a_row + 1  # the run about to start; the first run was attempt 1
-        log.warning("%s exited with code %s; restarting in %.1f s (attempt %d)", role.name, code, delay, attempt)
-        role.restart_at = now + delay
-        return True
-
-    def _terminate(self, roles: list[RoleProcess], timeout_s: float) -> None:
-        for role in roles:
-            if role.proc.poll() is None:
-                role.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for role in roles:
-            try:
-                role.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0f s of SIGTERM; killing it", role.name, timeout_s)
-                role.proc.kill()
-                role.proc.wait()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Ends every role: the gateway first, SIGTERM (in-flight calls get their grace), SIGKILL after timeout_s."""
@@ -507,7 +440,7 @@ class LocalStack:
             for role in self.roles:
                 role.held = True
             roles = list(reversed(self.roles))
-        self._terminate(roles, timeout_s)
+        terminate(roles, timeout_s)
         if self._spawner is not None:
             self._spawner.shutdown()
             self._spawner = None

@@ -18,7 +18,7 @@ import pytest
 from edgeinspect.assets import asset_path
 from edgeinspect.config import GatewaySettings
 from edgeinspect.services.client import InspectionClient
-from edgeinspect.services.common.lifecycle import RestartPolicy, signals_as_interrupt
+from edgeinspect.services.common.lifecycle import RestartPolicy, RoleProcess, signals_as_interrupt, supervise_step
 from edgeinspect.services.launcher import LocalStack, StackOptions, free_ports, stage_name
 from edgeinspect.v1 import stage_pb2, stage_pb2_grpc
 
@@ -117,7 +117,7 @@ def test_sigkill_of_up_takes_every_role_with_it(tmp_path, tiny_checkpoint):
 def test_a_supervised_stage_killed_comes_back_on_its_port_and_the_stack_inspects_again(
     tmp_path, tiny_checkpoint, caplog
 ):
-    caplog.set_level("WARNING", logger="edgeinspect.services.launcher")
+    caplog.set_level("WARNING")
     fast = RestartPolicy(base_s=0.2, max_s=1.0)
     opts = StackOptions(workdir=tmp_path, checkpoint=tiny_checkpoint, stages=2, supervise=True, restart_policy=fast)
     image = asset_path("part_dent.jpg").read_bytes()
@@ -129,7 +129,7 @@ def test_a_supervised_stage_killed_comes_back_on_its_port_and_the_stack_inspects
         assert role.port == port and role.pid != pid and role.restarts == 1
         listed = {r["name"]: r for r in json.loads(stack.stack_file.read_text())["roles"]}
         assert listed["stage1"]["pid"] == role.pid and listed["stage1"]["address"] == f"127.0.0.1:{port}"
-        said = [r.getMessage() for r in caplog.records if r.name == "edgeinspect.services.launcher"]
+        said = [r.getMessage() for r in caplog.records]
         assert any(m.startswith("stage1 exited with code -9; restarting in 0.2 s (attempt 2)") for m in said), said
         report = _inspect_until_it_works(stack, image, within_s=30.0)
         assert report.report_id and len(report.generated_token_ids) > 0
@@ -214,3 +214,32 @@ def test_up_with_a_kb_folder_that_holds_no_index_says_so_before_starting_anythin
     assert out.returncode != 0
     assert "holds no index" in out.stderr and "edgeinspect kb index" in out.stderr
     assert not (tmp_path / "w" / "run").exists()  # no role was started
+
+
+def test_a_role_that_keeps_crashing_is_given_up_on_after_the_bound_and_says_why(tmp_path, caplog):
+    caplog.set_level("WARNING")
+    log_path = tmp_path / "crashy.log"
+    crash = [sys.executable, "-c", "import sys; print('bad config: no such checkpoint'); sys.exit(3)"]
+
+    def launch() -> subprocess.Popen:
+        with log_path.open("ab") as f:
+            return subprocess.Popen(crash, stdout=f, stderr=subprocess.STDOUT)
+
+    def relaunch(role: RoleProcess) -> None:
+        role.proc, role.started_at = launch(), time.monotonic()
+
+    role = RoleProcess("stage1", launch(), 50123, log_path, "stage")
+    policy = RestartPolicy(base_s=0.1, max_s=0.4, max_restarts=3)
+    deadline = time.monotonic() + 60
+    while not role.given_up and time.monotonic() < deadline:
+        supervise_step(role, policy, relaunch)
+        time.sleep(0.01)
+    assert role.given_up and role.crashes_in_a_row == 4 and role.proc.poll() == 3
+    said = [r.getMessage() for r in caplog.records]
+    assert [m.split(";")[1].strip() for m in said if "; restarting in" in m] == [
+        "restarting in 0.1 s (attempt 2)",
+        "restarting in 0.2 s (attempt 3)",
+        "restarting in 0.4 s (attempt 4)",
+    ]
+    assert "stage1 exited with code 3 after 4 crashes in a row; not restarting it again" in said[-1]
+    assert "bad config: no such checkpoint" in said[-1]  # the log's tail, so the cause is on the screen

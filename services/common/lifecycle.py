@@ -21,11 +21,13 @@ import ctypes
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from edgeinspect.services.common.retry import backoff_delays
 
@@ -98,6 +100,85 @@ class RestartPolicy:
     def next_count(self, restarts_in_a_row: int, ran_s: float) -> int:
         """The crash count after a run of ran_s seconds ended in a crash."""
         return 1 if ran_s >= self.stable_s else restarts_in_a_row + 1
+
+
+@dataclass
+class RoleProcess:
+    name: str  # unique in its stack: "vision", "stage0", "stage0r1" (replica 1 of range 0), "gateway"
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+    role: str = ""  # what the process runs (launcher.ROLES key)
+    config_path: Path | None = None
+    layers: tuple[int, int] | None = None  # stages: the layer range [a, b) served
+    replica: int = 0
+    restarts: int = 0  # times the supervisor or restart() started it again
+    crashes_in_a_row: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+    restart_at: float | None = None  # the supervisor's scheduled restart
+    given_up: bool = False  # crashed too often in a row: the supervisor no longer restarts it
+    held: bool = False  # being stopped or restarted on purpose: the supervisor keeps out
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the role's log (what to show when it died)."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def supervise_step(role: RoleProcess, policy: RestartPolicy, relaunch: Callable[[RoleProcess], None]) -> bool:
+    """One supervisor look at one role (under the stack's lock): schedule the restart of a crashed one, run a
+    restart that is due, or give up on it. Returns whether anything changed (the stack file is rewritten)."""
+    if role.held or role.given_up:
+        return False
+    now = time.monotonic()
+    if role.restart_at is not None:
+        if now < role.restart_at:
+            return False
+        role.restart_at = None
+        relaunch(role)
+        log.warning("%s restarted on port %d (pid %d)", role.name, role.port, role.pid)
+        return True
+    code = role.proc.poll()
+    if code is None:
+        return False
+    role.crashes_in_a_row = policy.next_count(role.crashes_in_a_row, now - role.started_at)
+    delay = policy.delay(role.crashes_in_a_row)
+    if delay is None:
+        role.given_up = True
+        log.error(
+            "%s exited with code %s after %d crashes in a row; not restarting it again. Its log (%s) ends:\n%s",
+            role.name,
+            code,
+            role.crashes_in_a_row,
+            role.log_path,
+            role.log_tail(),
+        )
+        return True
+    attempt = role.crashes_in_a_row + 1  # the run about to start; the first run was attempt 1
+    log.warning("%s exited with code %s; restarting in %.1f s (attempt %d)", role.name, code, delay, attempt)
+    role.restart_at = now + delay
+    return True
+
+
+def terminate(roles: list[RoleProcess], timeout_s: float) -> None:
+    """SIGTERM to each (their grace runs), then SIGKILL to whatever still runs after timeout_s."""
+    for role in roles:
+        if role.proc.poll() is None:
+            role.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for role in roles:
+        try:
+            role.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0f s of SIGTERM; killing it", role.name, timeout_s)
+            role.proc.kill()
+            role.proc.wait()
 
 
 class StopSignal(KeyboardInterrupt):
