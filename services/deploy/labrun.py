@@ -81,10 +81,9 @@ class PlantRun:
                 (mount / name).symlink_to(src / file)
         return str(mount)
 
-    def ca_file(self, box: str) -> Path | None:
-        """The plant CA as `box` holds it (None: the plant runs without TLS)."""
-        ca = self.logs / f"tls-{box}" / tls.CA_FILE
-        return ca if ca.exists() else None
+    def ca_file(self) -> Path | None:
+        """The plant CA, as the boxes hold it (None: the plant runs without TLS)."""
+        return next((p for p in sorted(self.logs.glob(f"tls-*/{tls.CA_FILE}")) if p.exists()), None)
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Waits until every role answers SERVING (one `healthcheck --wait` per role, inside its box); raises
@@ -123,7 +122,7 @@ class PlantRun:
         """One inspection from inside `box`'s namespace; the smoke command's JSON."""
         argv = [EDGEINSPECT, "deploy", "smoke", "-g", gateway, "--image", str(image), "--token", token, "--json"]
         argv += ["--timeout", str(timeout_s)]
-        ca = next((self.ca_file(b) for b in sorted({b for b, _ in self.servers}) if self.ca_file(b)), None)
+        ca = self.ca_file()
         if ca is not None:
             argv += ["--ca", str(ca)]
         done = subprocess.run(
