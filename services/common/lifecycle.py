@@ -68,7 +68,8 @@ def watch_parent(parent_pid: int, interval_s: float = 0.5, kill_after_s: float =
 
 def die_with_launcher() -> None:
     """Called first thing in a role process: when a launcher started it, end it when the launcher ends."""
-    value = os.environ.get(PARENT_PID_ENV, "")
+    # Popped: a process this role starts in turn must not take the launcher for its own parent and exit.
+    value = os.environ.pop(PARENT_PID_ENV, "")
     if not value.isdigit():
         return  # started by hand, systemd or a container runtime: its lifetime is theirs to manage
     parent_pid = int(value)
