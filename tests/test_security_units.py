@@ -150,6 +150,7 @@ def test_method_table_defaults_to_deny(method, role, ok):
     ],
 )
 def test_redaction_removes_addresses_paths_and_exception_names(text):
+    assert redact("layers [3,5) of stage [gateway] at position 12") == "layers [3,5) of stage [gateway] at position 12"
     clean = redact(text)
     for leak in ("127.0.0.1", "39575", "50061", "::1", "/var/lib", "DecodeError", "ValueError", "stage-1:"):
         assert leak not in clean, clean

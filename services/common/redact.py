@@ -13,7 +13,7 @@ import grpc
 # Order matters: gRPC's "ipv4:1.2.3.4:5" first, then host:port pairs, then bare addresses.
 _PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\b(?:ipv[46]|unix|dns):[^\s,;\"')]+"), "an internal address"),
-    (re.compile(r"\[[0-9A-Fa-f:.%\w]+\](?::\d+)?"), "an internal address"),  # [::1]:50051
+    (re.compile(r"\[[0-9A-Fa-f.%]*:[0-9A-Fa-f:.%]*\](?::\d+)?"), "an internal address"),  # [::1]:50051
     (re.compile(r"\b(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?\b"), "an internal address"),
     (re.compile(r"\b[A-Za-z][\w.-]*:\d{2,5}\b"), "an internal address"),  # stage-1:50061, localhost:50051
     (re.compile(r"(?<![\w/])(?:~|\.{1,2})?(?:/[\w.@+~-]+){2,}/?"), "a server-side path"),
