@@ -126,6 +126,19 @@ def test_a_candidate_shadows_is_promoted_to_a_canary_then_all_and_rolls_back(liv
             time.sleep(0.2)
         assert sorted(LineReceiver.received) == sorted(r.report_id for r in answered)
 
+    # A restarted gateway resumes the shadow from its rollout record.
+    live.restart("gateway")
+    with InspectionClient(live.gateway_address, live.api_token) as client:
+        inspect(client, "station-0")
+        deadline = time.monotonic() + 120
+        while (st := status(live)).shadowed < INSPECTIONS + 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert (st.state, st.shadowed, st.candidate.checkpoint_fingerprint) == (
+            rollout_pb2.ROLLOUT_STATE_SHADOW,
+            INSPECTIONS + 1,
+            fp_cand,
+        )
+
         # Canary: station-1 gets the candidate, station-0 still the live version.
         cli(live, "rollout", "promote", "--station", "station-1")
         assert inspect(client, "station-1").model.checkpoint_fingerprint == fp_cand

@@ -27,8 +27,8 @@ def test_a_promotion_survives_a_restart_and_an_edited_config_wins_otherwise(tmp_
     a = v.version_of(cfg)
     b = v.Version("b", str(tmp_path / "ckpt-b"), "127.0.0.1:11", ("127.0.0.1:12",), prompt="look closer")
     path = v.state_path(cfg)
-    v.save_record(path, v.Record(v.SHADOW, a, b, None, [], v.now_iso()))
-    assert v.load_record(path) == v.Record(v.SHADOW, a, b, None, [], v.load_record(path).started)
+    v.save_record(path, v.Record(v.SHADOW, a, b, None, [], v.now_iso(), (2, 16)))
+    assert v.load_record(path) == v.Record(v.SHADOW, a, b, None, [], v.load_record(path).started, (2, 16))
     assert v.apply_record(cfg) == cfg  # shadowing: the gateway starts as configured
     v.save_record(path, v.Record(v.PROMOTED, b, None, a, [], v.now_iso()))
     promoted = v.apply_record(cfg)

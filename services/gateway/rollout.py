@@ -97,7 +97,7 @@ class RolloutManager:
         if self.record.state in (v.SHADOW, v.CANARY) and self.record.candidate is not None:
             try:
                 await self._connect(self.record.candidate, wait_s=0)
-                self._start_shadow(1, DEFAULT_QUEUE)
+                self._start_shadow(*self.record.shadow)
             except Exception as exc:  # a candidate that is gone must not keep the live version from serving
                 log.error("rollout: candidate %s not resumed after restart: %s", self.record.candidate.name, exc)
         self._save()
@@ -202,9 +202,10 @@ class RolloutManager:
                 raise InvalidInput(f"the candidate's name {candidate.name!r} is the live version's: give it another")
             inspector = await self._connect(candidate)
             candidate = replace(candidate, fingerprint=inspector.ckpt.fingerprint)
-            self.record = v.Record(v.SHADOW, self.record.live, candidate, self.record.previous, [], v.now_iso())
+            shadow = (in_flight or 1, queue or DEFAULT_QUEUE)
+            self.record = v.Record(v.SHADOW, self.record.live, candidate, self.record.previous, [], v.now_iso(), shadow)
             self._save()
-            self._start_shadow(in_flight or 1, queue or DEFAULT_QUEUE)
+            self._start_shadow(*shadow)
             log.info("rollout: %s (%s) shadows %s", candidate.name, candidate.fingerprint, self.record.live.name)
         return await self.status(0)
 

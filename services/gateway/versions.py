@@ -99,6 +99,7 @@ class Record:
     previous: Version | None = None
     canary: list[str] = field(default_factory=list)
     started: str = ""
+    shadow: tuple[int, int] = (1, 64)  # (in flight, queue) of the shadow: kept so a restart resumes it alike
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,7 +110,7 @@ class Record:
             return Version.from_dict(x) if x else None
 
         return cls(d["state"], v(d["live"]), v(d.get("candidate")), v(d.get("previous")), d.get("canary", []),
-                   d.get("started", ""))  # fmt: skip
+                   d.get("started", ""), tuple(d.get("shadow", (1, 64))))  # fmt: skip
 
     def to_proto(self) -> rollout_pb2.RolloutStatus:
         out = rollout_pb2.RolloutStatus(state=_STATE_PROTO[self.state], live=self.live.to_proto())
