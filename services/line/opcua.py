@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from asyncua import Server, ua
 
+from edgeinspect.services.ingest.delivery import idempotency_key
 from edgeinspect.services.line.config import OpcUaConfig, Security, StationLineConfig
 from edgeinspect.services.line.handshake import (
     Handshake,
@@ -94,8 +95,6 @@ class StationDriver:
 
     async def step(self) -> None:
         trigger, ack = bool(self._read("Trigger")), bool(self._read("ResultAck"))
-        from edgeinspect.services.ingest.delivery import idempotency_key
-
         # The cycle id doubles as the inspection's idempotency key: the gateway's report carries it.
         cycle_id = idempotency_key(self.station.camera_id, time.time()) if trigger else ""
         async with self._lock:

@@ -18,6 +18,7 @@ from edgeinspect.services.common.retry import backoff_delays
 from edgeinspect.services.outputs.config import OutputsConfig
 from edgeinspect.services.outputs.outbox import Outbox
 from edgeinspect.services.outputs.result import LineResult, from_report, is_shadow
+from edgeinspect.services.outputs.webhook import Rejected, WebhookOutput
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,6 @@ class OutputWorker:
         self._wake.set()
 
     async def run(self) -> None:
-        from edgeinspect.services.outputs.webhook import Rejected
-
         name = self.sender.name
         delays = retry_delays(self.cfg.retry_base_s, self.cfg.retry_max_s)
         while True:
@@ -105,8 +104,6 @@ def make_senders(cfg: OutputsConfig) -> list[Sender]:
 
         senders.append(MqttOutput(cfg.mqtt))
     if cfg.webhooks:
-        from edgeinspect.services.outputs.webhook import WebhookOutput
-
         for i, hook in enumerate(cfg.webhooks):
             senders.append(WebhookOutput(hook, hook.name or f"webhook{i}"))
     return senders
