@@ -162,6 +162,7 @@ class LocalStack:
         self._stopping = threading.Event()
         self._spawner: ThreadPoolExecutor | None = None
         self._supervisor: threading.Thread | None = None
+        self._killed: dict[str, int] = {}  # name -> the pid kill() ended last (wait_restarted's default)
 
     def __enter__(self) -> LocalStack:
         try:
@@ -372,9 +373,9 @@ class LocalStack:
 
     def kill(self, name: str) -> int:
         """SIGKILL one role (failure tests); returns the pid it had. Supervised, it comes back by itself:
-        `wait_restarted(name, pid)` waits for that."""
+        `wait_restarted(name)` waits for that."""
         role = self.role(name)
-        pid = role.pid
+        pid = self._killed[name] = role.pid
         role.proc.kill()
         role.proc.wait()
         return pid
@@ -399,8 +400,11 @@ class LocalStack:
                 role.held = False
             self._write_stack_file()
 
-    def wait_restarted(self, name: str, old_pid: int, timeout_s: float | None = None) -> RoleProcess:
-        """Until the supervisor has started `name` again (a pid other than old_pid) and it is SERVING."""
+    def wait_restarted(self, name: str, old_pid: int | None = None, timeout_s: float | None = None) -> RoleProcess:
+        """Until the supervisor has started `name` again (a pid other than old_pid: by default the one kill()
+        ended, else the current one) and it is SERVING."""
+        if old_pid is None:
+            old_pid = self._killed.get(name) or self.role(name).pid
         deadline = time.monotonic() + (timeout_s or self.opts.start_timeout_s)
         with self._changed:
             while True:
