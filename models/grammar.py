@@ -143,6 +143,24 @@ class LogitsConstraint:
         xgr.apply_token_bitmask_inplace(logits.view(1, -1), self._bitmask, vocab_size=self.vocab_size)
         return logits
 
+    def forced_tokens(self, limit: int) -> list[int]:
+        """Jump-forward: the tokens the grammar forces from here (exactly one token allowed at each), accepted.
+
+        Where the bitmask admits a single token, greedy sampling over the masked logits can only pick that token,
+        whatever the model says, so appending it without a decode step leaves the output token for token what the
+        step-by-step run writes (a forced-string jump would not: the same text can be spelt by other tokens). The
+        stop token counts: a complete object is followed by EOS alone. At most `limit` tokens.
+        """
+        out: list[int] = []
+        while len(out) < limit and not self.finished and not self.dead_end:
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+            token = single_allowed(self._bitmask[0], self.vocab_size)
+            if token is None:
+                break
+            self.advance(token)
+            out.append(token)
+        return out
+
     def advance(self, token: int) -> None:
         """Moves the matcher past the sampled token; a token the grammar refused is an error, never ignored."""
         if self.dead_end and token == self.eos_id:
@@ -151,6 +169,19 @@ class LogitsConstraint:
             raise FailedPrecondition(f"grammar {self.grammar_id}: the object is complete; no token may follow EOS")
         if not self._matcher.accept_token(int(token)):
             raise FailedPrecondition(f"grammar {self.grammar_id}: token {token} does not continue the object")
+
+
+def single_allowed(bitmask: torch.Tensor, vocab_size: int) -> int | None:
+    """The one token id a [ceil(vocab / 32)] int32 bitmask allows, or None when it allows none or several."""
+    words = torch.nonzero(bitmask).flatten()
+    if words.numel() != 1:
+        return None
+    w = int(words[0])
+    bits = int(bitmask[w]) & 0xFFFFFFFF  # int32 words: bit 31 reads negative
+    if bits & (bits - 1):
+        return None
+    token = w * 32 + bits.bit_length() - 1
+    return token if token < vocab_size else None
 
 
 def _only(logits: torch.Tensor, token: int) -> torch.Tensor:

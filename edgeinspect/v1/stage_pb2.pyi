@@ -37,18 +37,20 @@ class HandshakeResponse(_message.Message):
     def __init__(self, server: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., codecs: _Optional[_Iterable[_Union[_tensor_pb2.Codec, str]]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "seed", "grammar_id", "grammar_json")
+    __slots__ = ("temperature", "top_p", "seed", "grammar_id", "grammar_json", "max_forced_tokens")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_ID_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_JSON_FIELD_NUMBER: _ClassVar[int]
+    MAX_FORCED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     seed: int
     grammar_id: str
     grammar_json: str
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., grammar_id: _Optional[str] = ..., grammar_json: _Optional[str] = ...) -> None: ...
+    max_forced_tokens: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., grammar_id: _Optional[str] = ..., grammar_json: _Optional[str] = ..., max_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class SessionStep(_message.Message):
     __slots__ = ("session_id", "position", "input_ids", "hidden", "visual_tokens", "sampling", "return_logits", "prefill_chunk", "prefix", "micro_batch", "max_positions")
@@ -95,18 +97,20 @@ class StepRequest(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[SessionStep, _Mapping]]] = ..., output_codec: _Optional[_Union[_tensor_pb2.Codec, str]] = ..., output_zstd: _Optional[bool] = ...) -> None: ...
 
 class SessionResult(_message.Message):
-    __slots__ = ("session_id", "cached_length", "hidden", "token_id", "logits")
+    __slots__ = ("session_id", "cached_length", "hidden", "token_id", "logits", "forced_token_ids")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     CACHED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     LOGITS_FIELD_NUMBER: _ClassVar[int]
+    FORCED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     cached_length: int
     hidden: _tensor_pb2.TensorFrame
     token_id: int
     logits: _tensor_pb2.TensorFrame
-    def __init__(self, session_id: _Optional[str] = ..., cached_length: _Optional[int] = ..., hidden: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., token_id: _Optional[int] = ..., logits: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ...) -> None: ...
+    forced_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., cached_length: _Optional[int] = ..., hidden: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., token_id: _Optional[int] = ..., logits: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., forced_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StageTiming(_message.Message):
     __slots__ = ("stage", "compute_ms", "wire_ms")

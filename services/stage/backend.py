@@ -13,7 +13,7 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -59,6 +59,7 @@ class SessionWork:
     prefix_length: int = 0  # ... and its positions
     micro_batch: int = 0  # pipeline micro-batch group: one group per forward pass
     max_positions: int = 0  # the most positions the session will reach (KV reserved for them); 0: unknown
+    max_forced_tokens: int = 0  # grammar jump-forward (greedy, constrained): return up to this many forced tokens
 
 
 @dataclass
@@ -68,6 +69,7 @@ class SessionOutcome:
     hidden: torch.Tensor | None = None  # [T, D]
     token_id: int = -1
     logits: torch.Tensor | None = None  # [vocab]
+    forced_token_ids: list[int] = field(default_factory=list)  # jump-forward: forced after token_id, accepted
 
 
 class StageBackend:
@@ -349,6 +351,10 @@ class StageBackend:
             res.token_id = sample(logits, params, self._generators[w.session_id])
             if constraint is not None:
                 constraint.advance(res.token_id)
+                # greedy only: a sampled run draws from its generator at every step, forced or not; skipping
+                # those draws would change its later samples
+                if w.max_forced_tokens and params.greedy:
+                    res.forced_token_ids = constraint.forced_tokens(w.max_forced_tokens)
             metrics.TOKENS.labels(role="stage").inc()
         return res
 

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 ACCEPTED_CODECS = [codec.codec_to_proto(c) for c in codec.Codec]
 MAX_STEP_TOKENS = 8192
 MAX_POSITIONS = 1 << 20  # far beyond any model context; bounds the reservation arithmetic
+MAX_FORCED_TOKENS = 64  # jump-forward: forced tokens one step may return
 
 
 def identity_to_proto(ident: Identity) -> common_pb2.PeerIdentity:
@@ -291,6 +292,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             step.prefix.length,
             step.micro_batch,
             step.max_positions,
+            min(step.sampling.max_forced_tokens, MAX_FORCED_TOKENS) if step.HasField("sampling") else 0,
         )
 
     def _to_response(self, request, outcomes: list[SessionOutcome], timing) -> stage_pb2.StepResponse:
@@ -298,6 +300,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         results = []
         for o in outcomes:
             r = stage_pb2.SessionResult(session_id=o.session_id, cached_length=o.length, token_id=o.token_id)
+            r.forced_token_ids.extend(o.forced_token_ids)
             if o.hidden is not None:
                 r.hidden.CopyFrom(codec.encode_frame(o.hidden, out_codec, request.output_zstd))
                 metrics.WIRE_BYTES.labels(role="stage", codec=str(out_codec), direction="out").inc(
