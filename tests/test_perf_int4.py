@@ -92,6 +92,7 @@ def mid_checkpoint(tmp_path_factory):
     return make_tiny(tmp_path_factory.mktemp("ckpt") / "mid", MID)
 
 
+@pytest.mark.slow  # a whole mid-size model twice (fp32 reference + int4): minutes on a loaded 2-core box
 def test_int4_logits_stay_close_to_fp32_at_trained_scale(mid_checkpoint, part_images):
     acc = compare(*_case(mid_checkpoint, part_images[1]), "int4", NEW_TOKENS)
     print(f"mid-size int4 vs fp32: {acc}")
