@@ -3,9 +3,12 @@ left pending, the crashed attempt says why and keeps its key, and a retry with t
 
 from __future__ import annotations
 
+import http.cookiejar
 import sqlite3
 import threading
 import time
+import urllib.parse
+import urllib.request
 import uuid
 
 import grpc
@@ -43,6 +46,11 @@ def test_gateway_killed_mid_inspection_leaves_no_pending_row_and_the_key_retries
             except grpc.RpcError as exc:
                 outcome.append(exc.code())
 
+    # A console user logged in before the crash (the console is a client of the gateway like any other).
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    login = urllib.parse.urlencode({"token": reviewing_stack.reader, "next": "/stations"}).encode()
+    assert opener.open(f"{stack.console_url}/login", data=login, timeout=30).status == 200
+
     caller = threading.Thread(target=inspect)
     caller.start()
     deadline = time.monotonic() + 60
@@ -54,6 +62,8 @@ def test_gateway_killed_mid_inspection_leaves_no_pending_row_and_the_key_retries
     caller.join(60)
     assert outcome and outcome[0] == grpc.StatusCode.UNAVAILABLE, outcome
     assert _rows(db_path, key) == [(crashed_id, "pending", "")]  # what the crash left behind
+    live = opener.open(f"{stack.console_url}/stations/live", timeout=30).read().decode()
+    assert "gateway unavailable since" in live and "No reports yet" not in live  # stale, and says so
 
     stack.restart("gateway")
     with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
