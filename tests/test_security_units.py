@@ -50,7 +50,13 @@ def test_a_box_certificate_carries_its_roles_and_is_signed_by_the_ca():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([EDGEINSPECT, *args], capture_output=True, text=True, timeout=120)
+    """`edgeinspect ARGS` in this process (typer's runner: the same app, without a Python start per call)."""
+    from typer.testing import CliRunner
+
+    from edgeinspect.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
 def test_certs_cli_init_issue_check_and_expiry(tmp_path):
