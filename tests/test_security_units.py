@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import subprocess
-import sys
-from pathlib import Path
 
 import grpc
 import pytest
@@ -29,7 +27,6 @@ from edgeinspect.services.common.redact import redact
 from edgeinspect.services.common.server import start_server
 from edgeinspect.v1 import retrieval_pb2, retrieval_pb2_grpc
 
-EDGEINSPECT = Path(sys.executable).parent / "edgeinspect"
 SVC = "/edgeinspect.v1.InspectionService/"
 
 
