@@ -86,6 +86,8 @@ class RolloutManager:
         self.queue: asyncio.Queue | None = None
         self.workers: list[asyncio.Task] = []
         self.skipped = self.failed = 0
+        self.primary = None  # the Inspector server.connect built at start (Readiness follows it)
+        self._retiring: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
 
     # -- wiring -------------------------------------------------------------------------------------------------
@@ -93,7 +95,7 @@ class RolloutManager:
     async def attach(self, live_inspector) -> VersionRouter:
         """Takes the Inspector server.connect built for the live version; resumes a shadow after a restart."""
         self.record.live = replace(self.record.live, fingerprint=live_inspector.ckpt.fingerprint)
-        self.inspectors[self.record.live.name] = live_inspector
+        self.inspectors[self.record.live.name] = self.primary = live_inspector
         if self.record.state in (v.SHADOW, v.CANARY) and self.record.candidate is not None:
             try:
                 await self._connect(self.record.candidate, wait_s=0)
@@ -108,14 +110,18 @@ class RolloutManager:
         quiet = v.settings_for(self.cfg, version, outputs=OutputsConfig())
         inspector = await self.connect(quiet, self.routing_store)
         inspector.outputs = self.live_inspector().outputs
-        if wait_s:
-            await inspector.router.wait_complete(wait_s)
-            info = await inspector.vision.info()
-            theirs = info.identity.checkpoint_fingerprint
-            if theirs and theirs != inspector.ckpt.fingerprint:
-                raise FailedPrecondition(
-                    f"candidate vision node {version.vision} runs checkpoint {theirs}, not {inspector.ckpt.fingerprint}"
-                )
+        try:
+            if wait_s:
+                await inspector.router.wait_complete(wait_s)
+                info = await inspector.vision.info()
+                theirs, ours = info.identity.checkpoint_fingerprint, inspector.ckpt.fingerprint
+                if theirs and theirs != ours:
+                    raise FailedPrecondition(
+                        f"candidate vision node {version.vision} runs checkpoint {theirs}, not {ours}"
+                    )
+        except BaseException:
+            await _close(inspector)  # its health watchers would otherwise go on polling a version nobody uses
+            raise
         self.inspectors[version.name] = inspector
         return inspector
 
@@ -228,16 +234,34 @@ class RolloutManager:
             r = self.record
             if r.state in (v.SHADOW, v.CANARY):
                 await self._stop_shadow()
-                self.record = v.Record(v.ROLLED_BACK, r.live, None, None, [], r.started)
+                self.record = v.Record(v.ROLLED_BACK, r.live, None, r.previous, [], r.started)
+                self._retire(r.candidate.name)
             elif r.state == v.PROMOTED and r.previous is not None:
                 if r.previous.name not in self.inspectors:  # promoted before a restart: connect it again
                     await self._connect(r.previous)
                 self.record = v.Record(v.ROLLED_BACK, r.previous, None, None, [], r.started)
+                self._retire(r.live.name)
             else:
                 raise FailedPrecondition("nothing to roll back: no rollout is under way or promoted")
             self._save()
             log.info("rollout: rolled back; %s is live for every station", self.record.live.name)
         return await self.status(0)
+
+    def _retire(self, name: str) -> None:
+        """Disconnects a version nobody routes to any more once its in-flight inspections are done. Never the
+        Inspector the gateway started with: its readiness follows that one."""
+        inspector = self.inspectors.pop(name, None)
+        if inspector is None or inspector is self.primary:
+            return
+
+        async def close_when_idle() -> None:
+            deadline = asyncio.get_running_loop().time() + self.cfg.upstream_timeout_s
+            while inspector.admission.inflight and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.5)
+            await _close(inspector)
+
+        self._retiring.add(task := asyncio.get_running_loop().create_task(close_when_idle()))
+        task.add_done_callback(self._retiring.discard)
 
     async def status(self, max_disagreements: int) -> rollout_pb2.RolloutStatus:
         out = self.record.to_proto()
@@ -266,6 +290,14 @@ class RolloutManager:
 
     async def close(self) -> None:
         await self._stop_shadow()
+
+
+async def _close(inspector) -> None:
+    """Stops what server.connect started for an Inspector (as Readiness.close does for the live one)."""
+    await inspector.router.close()
+    await inspector.vision.close()
+    if inspector.retrieval is not None:
+        await inspector.retrieval.close()
 
 
 class VersionRouter:
