@@ -10,6 +10,7 @@ last, so it stays down).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -174,6 +175,42 @@ def test_results_made_while_the_broker_is_down_arrive_after_it_returns_in_order(
         assert [i for i in sub.unique_ids() if i in ids] == ids
     finally:
         sub.close()
+
+
+@pytest.mark.slow  # a second embedded stack, started the way a user starts it
+def test_up_with_mqtt_publishes_what_inspect_produces(broker, tmp_path):
+    """`edgeinspect up --mqtt URL` as a process, `edgeinspect inspect` as a process: the result on the broker."""
+    sub = Subscriber(broker.port, RESULTS, "test-up")
+    port, workdir = free_port(), tmp_path / "up"
+    args = ["up", "--mqtt", broker.url, "--no-kb", "--workdir", str(workdir), "--port", str(port)]
+    args += ["--console-port", "-1"]
+    log = (tmp_path / "up.log").open("wb")
+    up = subprocess.Popen(
+        [sys.executable, "-m", "edgeinspect.cli", *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while b"edgeinspect is up" not in (tmp_path / "up.log").read_bytes():
+            assert up.poll() is None and time.monotonic() < deadline, (tmp_path / "up.log").read_text()[-2000:]
+            time.sleep(0.5)
+        token = (workdir / "api_token").read_text().strip()
+        image = str(sample_image())
+        inspect_args = ["inspect", image, "--gateway", f"127.0.0.1:{port}", "--token", token, "--station", "st-up"]
+        done = subprocess.run([sys.executable, "-m", "edgeinspect.cli", *inspect_args, "--max-new-tokens", "12",
+                               "--json"], capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        report_id = json.loads(done.stdout)["report_id"]
+        sub.wait_for(lambda s: report_id in s.unique_ids(), 30, "the result of `edgeinspect inspect`")
+        assert sub.messages[-1][0] == "edgeinspect/st-up/none/result"
+    finally:
+        sub.close()
+        up.terminate()  # SIGTERM: `up` stops every role it started
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+        log.close()
 
 
 @pytest.mark.parametrize("n", [3, pytest.param(20, marks=pytest.mark.slow)])
