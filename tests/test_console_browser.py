@@ -212,3 +212,21 @@ def test_defect_boxes_are_drawn_over_the_frame(browser, console_url, reviewing_s
     assert abs(drawn["width"] / frame["width"] - 0.14) < 0.01
     page.screenshot(path=str(shots / "report-boxes.png"), full_page=True)
     context.close()
+
+
+def test_a_quiet_station_still_shows_beside_busy_ones(browser, console_url, reviewing_stack):
+    from edgeinspect.services.gateway.store import ReportStore
+
+    # One report at a quiet station, then more reports elsewhere than the stations page's latest-reports page.
+    with ReportStore(reviewing_stack.stack.opts.workdir / "reports.sqlite") as store:
+        for i in range(1 + 210):
+            report_id, _ = store.claim("", "quiet")
+            station = "st-quiet" if i == 0 else "st-busy"
+            store.complete(inspection_pb2.DefectReport(report_id=report_id, station=station, verdict=1))
+            if i == 0:
+                quiet_id = report_id
+    context, page = _login(browser, console_url, READER)
+    quiet = page.locator('section[data-station="st-quiet"]')
+    assert quiet.count() == 1 and quiet.locator(f'[data-report-id="{quiet_id}"]').count() == 1
+    assert "OK 1" in quiet.text_content()
+    context.close()

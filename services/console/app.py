@@ -31,6 +31,7 @@ from edgeinspect.v1 import inspection_pb2
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 COOKIE = "edgeinspect_session"
+MAX_QUIET_STATIONS = 32  # extra ListReports calls one stations poll may make
 # gRPC status -> HTTP status of the page that shows it.
 _HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -145,10 +146,18 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
         )
         stations: dict[str, list] = {}
         for report in latest.reports:
-            frames = stations.setdefault(report.station or "(no station)", [])
+            frames = stations.setdefault(report.station, [])
             if len(frames) < cfg.frames_per_station:
                 frames.append(report)
         shift = views.shift_counts(counts)
+        # A station that is quiet while others are busy is not in the latest page: its own latest frames.
+        quiet = [st for st in shift if st and st not in stations][:MAX_QUIET_STATIONS]
+        pages = await asyncio.gather(*(
+            api.list_reports(session.token, inspection_pb2.ListReportsRequest(station=st,
+                                                                              page_size=cfg.frames_per_station))
+            for st in quiet
+        ))  # fmt: skip
+        stations.update({st: list(answer.reports) for st, answer in zip(quiet, pages, strict=True)})
         return {"stations": sorted(stations.items()), "shift": shift, "cluster": line,
                 "shift_since": views.local_time(since)}  # fmt: skip
 
