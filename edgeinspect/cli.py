@@ -20,6 +20,7 @@ from edgeinspect.services.evaluation.rollout_cli import app as rollout_app
 from edgeinspect.services.ingest.cli import ingest_command
 from edgeinspect.services.line.cli import app as line_app
 from edgeinspect.services.reports_cli import app as reports_app
+from edgeinspect.services.status_cli import status_command
 from edgeinspect.services.verify import verify_command
 
 app = typer.Typer(
@@ -41,6 +42,7 @@ app.add_typer(line_app, name="line", help="The production line: play the PLC sid
 app.command("serve")(serve_command)
 app.command("up")(up_command)
 app.command("inspect")(inspect_command)
+app.command("status")(status_command)
 app.command("demo")(demo_command)
 app.command("bench")(bench_command)
 app.command("verify")(verify_command)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import grpc
 
@@ -25,6 +26,8 @@ class Readiness:
         self.replanner = Replanner(inspector.router, inspector.ckpt, inspector.cfg)
         self.vision_mismatch = ""
         self._vision_checked = False
+        self._retrieval_seen = False
+        self._started = time.monotonic()
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -44,7 +47,24 @@ class Readiness:
 
     def serving(self) -> bool:
         insp = self.inspector
-        return insp.router.complete() and insp.vision.health.serving and not self.vision_mismatch
+        return (
+            insp.router.complete()
+            and insp.vision.health.serving
+            and not self.vision_mismatch
+            and not self._awaiting_retrieval()
+        )
+
+    def _awaiting_retrieval(self) -> bool:
+        """At start-up a configured retrieval node gets upstream_timeout_s to come up before the gateway serves
+        without it: the first reports of a shift should not lack spec context only because the gateway started
+        first. Once seen, a lost retrieval node only degrades reports."""
+        retrieval = self.inspector.retrieval
+        if retrieval is None or self._retrieval_seen:
+            return False
+        if retrieval.health.serving:
+            self._retrieval_seen = True
+            return False
+        return time.monotonic() - self._started < self.inspector.cfg.upstream_timeout_s
 
     async def _follow(self) -> None:
         router = self.inspector.router
@@ -74,6 +94,8 @@ class Readiness:
             return self.vision_mismatch
         if not insp.vision.health.serving:
             return f"vision node {insp.vision.health.state}"
+        if self._awaiting_retrieval():
+            return "waiting for the retrieval node to come up"
         return insp.router.missing_message()
 
     def _size_admission(self) -> None:

@@ -123,6 +123,8 @@ class StageRouter:
                 )
             )
         self.events = RouterEvents()
+        # Measured prefill speed (EWMA over sessions, ms per prompt token): stall bounds for prefills derive from it.
+        self.prefill_ms_per_token = 0.0
         self._tasks: set[asyncio.Task] = set()
         self._changed = asyncio.Event()
 
@@ -252,6 +254,12 @@ class StageRouter:
         if not ep.probing:
             self._spawn(self._readmit(ep))
         self._notify()
+
+    def observe_prefill(self, tokens: int, ms: float) -> None:
+        per_token = ms / max(tokens, 1)
+        self.prefill_ms_per_token = (
+            per_token if not self.prefill_ms_per_token else 0.8 * self.prefill_ms_per_token + 0.2 * per_token
+        )
 
     def report_success(self, ep: Endpoint, compute_ms: float) -> None:
         ep.failures = 0

@@ -57,6 +57,7 @@ class RecoveryPolicy:
     prefill_stall_s: float = 60.0  # bound for one prefill (a whole prompt through a stage)
     chunk_tokens: int = 128
     image_token_id: int = 0
+    route_wait_s: float = 0.0  # a session that lost its route waits this long for one (re-planning), new ones never
 
 
 class InferenceSession:
@@ -211,7 +212,7 @@ class InferenceSession:
     async def _open(self, replay: bool) -> None:
         """A route for the session (least loaded, avoiding full endpoints) under a fresh session id; with `replay`
         the journal is fed through it first so it holds what the failed route held."""
-        route = self.router.route(exclude=self.refused)
+        route = await self._choose_route(waiting=replay)
         self._opened += 1
         session_id = self.base_id if self._opened == 1 else f"{self.base_id}-f{self._opened - 1}"
         self.wire = RouteSession(route, session_id, self.wire_opts, self.group, self.max_positions)
@@ -237,6 +238,19 @@ class InferenceSession:
             )
             if self.failovers:
                 self.failovers[-1].reason += f"; replay diverged at token {at}"
+
+    async def _choose_route(self, waiting: bool) -> list[Endpoint]:
+        """A route now; a session in the middle of its generation waits up to route_wait_s for one to appear
+        (re-planning moves a failed range onto a survivor within seconds)."""
+        deadline = time.monotonic() + (self.policy.route_wait_s if waiting else 0.0)
+        while True:
+            try:
+                return self.router.route(exclude=self.refused)
+            except Unavailable:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                await self.router.wait_changed(min(left, 0.5))
 
     # -- steps on one route ------------------------------------------------------------------------------------
 
@@ -264,8 +278,27 @@ class InferenceSession:
         """The prompt, sampling its first token. With a shared prefix (system prompt + spec context, before the
         image) that the stages hold, only the rest is sent; otherwise it is computed and the stages keep it. A stage
         that has evicted it answers a prefix cache miss: the session starts over on the same route."""
-        j, timeout = self.journal, self.policy.prefill_stall_s
+        j = self.journal
         ids, n = j.prompt_ids, j.prefix_length
+        timeout = self._prefill_timeout(len(ids))
+        t0 = time.perf_counter()
+        try:
+            return await self._prefill_prompt(wire, ids, n, timeout)
+        finally:
+            if self.wire is not None and self.wire.position >= len(ids):
+                self.router.observe_prefill(len(ids) - self.prefix_reused, (time.perf_counter() - t0) * 1e3)
+
+    def _prefill_timeout(self, tokens: int) -> float:
+        """A prefill has stalled after stall_factor x its expected time (from the measured prefill speed; the
+        configured bound until a prefill was measured), never less than stall_min_s."""
+        per_token_s = self.router.prefill_ms_per_token / 1e3
+        if not per_token_s:
+            return self.policy.prefill_stall_s
+        expected = per_token_s * min(tokens, self.policy.chunk_tokens or tokens)  # bounds each chunk's answer
+        return min(self.policy.prefill_stall_s, max(self.policy.stall_min_s, self.policy.stall_factor * expected))
+
+    async def _prefill_prompt(self, wire: RouteSession, ids: list[int], n: int, timeout: float) -> StepResult:
+        j = self.journal
         if n <= 0:
             return await wire.prefill(self._chunks(ids, j.visual_tokens), j.sampling, timeout, None)
         ref = stage_pb2.PrefixRef(key=prefix_key(ids[:n]), length=n)
