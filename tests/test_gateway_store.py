@@ -145,7 +145,7 @@ def test_get_unknown_id_raises_not_found(store):
         store.get("nope")
 
 
-def test_fail_frees_the_key_for_a_retry(store):
+def test_fail_keeps_the_key_and_lets_a_retry_run(store):
     report_id, _ = store.claim("k", "req-1")
     store.fail(report_id, "stage 1 unavailable")
     assert not store.is_pending(report_id)
@@ -154,6 +154,7 @@ def test_fail_frees_the_key_for_a_retry(store):
     retry_id, existing = store.claim("k", "req-2")
     assert existing is None and retry_id != report_id
     assert store.is_pending(retry_id)
+    assert _row_count(store.path, "k") == 2  # the failed attempt can still be found by its key
 
 
 def test_fail_does_not_touch_a_finished_report(store):
