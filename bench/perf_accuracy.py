@@ -5,21 +5,24 @@ each at two weight scales: std 0.3 (the tiny checkpoint's choice, so that greedy
 network chaotic: small weight errors grow from layer to layer) and std 0.02 (a trained model's scale); plus the
 1.3B-shaped checkpoint (std 0.02) on a text prompt. Formats: bf16, int8 with the default kernel (fbgemm: int8
 weights per channel, pair-bounded on CPUs without VNNI; 8-bit activations per token, two passes for down_proj; see
-models/quant.py) and int8 weight-only (dequantized to fp32).
+models/quant.py), int8 weight-only (dequantized to fp32) and int4 (models/int4.py: q4_0 grid for decode rows,
+down_proj and lm_head int8, prompts through the int8 copy).
 Cosine is per step, teacher-forced on fp32's tokens; agreement is free-running greedy, position by position.
 
-    .venv/bin/python bench/perf_accuracy.py [--tokens 16] [--big-tokens 6] [--no-big]
+    .venv/bin/python bench/perf_accuracy.py [--tokens 16] [--big-tokens 6] [--no-big] [--only-big]
+        [--formats bf16,int8,int8-dequant,int4]   (--only-big/--formats merge into the existing JSON)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import tempfile
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, target, write_json
+from common import RESULTS_DIR, load_average, machine_info, target, write_json
 from PIL import Image
 
 from edgeinspect.assets import asset_path
@@ -33,7 +36,7 @@ from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
 BIG = Path(__file__).resolve().parents[1] / "var" / "checkpoints" / "deepseek-vl-1.3b"
 COSINE_TARGET = 0.99
 MID = dict(layers=8, hidden=512, heads=8, kv_heads=4, intermediate=1408, image_size=64, seed=2)
-FORMATS = [("bf16", None), ("int8", None), ("int8", "dequant")]
+FORMATS = [("bf16", None), ("int8", None), ("int8", "dequant"), ("int4", None)]
 
 
 def image_case(path: Path):
@@ -71,20 +74,37 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--big-tokens", type=int, default=6)
     ap.add_argument("--no-big", action="store_true", help="skip the 1.3B-shaped checkpoint")
+    ap.add_argument("--only-big", action="store_true", help="only the 1.3B-shaped checkpoint")
+    ap.add_argument("--big", type=Path, default=BIG, help="the 1.3B-shaped checkpoint")
+    ap.add_argument("--formats", default="", help="subset of formats (labels as in the JSON); default all")
     args = ap.parse_args()
+    if args.formats:
+        wanted = set(args.formats.split(","))
+        FORMATS[:] = [(w, k) for w, k in FORMATS if (w if k is None else f"{w}-{k}") in wanted]
+    previous = RESULTS_DIR / "perf_accuracy.json"
+    merge = (args.only_big or args.formats) and previous.is_file()
     machine = machine_info(bandwidth=False)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        specs = {
-            "tiny_std0.3": TinySpec(),
-            "tiny_std0.02": TinySpec(initializer_range=0.02),
-            "mid_std0.3": TinySpec(**MID),
-            "mid_std0.02": TinySpec(**MID, initializer_range=0.02),
-        }
+        specs = (
+            {}
+            if args.only_big
+            else {
+                "tiny_std0.3": TinySpec(),
+                "tiny_std0.02": TinySpec(initializer_range=0.02),
+                "mid_std0.3": TinySpec(**MID),
+                "mid_std0.02": TinySpec(**MID, initializer_range=0.02),
+            }
+        )
         for name, spec in specs.items():
             results[name] = evaluate(name, image_case(make_tiny(Path(tmp) / name, spec)), args.tokens)
-    if not args.no_big and (BIG / "config.json").is_file():
-        results["1.3b_std0.02_text"] = evaluate("1.3b", text_case(BIG), args.big_tokens)
+    if not args.no_big and (args.big / "config.json").is_file():
+        results["1.3b_std0.02_text"] = evaluate("1.3b", text_case(args.big), args.big_tokens)
+    if merge:  # a partial run updates the recorded rows it measured and keeps the others
+        old = json.loads(previous.read_text())["results"]
+        for ckpt, rows in results.items():
+            old[ckpt] = old.get(ckpt, {}) | rows
+        results = old
     targets = {
         f"{ckpt}.{fmt}.min_cosine": target(r[fmt]["min_cosine"], COSINE_TARGET)
         for ckpt, r in results.items()

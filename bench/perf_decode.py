@@ -22,6 +22,7 @@ import torch
 from common import load_average, machine_info, skip, target, write_json
 
 from edgeinspect.models.checkpoint import Checkpoint, load_reference_model, open_checkpoint
+from edgeinspect.models.int4 import Int4Linear
 from edgeinspect.models.quant import Half16Linear, Int8Linear, fast_bf16, use_half16
 from edgeinspect.models.stage import LayerRange, StageExecutor, StageModule, StepInput, load_stage
 
@@ -44,14 +45,16 @@ def synthetic_kv(ckpt: Checkpoint, length: int, dtype: torch.dtype) -> list[tupl
 
 
 def step_bytes(module: StageModule) -> int:
-    """Weight bytes one decode step reads: every layer's parameters, the final norm and the lm_head (not embed)."""
-    total = 0
-    for part in (module.layers, module.norm, module.lm_head):
-        for mod in part.modules():
-            if isinstance(mod, (Int8Linear, Half16Linear)):
-                total += mod.weight_bytes()
-            total += sum(p.numel() * p.element_size() for p in mod.parameters(recurse=False))
-    return total
+    """Weight bytes one decode step reads: every layer's parameters, the final norm and the lm_head (not embed).
+    An Int4Linear counts its int4 weights only: its int8 copy serves prompt chunks, never a decode step."""
+
+    def walk(mod) -> int:
+        if isinstance(mod, (Int8Linear, Half16Linear, Int4Linear)):
+            return mod.weight_bytes() + sum(p.numel() * p.element_size() for p in mod.parameters(recurse=False))
+        own = sum(p.numel() * p.element_size() for p in mod.parameters(recurse=False))
+        return own + sum(walk(child) for child in mod.children())
+
+    return sum(walk(part) for part in (module.layers, module.norm, module.lm_head))
 
 
 def ours_ms(executor: StageExecutor, kv, first: int, tokens: int) -> float:
