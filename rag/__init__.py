@@ -5,9 +5,13 @@ Heavy dependencies (torch, faiss) load inside the functions that need them, so i
 
 from __future__ import annotations
 
-from pathlib import Path
+# From the repository root `import rag` would find this folder too and load every module under a second name.
+if __name__ != "edgeinspect.rag":
+    raise ImportError(f"import edgeinspect.rag, not {__name__}: edgeinspect is the one import name")
 
-from edgeinspect.rag.context import format_context
+from pathlib import Path  # noqa: E402
+
+from edgeinspect.rag.context import format_context  # noqa: E402
 
 
 def sample_kb_dir() -> Path:
