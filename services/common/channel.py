@@ -100,10 +100,15 @@ def context_interceptors(address: str) -> list[grpc.aio.ClientInterceptor]:
     return [_ContextUnaryUnary(address), _ContextUnaryStream(), _ContextStreamUnary(), _ContextStreamStream()]
 
 
-def make_channel(address: str, max_message_mb: int = 64, tls: TLSConfig | None = None) -> grpc.aio.Channel:
+def make_channel(
+    address: str, max_message_mb: int = 64, tls: TLSConfig | None = None, intercept: bool = True
+) -> grpc.aio.Channel:
     """A channel to host:port that propagates request id and deadline on every call; mTLS with `tls` (default:
-    the role's client_tls)."""
-    options, interceptors = channel_options(max_message_mb), context_interceptors(address)
+    the role's client_tls). `intercept=False`: no client interceptors, for long-lived streams whose caller passes
+    metadata and timeout itself (grpc.aio wraps an intercepted stream's writes in an async generator that a
+    cancelled call leaves pending: "Task was destroyed" / "aclose(): asynchronous generator is already running")."""
+    options = channel_options(max_message_mb)
+    interceptors = context_interceptors(address) if intercept else None
     tls = tls if tls is not None else client_tls_var.get()
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)

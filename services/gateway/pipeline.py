@@ -19,6 +19,7 @@ import grpc
 
 from edgeinspect import codec
 from edgeinspect.errors import InvalidInput
+from edgeinspect.services.common.context import deadline_remaining, outgoing_metadata
 from edgeinspect.services.common.errors import error_code_of
 from edgeinspect.services.gateway.routing import Endpoint
 from edgeinspect.services.stage.protocol import next_stage_step
@@ -129,7 +130,10 @@ class RouteSession:
         self.position = 0
         # Chained: only the first stage is called; it relays along its own chain, so its failure may be anyone's.
         self.callees = route[:1] if opts.chained else route
-        self.calls = [ep.stub.Forward() for ep in self.callees]
+        # The request id and the inspection's deadline, passed by hand: these channels have no interceptors.
+        self.calls = [
+            ep.stub.Forward(metadata=outgoing_metadata(), timeout=deadline_remaining()) for ep in self.callees
+        ]
 
     def cancel(self) -> None:
         for call in self.calls:  # cancellation ends the stage streams, which release the session
@@ -141,7 +145,7 @@ class RouteSession:
             for call in self.calls:
                 await call.done_writing()
             for call in self.calls:
-                async for _ in call:
+                while await call.read() is not grpc.aio.EOF:  # read(), not `async for`: one API style per call
                     pass
         except grpc.aio.AioRpcError:
             self.cancel()  # a stage that died after the last step: nothing is left to release there

@@ -116,7 +116,8 @@ class StageRouter:
         self.on_change = on_change
         self.endpoints: list[Endpoint] = []
         for address in dict.fromkeys(addresses):  # a listed twice address is one endpoint
-            channel = make_channel(address, max_message_mb, tls)
+            # Forward streams are cancelled on every failover: no interceptors on them (see make_channel).
+            channel = make_channel(address, max_message_mb, tls, intercept=False)
             self.endpoints.append(
                 Endpoint(
                     address, stage_pb2_grpc.DecoderStageStub(channel), health_pb2_grpc.HealthStub(channel), channel
