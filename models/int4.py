@@ -2,10 +2,11 @@
 
 A decode step reads every weight once, so its time is the weight bytes over memory bandwidth: 4-bit weights
 with one fp16 scale per 32 (18 bytes per 32 weights, 0.56 bytes per weight vs int8's 1.0) cut that read almost in
-half. The matmul is our own compiled kernel (models/kernels/int4_gemm.c: activations quantized per group of 32 to
-int8, VNNI dot products, one FMA per group). torch's own int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, bf16
-activations) was measured here first: 36 ms for a [11264, 2048] weight at one row against fbgemm int8's 10 ms,
-so it is not used.
+half. Two matmul kernels read it: our own (models/kernels/int4_gemm.c: activations quantized per group of 32 to
+int8, VNNI dot products, one FMA per group) and torch's `_weight_int4pack_mm_for_cpu` (bf16 activations; the
+same grid with zero points 0). Which is faster depends on the CPU (measured here, one thread, min over rounds on
+the 1.3B shapes: torch's 20-30% faster than ours on this AVX512-BF16 Xeon; bench/perf_int4_kernel.py), so
+default_kernel() times both once per process and takes the faster.
 
 Prompt chunks are compute-bound, not read-bound: there 4 bits buy nothing and our kernel has no GEMM blocking, so
 each Int4Linear also keeps the fbgemm int8 form of the same weight (models/quant.py, quantized from the original
@@ -20,13 +21,20 @@ and element j + 32 (high nibble).
 
 from __future__ import annotations
 
+import functools
+import logging
+import time
+
 import torch
 from torch import nn
 
 from edgeinspect.models import kernels
 from edgeinspect.models.quant import TWO_PASS_LINEARS, Int8Linear
 
+log = logging.getLogger(__name__)
+
 GROUP = 32
+KERNEL_TRIAL_ROUNDS = 15
 BLOCK = 64  # the kernel's unit: two groups in one 32-byte load
 DECODE_ROWS = 8  # steps of at most this many rows (decode, batched decode) read the int4 weights
 # Linears an int4 stage keeps in int8 (as llama.cpp's Q4_K_M keeps some tensors at higher precision): down_proj
@@ -74,34 +82,99 @@ def dequantize_q4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (q.reshape(n, k // GROUP, GROUP) * scales.float()[..., None]).reshape(n, k)
 
 
-class Int4Linear(nn.Module):
-    """y = x @ W.T (+ bias) with W on the q4_0 grid for decode rows and fbgemm int8 for prompt chunks."""
+@functools.cache
+def torch_int4_available() -> bool:
+    """Whether this torch build has the CPU int4 packed matmul (`_weight_int4pack_mm_for_cpu`)."""
+    try:
+        q = torch.randint(0, 16, (64, 64), dtype=torch.int32)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        sz = torch.zeros(2, 64, 2, dtype=torch.bfloat16)
+        torch.ops.aten._weight_int4pack_mm_for_cpu(torch.randn(1, 64, dtype=torch.bfloat16), packed, GROUP, sz)
+        return True
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
 
-    def __init__(self, linear: nn.Linear, two_pass: bool = False, prefill: bool = True):
+
+def available_kernels() -> list[str]:
+    out = ["ours"] if kernels.int4_library() is not None else []
+    return out + (["torch"] if torch_int4_available() else [])
+
+
+@functools.cache
+def default_kernel() -> str:
+    """The faster int4 kernel on this CPU, timed once per process on a [4096, 2048] weight at one row (min over
+    interleaved rounds: robust to other jobs preempting us); "dequant" where neither exists."""
+    names = available_kernels()
+    if len(names) < 2:
+        return names[0] if names else "dequant"
+    g = torch.Generator().manual_seed(0)
+    lin = nn.Linear(2048, 4096, bias=False)
+    with torch.no_grad():
+        lin.weight.normal_(0, 0.02, generator=g)
+    subjects = {k: Int4Linear(lin, prefill=False, kernel=k) for k in names}
+    x = torch.randn(1, 2048, generator=g)
+    best = {k: float("inf") for k in names}
+    for _ in range(KERNEL_TRIAL_ROUNDS):
+        for k, lin4 in subjects.items():
+            t0 = time.perf_counter()
+            lin4(x)
+            best[k] = min(best[k], time.perf_counter() - t0)
+    chosen = min(best, key=best.get)
+    log.info("int4 kernel -> %s (%s)", chosen, ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in best.items()))
+    return chosen
+
+
+class Int4Linear(nn.Module):
+    """y = x @ W.T (+ bias) with W on the q4_0 grid for decode rows and fbgemm int8 for prompt chunks.
+
+    Kernels: "ours" (models/kernels/int4_gemm.c, int8 activations), "torch" (`_weight_int4pack_mm_for_cpu`, bf16
+    activations; the same grid with zero points 0, scales rounded to bf16), "dequant" (fp32 F.linear)."""
+
+    def __init__(self, linear: nn.Linear, two_pass: bool = False, prefill: bool = True, kernel: str | None = None):
         super().__init__()
         w = linear.weight.detach()
         self.out_features, self.in_features = w.shape
         if not fits(linear):
             raise ValueError(f"int4 needs an input width divisible by {BLOCK}, got {self.in_features}")
+        self.kernel = kernel or default_kernel()
         q, self.scales = quantize_q4(w)  # scales [N, K/32] fp16
-        self.packed = pack_q4(q)  # [N, K/2] uint8
+        self.packed = pack_q4(q)  # [N, K/2] uint8 (ours; also what dequantized() reads)
+        self.torch_packed = self.torch_scales = None
+        if self.kernel == "torch":
+            self.torch_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+            zeros = torch.zeros_like(self.scales)
+            # [K/32, N, 2]: w = (q - 8) * scale + zero
+            self.torch_scales = torch.stack([self.scales, zeros], -1).transpose(0, 1).contiguous().bfloat16()
+            self.packed = None
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         # The prompt path: int8 from the original weights (not from the int4 values). None: prompts dequantize.
         self.prefill = Int8Linear.from_linear(linear, two_pass=two_pass) if prefill else None
 
     def weight_bytes(self) -> int:
-        """What a decode step reads: K/2 bytes + K/32 fp16 scales per output row."""
-        return self.packed.numel() + 2 * self.scales.numel()
+        """What a decode step reads: K/2 bytes + K/32 scales (fp16; torch's kernel: bf16 scale + zero) per row."""
+        if self.kernel == "torch":
+            return self.torch_packed.numel() + 2 * self.torch_scales.numel()
+        return self.out_features * self.in_features // 2 + 2 * self.scales.numel()
 
     def dequantized(self) -> torch.Tensor:
+        """[N, K] float32 (tests, the dequant kernel)."""
+        if self.packed is None:  # torch's packed layout: read it back through its own matmul on the identity
+            eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+            return self._torch_mm(eye).T.contiguous()
         return dequantize_q4(self.packed, self.scales)
+
+    def _torch_mm(self, x: torch.Tensor) -> torch.Tensor:
+        mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+        return mm(x.bfloat16(), self.torch_packed, GROUP, self.torch_scales).float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)  # [R, K]
         if x2.shape[0] > DECODE_ROWS and self.prefill is not None:
             return self.prefill(x)
-        if kernels.int4_library() is not None:
+        if self.kernel == "torch":
+            y = self._torch_mm(x2)
+        elif self.kernel == "ours" and kernels.int4_library() is not None:
             y = kernels.int4_gemm(x2, self.packed, self.scales)  # [R, N]
         else:
             y = nn.functional.linear(x2.float(), self.dequantized())
@@ -110,7 +183,7 @@ class Int4Linear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, group={GROUP}, prefill=int8"
+        return f"in={self.in_features}, out={self.out_features}, group={GROUP}, kernel={self.kernel}, prefill=int8"
 
 
 def int4_linears(module: nn.Module) -> tuple[int, int]:

@@ -9,14 +9,20 @@ from test_perf_int8 import MID, NEW_TOKENS, _case
 from torch import nn
 
 from edgeinspect.config import StageSettings, WeightsDtype
-from edgeinspect.models import kernels
 from edgeinspect.models.accuracy import compare
 from edgeinspect.models.checkpoint import open_checkpoint
-from edgeinspect.models.int4 import DECODE_ROWS, Int4Linear, dequantize_q4, pack_q4, quantize_q4, unpack_q4
+from edgeinspect.models.int4 import (
+    DECODE_ROWS,
+    Int4Linear,
+    available_kernels,
+    default_kernel,
+    dequantize_q4,
+    pack_q4,
+    quantize_q4,
+    unpack_q4,
+)
 from edgeinspect.models.quant import Int8Linear
 from edgeinspect.models.stage import LayerRange, load_stage
-
-needs_kernel = pytest.mark.skipif(kernels.int4_library() is None, reason="no C compiler: int4 dequantizes")
 
 
 def test_q4_grid_keeps_each_group_within_half_a_step():
@@ -43,17 +49,19 @@ def test_packing_round_trips_and_halves_the_bytes():
     assert torch.equal(unpack_q4(packed), q)
 
 
-@needs_kernel
+@pytest.mark.parametrize("kernel", ["ours", "torch", "dequant"])
 @pytest.mark.parametrize("rows", [1, 3, DECODE_ROWS])
-def test_kernel_matches_the_dequantized_weights(rows):
+def test_each_kernel_matches_the_dequantized_weights(kernel, rows):
+    if kernel != "dequant" and kernel not in available_kernels():
+        pytest.skip(f"int4 kernel {kernel} is not available here")
     torch.manual_seed(1)
     lin = nn.Linear(512, 320, bias=True)
-    q4 = Int4Linear(lin)
+    q4 = Int4Linear(lin, kernel=kernel)
     x = torch.randn(rows, 512)
     ref = x @ q4.dequantized().T + lin.bias
     got = q4(x)
     assert got.shape == (rows, 320) and got.dtype == torch.float32
-    # the only difference is the activations' int8 rounding per group of 32 (about 1e-5 in cosine)
+    # the only difference is the activations' rounding (int8 per group of 32, or bf16): about 1e-5 in cosine
     cos = nn.functional.cosine_similarity(got.flatten(), ref.detach().flatten(), dim=0)
     assert cos > 0.9999, cos
     # and strided rows (a column slice of a wider tensor) give the same result
@@ -65,7 +73,7 @@ def test_kernel_matches_the_dequantized_weights(rows):
 def test_prompt_chunks_run_the_int8_copy():
     torch.manual_seed(2)
     lin = nn.Linear(256, 128, bias=False)
-    q4 = Int4Linear(lin)
+    q4 = Int4Linear(lin, kernel="dequant")
     x = torch.randn(DECODE_ROWS + 5, 256)
     assert torch.equal(q4(x), q4.prefill(x))
     assert q4.weight_bytes() == 128 * 256 // 2 + 2 * 128 * 256 // 32  # what a decode step reads
@@ -97,3 +105,7 @@ def test_int4_logits_stay_close_to_fp32_at_trained_scale(mid_checkpoint, part_im
     acc = compare(*_case(mid_checkpoint, part_images[1]), "int4", NEW_TOKENS)
     print(f"mid-size int4 vs fp32: {acc}")
     assert acc.min_cosine >= 0.99  # the bound perf_accuracy gates formats with
+
+
+def test_the_default_kernel_is_one_that_runs_here():
+    assert default_kernel() in (available_kernels() or ["dequant"])
