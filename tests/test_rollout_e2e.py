@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from eval_dataset import make_mvtec_set
 
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.tiny import TinySpec, make_tiny
@@ -88,7 +89,7 @@ def inspect(client: InspectionClient, station: str) -> inspection_pb2.DefectRepo
     return client.inspect(image.read_bytes(), station=station, part="HSG-210", max_new_tokens=NEW_TOKENS)
 
 
-def test_a_candidate_shadows_is_promoted_to_a_canary_then_all_and_rolls_back(live, embedded_stack):
+def test_a_candidate_shadows_is_promoted_to_a_canary_then_all_and_rolls_back(live, embedded_stack, tmp_path):
     candidate = embedded_stack
     fp_live, fp_cand = open_checkpoint(live.checkpoint).fingerprint, open_checkpoint(candidate.checkpoint).fingerprint
     assert fp_live != fp_cand
@@ -126,16 +127,33 @@ def test_a_candidate_shadows_is_promoted_to_a_canary_then_all_and_rolls_back(liv
             time.sleep(0.2)
         assert sorted(LineReceiver.received) == sorted(r.report_id for r in answered)
 
+        # An eval through the same gateway is stored but never reaches the line nor the shadow: the next live
+        # report is the next one the line gets (the output delivers in order).
+        labelled = make_mvtec_set(tmp_path / "set", "HSG-210", good=1, per_defect=1)
+        evaluated = cli(live, "eval", str(labelled), "--part", "HSG-210", "--out", str(tmp_path / "eval"), "--json")
+        assert json.loads(evaluated.stdout)["metrics"]["counts"]["images"] == 4
+        after = inspect(client, "station-0")
+        deadline = time.monotonic() + 30
+        while len(LineReceiver.received) < INSPECTIONS + 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert LineReceiver.received[INSPECTIONS:] == [after.report_id]
+        deadline = time.monotonic() + 60
+        while (st := status(live)).shadowed < INSPECTIONS + 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1.0)
+        assert status(live).shadowed == INSPECTIONS + 1
+
     # A restarted gateway resumes the shadow from its rollout record.
     live.restart("gateway")
     with InspectionClient(live.gateway_address, live.api_token) as client:
         inspect(client, "station-0")
         deadline = time.monotonic() + 120
-        while (st := status(live)).shadowed < INSPECTIONS + 1 and time.monotonic() < deadline:
+        while (st := status(live)).shadowed < INSPECTIONS + 2 and time.monotonic() < deadline:
             time.sleep(0.5)
         assert (st.state, st.shadowed, st.candidate.checkpoint_fingerprint) == (
             rollout_pb2.ROLLOUT_STATE_SHADOW,
-            INSPECTIONS + 1,
+            INSPECTIONS + 2,
             fp_cand,
         )
 

@@ -45,7 +45,7 @@ REVIEW_FILTER_UNREVIEWED: ReviewFilter
 REVIEW_FILTER_DISAGREED: ReviewFilter
 
 class InspectRequest(_message.Message):
-    __slots__ = ("image", "station", "part", "prompt", "idempotency_key", "capture_time", "max_new_tokens", "camera_id", "verification")
+    __slots__ = ("image", "station", "part", "prompt", "idempotency_key", "capture_time", "max_new_tokens", "camera_id", "verification", "evaluation")
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     STATION_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class InspectRequest(_message.Message):
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CAMERA_ID_FIELD_NUMBER: _ClassVar[int]
     VERIFICATION_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
     image: bytes
     station: str
     part: str
@@ -64,7 +65,8 @@ class InspectRequest(_message.Message):
     max_new_tokens: int
     camera_id: str
     verification: bool
-    def __init__(self, image: _Optional[bytes] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., prompt: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., camera_id: _Optional[str] = ..., verification: _Optional[bool] = ...) -> None: ...
+    evaluation: bool
+    def __init__(self, image: _Optional[bytes] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., prompt: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., camera_id: _Optional[str] = ..., verification: _Optional[bool] = ..., evaluation: _Optional[bool] = ...) -> None: ...
 
 class Defect(_message.Message):
     __slots__ = ("defect_class", "severity", "location", "evidence", "box")

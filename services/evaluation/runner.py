@@ -119,15 +119,17 @@ def _inspect_one(client: InspectionClient, log: ResultLog, opts: EvalOptions, sa
     image = sample.path.read_bytes()
     started_wall = time.time()
     t0 = time.perf_counter()
+    request = inspection_pb2.InspectRequest(
+        image=image,
+        station=opts.station,
+        part=sample.part,
+        prompt=opts.prompt,
+        max_new_tokens=opts.max_new_tokens,
+        idempotency_key=log.idempotency_key(sample_key(sample, sha)),
+        evaluation=True,  # stored, but never published to the plant's outputs nor shadowed
+    )
     try:
-        report = client.inspect(
-            image,
-            station=opts.station,
-            part=sample.part,
-            prompt=opts.prompt,
-            max_new_tokens=opts.max_new_tokens,
-            idempotency_key=log.idempotency_key(sample_key(sample, sha)),
-        )
+        report = client.stub.Inspect(request, metadata=client.metadata, timeout=client.timeout_s)
     except grpc.RpcError as exc:
         if exc.code() not in PER_IMAGE_CODES:
             raise Unavailable(f"the gateway at {opts.gateway} answered {exc.code().name}: {exc.details()}") from exc

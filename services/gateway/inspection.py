@@ -204,7 +204,8 @@ class Inspector:
         hop[0] = "store"
         report = self._report(req, report_id, session, prompt, index_version, timings, enc.image_sha256)
         await asyncio.to_thread(functools.partial(self.store.complete, report, image=req.image))
-        self.outputs.publish(report)  # returns at once: each output delivers from its own outbox
+        if not req.evaluation:  # an eval's labelled frames never reach the plant's systems
+            self.outputs.publish(report)  # returns at once: each output delivers from its own outbox
         metrics.INSPECTIONS.labels(verdict=inspection_pb2.Verdict.Name(report.verdict)).inc()
         log.info(
             "report %s stored: %s, %d tokens, %d failovers",

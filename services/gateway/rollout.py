@@ -158,7 +158,8 @@ class RolloutManager:
 
     def offer(self, req: inspection_pb2.InspectRequest, live: inspection_pb2.DefectReport) -> None:
         """A finished live report: queue its request for the candidate, or count it skipped when the queue is full."""
-        if self.queue is None or req.verification or self.record.candidate is None:
+        # Only production frames: verification and evaluation requests would bias the agreement.
+        if self.queue is None or req.verification or req.evaluation or self.record.candidate is None:
             return
         try:
             self.queue.put_nowait((req, live.report_id))
