@@ -70,7 +70,9 @@ def source_dir() -> Path:
     with tempfile.TemporaryDirectory(dir=src.parent) as tmp:
         print(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON} (sdist) for its llama.cpp tree", flush=True)
         pip = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-d", tmp]
-        done = subprocess.run([*pip, f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], capture_output=True, text=True)
+        done = subprocess.run(
+            [*pip, f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], capture_output=True, text=True, errors="replace"
+        )
         sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         if done.returncode != 0 or not sdists:
             raise Unavailable(f"pip could not download the llama-cpp-python sdist: {done.stderr.strip()[-300:]}")
@@ -216,7 +218,10 @@ def gguf_files(ckpt, quants: list[str], bins: dict[str, Path]) -> dict[str, Path
         if not path.is_file():
             print(f"llama-quantize {q} -> {path.name}", flush=True)
             done = subprocess.run(
-                [str(bins["llama-quantize"]), str(f16), str(path) + ".tmp", q], capture_output=True, text=True
+                [str(bins["llama-quantize"]), str(f16), str(path) + ".tmp", q],
+                capture_output=True,
+                text=True,
+                errors="replace",
             )
             if done.returncode != 0:
                 raise Unavailable(f"llama-quantize {q} failed: {done.stderr.strip()[-400:]}")
@@ -228,7 +233,11 @@ def gguf_files(ckpt, quants: list[str], bins: dict[str, Path]) -> dict[str, Path
 def llama_bench(binary: Path, model: Path, args: list[str]) -> list[dict]:
     """One llama-bench invocation (JSON output), each test's record."""
     done = subprocess.run(
-        [str(binary), "-m", str(model), "-o", "json", *args], capture_output=True, text=True, timeout=3600
+        [str(binary), "-m", str(model), "-o", "json", *args],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=3600,
     )
     if done.returncode != 0:
         raise Unavailable(f"llama-bench failed: {done.stderr.strip()[-400:]}")
