@@ -29,7 +29,27 @@ def manifests(tmp_path_factory) -> tuple[Path, list[dict]]:
     for path in sorted((out / "k8s").glob("*.yaml")):
         if path.name != "kustomization.yaml":
             docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    return out / "k8s", docs
+    return out / "k8s", docs + [generated_configmap(out / "k8s")]
+
+
+def generated_configmap(root: Path) -> dict:
+    """The ConfigMap kustomize's configMapGenerator makes from k8s/config/ (without its hash suffix; the kubectl
+    tests in test_deploy_k8s_kustomize.py check the real one)."""
+    import base64
+
+    kust = yaml.safe_load((root / "kustomization.yaml").read_text())
+    (gen,) = kust["configMapGenerator"]
+    data, binary = {}, {}
+    for rel in gen["files"]:
+        raw = (root / rel).read_bytes()
+        try:
+            data[Path(rel).name] = raw.decode()
+        except UnicodeDecodeError:
+            binary[Path(rel).name] = base64.b64encode(raw).decode()
+    doc = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": gen["name"]}, "data": data}
+    if binary:
+        doc["binaryData"] = binary
+    return doc
 
 
 def of_kind(docs: list[dict], kind: str) -> dict[str, dict]:

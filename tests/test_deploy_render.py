@@ -104,10 +104,13 @@ def test_every_depends_on_volume_secret_and_config_reference_resolves(rendered, 
                 field = secret["target"].removeprefix("EDGEINSPECT_").lower()
                 role_settings = ROLE_CLASSES[name.split("-")[0]]
                 assert field in role_settings.model_fields, f"{path}: {secret['target']} sets no setting of {name}"
-            port = svc.get("healthcheck", {}).get("test", [None])[-1]
-            if port:
-                role_file = path.parent / "config" / Path(_config_of(svc)).name
-                assert port.endswith(f":{yaml.safe_load(role_file.read_text())['server']['port']}")
+            # every role checks its own health: gRPC roles their port, ingest its metrics port's HTTP health
+            test = svc["healthcheck"]["test"]
+            server = yaml.safe_load(role_text)["server"]
+            if "port" in server:
+                assert test[-1] == f"127.0.0.1:{server['port']}", f"{path}: {name} healthcheck"
+            else:
+                assert f"http://127.0.0.1:{server['metrics_port']}/v2/health/ready" in test[-1], f"{path}: {name}"
         for secret in doc.get("secrets", {}).values():
             assert secret["file"].startswith("./secrets/")
 

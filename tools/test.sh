@@ -12,6 +12,10 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   command -v mosquitto >/dev/null || need="$need mosquitto mosquitto-clients"
   # The console's browser tests drive Debian's chromium through Playwright.
   command -v chromium >/dev/null || need="$need chromium"
+  # kubectl (Debian's kubernetes-client) renders the kustomize base; a real Prometheus (with promtool) scrapes
+  # the embedded stack in the metrics tests.
+  command -v kubectl >/dev/null || need="$need kubernetes-client"
+  command -v prometheus >/dev/null || need="$need prometheus"
   if [ -n "$need" ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
   fi

@@ -67,8 +67,14 @@ def render_command(
 
     inv = load_inventory(inventory)
     cameras = {b.name: (inventory.parent / b.cameras).read_text() for b in inv.boxes if b.cameras is not None}
+    # files a cameras file names (background pictures) travel with it, from the folder it is in
+    assets = {
+        b.name: render.referenced_files(cameras[b.name], (inventory.parent / b.cameras).parent)
+        for b in inv.boxes
+        if b.cameras is not None
+    }
     stages = plan_stages(inv, checkpoint)
-    rendering = render.render(inv, stages, target, cameras)
+    rendering = render.render(inv, stages, target, cameras, assets)
     written = render.write(rendering, out)
     if inv.plant.tls and issue_certs:
         from edgeinspect import certs

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import yaml
+
 from edgeinspect.services.deploy import tls
-from edgeinspect.services.deploy.inventory import Box, Inventory, Role
+from edgeinspect.services.deploy.inventory import GIB, Box, Inventory, Role
 from edgeinspect.services.deploy.topology import Instance
 
 CONFIG_DIR = "/etc/edgeinspect"
@@ -20,6 +23,71 @@ SECRETS = {
 }
 SECRET_OF_ROLE = {Role.gateway: "api_tokens", Role.ingest: "ingest_token"}
 HAILO_DEVICE = "/dev/hailo0"
+VIDEO_GID = 44  # Debian's `video` group, which owns /dev/video* on the boxes and in the image
+# A Pi's SD card fills with unrotated container logs: three files of 10 MB per service at most.
+LOGGING = {"driver": "json-file", "options": {"max-size": "10m", "max-file": "3"}}
+# Non-stage roles may burst to twice their reserve before the kernel stops them (a stage to its whole budget).
+LIMIT_OVER_RESERVE = 2.0
+
+
+class PlainDumper(yaml.SafeDumper):
+    """safe_dump without anchors and aliases (`&id001`): every rendered file reads on its own."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_yaml(obj: Any) -> str:
+    return yaml.dump(obj, Dumper=PlainDumper, sort_keys=False, width=110)
+
+
+def video_devices(sources: list[str]) -> list[str]:
+    """/dev/videoN for every V4L2 camera source (usb:N, N, /dev/videoN), in order, once each."""
+    out: list[str] = []
+    for src in sources:
+        m = re.fullmatch(r"(?:usb:|/dev/video)?(\d+)", src.strip())
+        if m and f"/dev/video{m.group(1)}" not in out:
+            out.append(f"/dev/video{m.group(1)}")
+    return out
+
+
+def memory_request_bytes(inv: Inventory, inst: Instance) -> int:
+    """What the instance needs: a stage its planned weights, KV budget and runtime (never above its budget)."""
+    from edgeinspect.services.deploy.inventory import STAGE_RUNTIME_GIB
+
+    if inst.role is Role.stage:
+        need = inst.stage.weight_bytes + inv.plant.kv_budget_mb * 2**20 + int(STAGE_RUNTIME_GIB * GIB)
+        return min(need, inst.box.stage_budget_bytes())
+    return int(inst.box.reserve_gib(inst.role) * GIB)
+
+
+def memory_limit_bytes(inv: Inventory, inst: Instance) -> int:
+    """Where the kernel stops the instance: a stage at the budget the planner gave it (box memory less the OS and
+    the co-located roles), any other role at twice its reserve."""
+    if inst.role is Role.stage:
+        return inst.box.stage_budget_bytes()
+    return int(min(inst.box.reserve_gib(inst.role) * LIMIT_OVER_RESERVE, inst.box.memory_gb) * GIB)
+
+
+def cpu_limit(inst: Instance) -> float:
+    """Cores the instance may use: a stage the whole box, any other role twice its share (at most the box)."""
+    if inst.role is Role.stage:
+        return inst.box.cpus
+    return min(inst.box.role_cpus(inst.role) * LIMIT_OVER_RESERVE, inst.box.cpus)
+
+
+def mebibytes(n: int) -> str:
+    return f"{n // 2**20}Mi"
+
+
+def http_health_command(port: int) -> list[str]:
+    """A probe of the role's HTTP readiness (/v2/health/ready on its metrics port) with what the image has."""
+    code = (
+        "import sys, urllib.request; "
+        f"sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:{port}/v2/health/ready', timeout=4).status == 200 "
+        "else 1)"
+    )
+    return ["python", "-c", code]
 
 
 def config_file(inst: Instance) -> str:
@@ -54,7 +122,12 @@ def _volumes(inv: Inventory, inst: Instance) -> list[dict[str, Any]]:
 
 
 def _service(
-    inv: Inventory, inst: Instance, local: list[Instance], publish: bool, client_ports: list[int]
+    inv: Inventory,
+    inst: Instance,
+    local: list[Instance],
+    publish: bool,
+    client_ports: list[int],
+    cameras: list[str],
 ) -> dict[str, Any]:
     if inst.role is Role.ingest:
         command = ["ingest", "--config", f"{CONFIG_DIR}/{config_file(inst)}"]
@@ -83,16 +156,33 @@ def _service(
         svc["secrets"] = secrets
     if inst.role is Role.vision and inst.box.hailo:
         svc["devices"] = [f"{HAILO_DEVICE}:{HAILO_DEVICE}"]
+    if inst.role is Role.ingest and video_devices(cameras):
+        svc["devices"] = [f"{d}:{d}" for d in video_devices(cameras)]
+        svc["group_add"] = [str(VIDEO_GID)]  # the image's user reads /dev/video* through the video group
     health_tls = tls.healthcheck_args() if inv.plant.tls else []
     if inst.port:
+        test = ["CMD", "edgeinspect", "healthcheck", *health_tls, f"127.0.0.1:{inst.port}"]
+    elif inst.metrics_port:  # ingest serves no gRPC: its own HTTP health, never the image's default address
+        test = ["CMD", *http_health_command(inst.metrics_port)]
+    else:
+        test = None
+    if test:
         svc["healthcheck"] = {
-            "test": ["CMD", "edgeinspect", "healthcheck", *health_tls, f"127.0.0.1:{inst.port}"],
+            "test": test,
             "interval": "15s",
             "timeout": "5s",
             "retries": 3,
             # Loading a checkpoint and passing the canary inference takes minutes on a Pi or a cold disk.
             "start_period": "10m",
         }
+    else:
+        svc["healthcheck"] = {"disable": True}
+    svc["mem_limit"] = mebibytes(memory_limit_bytes(inv, inst))
+    svc["mem_reservation"] = mebibytes(memory_request_bytes(inv, inst))
+    svc["cpus"] = cpu_limit(inst)
+    # Under contention cores go by each role's share of the box (1024 = one core's weight).
+    svc["cpu_shares"] = max(int(inst.box.role_cpus(inst.role) * 1024), 2)
+    svc["logging"] = LOGGING
     deps = _depends_on(inst, local)
     if deps:
         svc["depends_on"] = {d: {"condition": "service_healthy"} for d in deps}
@@ -112,11 +202,21 @@ def _depends_on(inst: Instance, local: list[Instance]) -> list[str]:
 
 
 def compose_project(
-    inv: Inventory, name: str, local: list[Instance], publish: bool, client_ports: dict[str, list[int]]
+    inv: Inventory,
+    name: str,
+    local: list[Instance],
+    publish: bool,
+    client_ports: dict[str, list[int]],
+    cameras: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """A compose document for `local` instances; `publish` exposes every gRPC/metrics port on the host
-    (`client_ports`: ports of clients such as ingest's trigger endpoint, by service)."""
-    services = {i.service: _service(inv, i, local, publish, client_ports.get(i.service, [])) for i in local}
+    (`client_ports`: ports of clients such as ingest's trigger endpoint, by service; `cameras`: each ingest
+    service's camera sources, whose V4L2 devices it is given)."""
+    cameras = cameras or {}
+    services = {
+        i.service: _service(inv, i, local, publish, client_ports.get(i.service, []), cameras.get(i.service, []))
+        for i in local
+    }
     doc: dict[str, Any] = {"name": name, "services": services}
     files = {n: file for n, (file, _) in SECRETS.items()}
     for box in {i.box.name: i.box for i in local}.values():
@@ -162,7 +262,5 @@ def _published(inst: Instance, client_ports: list[int]) -> dict[int, str]:
 
 
 def compose_yaml(doc: dict[str, Any], header: str) -> str:
-    import yaml
-
     comment = "".join(f"# {line}\n" for line in header.splitlines())
-    return comment + yaml.safe_dump(doc, sort_keys=False, width=110)
+    return comment + dump_yaml(doc)

@@ -17,6 +17,11 @@ GIB = 1024**3
 # plant's specs stays under 1 GB; the gateway is a Python process with SQLite.
 ROLE_RESERVE_GIB = {"vision": 1.5, "retrieval": 1.0, "gateway": 0.5, "ingest": 0.5}
 OS_RESERVE_GIB = 1.0
+# CPU cores a co-located role is guaranteed (Kubernetes requests, compose cpu_shares); a decoder stage gets what is
+# left of the box. Vision on a Hailo offloads the tower and needs less.
+ROLE_CPUS = {"vision": 1.0, "retrieval": 0.5, "gateway": 1.0, "ingest": 1.0}
+# A Python process with torch loaded holds this much beyond its weights and KV cache.
+STAGE_RUNTIME_GIB = 0.75
 
 
 class Role(StrEnum):
@@ -57,6 +62,11 @@ class Box(BaseModel):
     metrics_address: str | None = Field(
         None, description="address this box publishes /metrics on, for the plant's Prometheus (default: address)"
     )
+    cpus: float = Field(4.0, gt=0, description="CPU cores of the box (Raspberry Pi 5: 4, Jetson Orin NX: 8)")
+    replicas: list[str] = Field(
+        default_factory=list,
+        description="stage boxes that each run a copy of this box's layer range (the gateway fails over to them)",
+    )
 
     @field_validator("roles")
     @classmethod
@@ -64,6 +74,19 @@ class Box(BaseModel):
         if len(set(roles)) != len(roles):
             raise ValueError(f"a role is listed twice: {[r.value for r in roles]}")
         return roles
+
+    def reserve_gib(self, role: Role) -> float:
+        """Memory kept for `role` on this box (stage: whatever the OS and the other roles leave)."""
+        if role is Role.stage:
+            return self.stage_budget_bytes() / GIB
+        return ROLE_RESERVE_GIB[role.value]
+
+    def role_cpus(self, role: Role) -> float:
+        """CPU cores guaranteed to `role` on this box; a stage gets the rest (at least half a core)."""
+        if role is not Role.stage:
+            return min(ROLE_CPUS[role.value] * (0.5 if role is Role.vision and self.hailo else 1.0), self.cpus)
+        others = sum(self.role_cpus(r) for r in self.roles if r is not Role.stage)
+        return max(self.cpus - others, 0.5)
 
     def stage_budget_bytes(self) -> int:
         """Bytes the decoder stage on this box may hold."""
@@ -193,10 +216,36 @@ class Inventory(BaseModel):
                 raise ValueError(f"box {b.name}: `cameras` is required with role ingest, and only with it")
             if Role.vision in b.roles and b.hailo and self.plant.vision_hef is None:
                 raise ValueError(f"box {b.name} runs vision on Hailo: set plant.vision_hef")
+        by_name = {b.name: b for b in self.boxes}
+        copied: dict[str, str] = {}
+        for b in self.boxes:
+            for r in b.replicas:
+                if Role.stage not in b.roles:
+                    raise ValueError(f"box {b.name} lists replicas but runs no decoder stage")
+                if r not in by_name or Role.stage not in by_name[r].roles:
+                    raise ValueError(f"box {b.name}: replica {r!r} is not a box with role stage")
+                if r == b.name or by_name[r].replicas:
+                    raise ValueError(f"box {b.name}: replica {r!r} must be another box that lists no replicas")
+                if r in copied:
+                    raise ValueError(f"box {r} is a replica of both {copied[r]} and {b.name}")
+                copied[r] = b.name
         return self
 
     def boxes_with(self, role: Role) -> list[Box]:
         return [b for b in self.boxes if role in b.roles]
+
+    def replica_boxes(self) -> set[str]:
+        """Names of the boxes that run a copy of another box's layer range (not planned on their own)."""
+        return {r for b in self.boxes for r in b.replicas}
+
+    def planned_stage_boxes(self) -> list[Box]:
+        """Stage boxes the planner gives a layer range each, in inventory order."""
+        copies = self.replica_boxes()
+        return [b for b in self.boxes_with(Role.stage) if b.name not in copies]
+
+    def replicas_of(self, box: Box) -> list[Box]:
+        by_name = {b.name: b for b in self.boxes}
+        return [by_name[r] for r in box.replicas]
 
     def only(self, role: Role) -> Box:
         (box,) = self.boxes_with(role)

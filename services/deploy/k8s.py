@@ -12,13 +12,20 @@ from edgeinspect.services.deploy.compose import (
     HAILO_DEVICE,
     SECRET_OF_ROLE,
     SECRETS,
+    VIDEO_GID,
     config_file,
+    cpu_limit,
     image_for,
+    mebibytes,
+    memory_limit_bytes,
+    memory_request_bytes,
+    video_devices,
 )
 from edgeinspect.services.deploy.inventory import Box, Inventory, Role
 from edgeinspect.services.deploy.topology import Instance
 
-CONFIGMAP = "edgeinspect-config"
+CONFIGMAP = "edgeinspect-config"  # kustomize appends the hash of its files: a config change rolls the pods
+CONFIG_FOLDER = "config"  # k8s/config/: the files the ConfigMap is generated from
 BOX_TYPE_LABEL = "edgeinspect.io/box-type"
 UID = 10001
 
@@ -36,7 +43,7 @@ def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
     return {"name": name, "hostPath": {"path": path, "type": kind}}
 
 
-def _storage(inv: Inventory, inst: Instance) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _storage(inv: Inventory, inst: Instance, cameras: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, mounts): the rendered settings from the ConfigMap, data folders from the box's disk."""
     plant = inv.plant
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": CONFIGMAP}}]
@@ -57,6 +64,10 @@ def _storage(inv: Inventory, inst: Instance) -> tuple[list[dict[str, Any]], list
     if inst.role is Role.vision and inst.box.hailo:
         volumes.append(_host_path("hailo", HAILO_DEVICE, "CharDevice"))
         mounts.append({"name": "hailo", "mountPath": HAILO_DEVICE})
+    for dev in video_devices(cameras) if inst.role is Role.ingest else []:
+        name = dev.removeprefix("/dev/").replace("video", "video-")
+        volumes.append(_host_path(name, dev, "CharDevice"))
+        mounts.append({"name": name, "mountPath": dev})
     if plant.tls:
         # The box's certificate, key and the plant CA; readable by the pod's group only (fsGroup).
         secret: dict[str, Any] = {"secretName": tls_secret(inv, inst.box), "defaultMode": 0o440}
@@ -72,7 +83,38 @@ def tls_secret(inv: Inventory, box: Box) -> str:
     return f"edgeinspect-tls-{box.name}"
 
 
-def _container(inv: Inventory, inst: Instance, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+def _resources(inv: Inventory, inst: Instance) -> dict[str, Any]:
+    """Requests that fit the node (what the role needs; a stage's planned weights, KV and runtime, within what the
+    OS and the co-located roles leave) and limits where the kernel stops it."""
+    requests = {"memory": mebibytes(memory_request_bytes(inv, inst)), "cpu": _cores(inst.box.role_cpus(inst.role))}
+    limits = {"memory": mebibytes(memory_limit_bytes(inv, inst)), "cpu": _cores(cpu_limit(inst))}
+    return {"requests": requests, "limits": limits}
+
+
+def _cores(n: float) -> str:
+    return f"{round(n * 1000)}m"
+
+
+def _probes(inv: Inventory, inst: Instance) -> dict[str, Any]:
+    if inst.port:
+        if inv.plant.tls:  # kubelet's gRPC probe speaks no TLS: ask through `edgeinspect healthcheck` instead
+            command = ["edgeinspect", "healthcheck", *tls.healthcheck_args(), f"127.0.0.1:{inst.port}"]
+            check: dict[str, Any] = {"exec": {"command": command}}
+        else:
+            check = {"grpc": {"port": inst.port}}
+    elif inst.metrics_port:  # ingest: its HTTP health on the metrics port (plain HTTP, like /metrics)
+        check = {"httpGet": {"path": "/v2/health/ready", "port": "metrics"}}
+    else:
+        return {}
+    return {
+        # SERVING only once the model is loaded and a canary inference passed: minutes on a Pi.
+        "startupProbe": {**copy.deepcopy(check), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 60},
+        "readinessProbe": {**copy.deepcopy(check), "periodSeconds": 10, "timeoutSeconds": 5},
+        "livenessProbe": {**copy.deepcopy(check), "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3},
+    }
+
+
+def _container(inv: Inventory, inst: Instance, mounts: list[dict[str, Any]], cameras: list[str]) -> dict[str, Any]:
     if inst.role is Role.ingest:
         args = ["ingest", "--config", f"{CONFIG_DIR}/{config_file(inst)}"]
     else:
@@ -89,44 +131,40 @@ def _container(inv: Inventory, inst: Instance, mounts: list[dict[str, Any]]) -> 
         "env": env,
         "volumeMounts": mounts,
     }
-    if inst.port:
-        c["ports"] = [{"name": "grpc", "containerPort": inst.port}]
-        if inst.metrics_port:
-            c["ports"].append({"name": "metrics", "containerPort": inst.metrics_port})
-        if inv.plant.tls:  # kubelet's gRPC probe speaks no TLS: ask through `edgeinspect healthcheck` instead
-            grpc = {
-                "exec": {"command": ["edgeinspect", "healthcheck", *tls.healthcheck_args(), f"127.0.0.1:{inst.port}"]}
-            }
-        else:
-            grpc = {"grpc": {"port": inst.port}}
-        # SERVING only once the model is loaded and a canary inference passed: minutes on a Pi.
-        c["startupProbe"] = {**copy.deepcopy(grpc), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 60}
-        c["readinessProbe"] = {**copy.deepcopy(grpc), "periodSeconds": 10, "timeoutSeconds": 5}
-        c["livenessProbe"] = {**copy.deepcopy(grpc), "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3}
-    if inst.role is Role.stage:
-        c["resources"] = {"requests": {"memory": f"{inst.box.stage_budget_bytes() // 2**20}Mi"}}
-    if inst.role is Role.vision and inst.box.hailo:
-        # The Hailo character device needs the device cgroup opened; without a device plugin that is privileged.
+    ports = [{"name": "grpc", "containerPort": inst.port}] if inst.port else []
+    if inst.metrics_port:
+        ports.append({"name": "metrics", "containerPort": inst.metrics_port})
+    if ports:
+        c["ports"] = ports
+    c |= _probes(inv, inst)
+    c["resources"] = _resources(inv, inst)
+    if (inst.role is Role.vision and inst.box.hailo) or (inst.role is Role.ingest and video_devices(cameras)):
+        # A character device (Hailo, V4L2 camera) needs the device cgroup opened; without a device plugin that is
+        # privileged.
         c["securityContext"] = {"privileged": True}
     else:
         c["securityContext"] = {"allowPrivilegeEscalation": False}
     return c
 
 
-def deployment(inv: Inventory, inst: Instance) -> dict[str, Any]:
+def deployment(inv: Inventory, inst: Instance, cameras: list[str] | None = None) -> dict[str, Any]:
+    """The instance's Deployment; `cameras`: an ingest instance's camera sources (V4L2 ones get their device)."""
+    cameras = cameras or []
     labels = _labels(inv, inst)
     selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
-    volumes, mounts = _storage(inv, inst)
+    volumes, mounts = _storage(inv, inst, cameras)
     # Layer ranges and reserves were planned against this box's memory and speed: pin to it, and to its type.
     node_selector = {BOX_TYPE_LABEL: inst.box.box_type, "kubernetes.io/hostname": inst.box.name}
     pod: dict[str, Any] = {
         "nodeSelector": node_selector,
         "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID, "runAsNonRoot": True},
         "terminationGracePeriodSeconds": 10,
-        "containers": [_container(inv, inst, mounts)],
+        "containers": [_container(inv, inst, mounts, cameras)],
         "volumes": volumes + [{"name": "tmp", "emptyDir": {}}],
     }
     pod["containers"][0]["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
+    if inst.role is Role.ingest and video_devices(cameras):
+        pod["securityContext"]["supplementalGroups"] = [VIDEO_GID]
     annotations = {}
     if inst.metrics_port:
         annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(inst.metrics_port)}
@@ -161,21 +199,13 @@ def service(inv: Inventory, inst: Instance) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": inst.service, "labels": labels}, "spec": spec}
 
 
-def configmap(inv: Inventory, files: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": CONFIGMAP, "labels": {"app.kubernetes.io/instance": inv.plant.name}},
-        "data": dict(sorted(files.items())),
-    }
-
-
-def kustomization(inv: Inventory, resources: list[str]) -> dict[str, Any]:
+def kustomization(inv: Inventory, resources: list[str], config_files: list[str]) -> dict[str, Any]:
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "namespace": f"edgeinspect-{inv.plant.name}",
         "resources": resources,
+        "configMapGenerator": [{"name": CONFIGMAP, "files": [f"{CONFIG_FOLDER}/{name}" for name in config_files]}],
         # secrets.env (not rendered, never committed): EDGEINSPECT_API_TOKENS=[{"name": ..., "role": ..., "hash": ...}]
         # (`edgeinspect token create` prints each entry) for the gateway and
         # EDGEINSPECT_API_TOKEN=... for ingest.

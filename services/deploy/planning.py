@@ -18,7 +18,7 @@ def plan_stages(inv: Inventory, checkpoint: Path | None = None) -> list[StagePla
     from edgeinspect.models import planner
 
     plant = inv.plant
-    boxes = inv.boxes_with(Role.stage)
+    boxes = inv.planned_stage_boxes()
     if checkpoint is not None:
         costs = planner.layer_costs_from_checkpoint(checkpoint, plant.weights.value)
     else:
@@ -37,13 +37,22 @@ def plan_stages(inv: Inventory, checkpoint: Path | None = None) -> list[StagePla
     nodes = []
     for k, box in enumerate(boxes):
         # The planner budgets weights only: the KV cache this stage is allowed comes off the box's share.
-        weights_budget = box.stage_budget_bytes() - plant.kv_budget_mb * 2**20
+        # A replica must hold the same range: plan against the smallest and slowest copy.
+        copies = [box, *inv.replicas_of(box)]
+        weights_budget = min(b.stage_budget_bytes() for b in copies) - plant.kv_budget_mb * 2**20
         nxt = boxes[k + 1] if k + 1 < len(boxes) else inv.only(Role.gateway)
-        link = min(box.link_gbps, nxt.link_gbps) * 1e9 / 8
-        nodes.append(planner.Node(box.name, box.address, max(weights_budget, 0), box.speed, link))
+        link = min(min(b.link_gbps for b in copies), nxt.link_gbps) * 1e9 / 8
+        speed = min(b.speed for b in copies)
+        nodes.append(planner.Node(box.name, box.address, max(weights_budget, 0), speed, link))
     plan = planner.plan_partition(costs, nodes, wire_bytes_per_value=WIRE_BYTES[plant.codec])
     by_name = {b.name: b for b in boxes}
     return [
-        StagePlacement(index=k, box=by_name[st.node.name], layer_start=st.layer_start, layer_end=st.layer_end)
+        StagePlacement(
+            index=k,
+            box=by_name[st.node.name],
+            layer_start=st.layer_start,
+            layer_end=st.layer_end,
+            weight_bytes=st.weight_bytes,
+        )
         for k, st in enumerate(plan.stages)
     ]

@@ -29,8 +29,40 @@ class Target(StrEnum):
 
 @dataclass(frozen=True)
 class Rendering:
-    files: dict[str, str]  # relative path -> text
+    files: dict[str, str | bytes]  # relative path -> text (or the bytes of a copied file: a background picture)
     instances: list[Instance]
+
+
+def referenced_files(cameras_yaml: str, base: Path) -> dict[str, bytes]:
+    """{name: bytes} of every file a cameras file names relative to its folder (empty-station backgrounds), read
+    from `base`; a missing one is an error naming it, not a camera that silently gates on nothing."""
+    import yaml
+
+    data = yaml.safe_load(cameras_yaml) or {}
+    out: dict[str, bytes] = {}
+    for cam in data.get("cameras") or []:
+        background = ((cam.get("sampling") or {}).get("gating") or {}).get("background")
+        if background and not Path(background).is_absolute():
+            path = base / background
+            if not path.is_file():
+                raise FileNotFoundError(f"camera {cam.get('id')}: background picture {path} does not exist")
+            out[str(background)] = path.read_bytes()
+    return out
+
+
+def _camera_sources(settings: dict[str, RoleSettings]) -> dict[str, list[str]]:
+    return {n: [c.source for c in s.cameras] for n, s in settings.items() if hasattr(s, "cameras")}
+
+
+def _with_ingest_metrics(inv: Inventory, insts: list[Instance], cameras: dict[str, str]) -> list[Instance]:
+    """Ingest binds no gRPC port, but its metrics port (the cameras file's, or the default) carries its health."""
+    out = []
+    for inst in insts:
+        if inst.role is Role.ingest:
+            s = ingest_settings(inv, inst, insts, Addressing.service, cameras[inst.box.name])
+            inst = replace(inst, metrics_port=s.server.metrics_port)
+        out.append(inst)
+    return out
 
 
 def _header(inv: Inventory, what: str) -> str:
@@ -41,8 +73,12 @@ def _header(inv: Inventory, what: str) -> str:
     )
 
 
-def _plan_lines(stages: list[StagePlacement]) -> str:
-    return "\n".join(f"stage-{s.index}: layers [{s.layer_start}, {s.layer_end}) on {s.box.name}" for s in stages)
+def _plan_lines(insts: list[Instance]) -> str:
+    return "\n".join(
+        f"{i.service}: layers [{i.stage.layer_start}, {i.stage.layer_end}) on {i.box.name}"
+        for i in insts
+        if i.stage is not None
+    )
 
 
 def _settings(
@@ -79,17 +115,23 @@ def _client_ports(settings: dict[str, RoleSettings]) -> dict[str, list[int]]:
     return out
 
 
-def _compose_files(inv: Inventory, insts: list[Instance], plan: str, cameras: dict[str, str]) -> dict[str, str]:
-    files: dict[str, str] = {}
+def _compose_files(
+    inv: Inventory, insts: list[Instance], plan: str, cameras: dict[str, str], assets: dict[str, dict[str, bytes]]
+) -> dict[str, str | bytes]:
+    files: dict[str, str | bytes] = {}
     for box in inv.boxes:
         local = [i for i in insts if i.box.name == box.name]
         settings = _settings(inv, local, insts, Addressing.box, cameras)
         name = f"edgeinspect-{inv.plant.name}-{box.name}"
-        doc = compose.compose_project(inv, name, local, publish=True, client_ports=_client_ports(settings))
+        doc = compose.compose_project(
+            inv, name, local, publish=True, client_ports=_client_ports(settings), cameras=_camera_sources(settings)
+        )
         head = _header(inv, f"Compose file for box {box.name} ({box.address})") + "\n" + plan
         files[f"{box.name}/compose.yaml"] = compose.compose_yaml(doc, head)
         for name, text in _settings_files(inv, local, settings).items():
             files[f"{box.name}/config/{name}"] = text
+        if box.cameras is not None:
+            files |= {f"{box.name}/config/{n}": data for n, data in assets.get(box.name, {}).items()}
     # The all-in-one keeps the plan's layer ranges and codec, so a pilot on one machine behaves as the plant does;
     # its vision runs on the CPU (ONNX Runtime): the machine a pilot runs on rarely has the Hailo box's accelerator.
     insts = [replace(i, box=i.box.model_copy(update={"hailo": False})) for i in insts]
@@ -99,43 +141,61 @@ def _compose_files(inv: Inventory, insts: list[Instance], plan: str, cameras: di
         n: s.model_copy(update={"micro_batches": 1}) if isinstance(s, GatewaySettings) else s
         for n, s in settings.items()
     }
-    doc = compose.compose_project(inv, f"edgeinspect-{inv.plant.name}", insts, publish=False, client_ports={})
+    doc = compose.compose_project(
+        inv, f"edgeinspect-{inv.plant.name}", insts, publish=False, client_ports={}, cameras=_camera_sources(settings)
+    )
     head = _header(inv, "All-in-one compose file (every role on one machine)") + "\n" + plan
     files[f"{ALL_IN_ONE}/compose.yaml"] = compose.compose_yaml(doc, head)
     for name, text in _settings_files(inv, insts, settings).items():
         files[f"{ALL_IN_ONE}/config/{name}"] = text
+    for box_assets in assets.values():
+        files |= {f"{ALL_IN_ONE}/config/{n}": data for n, data in box_assets.items()}
     return files
 
 
-def _k8s_files(inv: Inventory, insts: list[Instance], plan: str, cameras: dict[str, str]) -> dict[str, str]:
-    import yaml
-
+def _k8s_files(
+    inv: Inventory, insts: list[Instance], plan: str, cameras: dict[str, str], assets: dict[str, dict[str, bytes]]
+) -> dict[str, str | bytes]:
     head = "".join(f"# {line}\n" for line in (_header(inv, "Kubernetes (k3s) manifests") + "\n" + plan).splitlines())
-    configs = _settings_files(inv, insts, _settings(inv, insts, insts, Addressing.service, cameras))
-    docs = {"namespace.yaml": [k8s.namespace(inv)], "configmap.yaml": [k8s.configmap(inv, configs)]}
+    settings = _settings(inv, insts, insts, Addressing.service, cameras)
+    configs: dict[str, str | bytes] = dict(_settings_files(inv, insts, settings))
+    sources = _camera_sources(settings)
+    for box_assets in assets.values():
+        configs |= box_assets
+    docs = {"namespace.yaml": [k8s.namespace(inv)]}
     for inst in insts:
-        objs = [k8s.deployment(inv, inst)]
+        objs = [k8s.deployment(inv, inst, sources.get(inst.service))]
         if inst.port:
             objs.append(k8s.service(inv, inst))
         docs[f"{inst.service}.yaml"] = objs
-    files = {
-        f"{K8S}/{name}": head + "---\n".join(yaml.safe_dump(o, sort_keys=False, width=110) for o in objs)
-        for name, objs in docs.items()
+    files: dict[str, str | bytes] = {
+        f"{K8S}/{name}": head + "---\n".join(compose.dump_yaml(o) for o in objs) for name, objs in docs.items()
     }
-    kust = k8s.kustomization(inv, list(docs))
-    files[f"{K8S}/kustomization.yaml"] = head + yaml.safe_dump(kust, sort_keys=False, width=110)
+    # The settings are files kustomize turns into a ConfigMap named after their hash: a changed file is a new
+    # ConfigMap name in every Deployment, so the pods roll.
+    files |= {f"{K8S}/{k8s.CONFIG_FOLDER}/{name}": data for name, data in configs.items()}
+    kust = k8s.kustomization(inv, list(docs), sorted(configs))
+    files[f"{K8S}/kustomization.yaml"] = head + compose.dump_yaml(kust)
     return files
 
 
-def render(inv: Inventory, stages: list[StagePlacement], target: Target, cameras: dict[str, str]) -> Rendering:
-    """Every file for `target`; `cameras` maps each ingest box to its cameras YAML text."""
-    insts = instances(inv, stages)
-    plan = "Partition plan:\n" + _plan_lines(stages)
-    files: dict[str, str] = {}
+def render(
+    inv: Inventory,
+    stages: list[StagePlacement],
+    target: Target,
+    cameras: dict[str, str],
+    assets: dict[str, dict[str, bytes]] | None = None,
+) -> Rendering:
+    """Every file for `target`; `cameras` maps each ingest box to its cameras YAML text, `assets` to the files
+    it names ({name: bytes}, from `referenced_files`), which are copied beside the settings."""
+    assets = assets or {}
+    insts = _with_ingest_metrics(inv, instances(inv, stages), cameras)
+    plan = "Partition plan:\n" + _plan_lines(insts)
+    files: dict[str, str | bytes] = {}
     if target in (Target.compose, Target.all):
-        files |= _compose_files(inv, insts, plan, cameras)
+        files |= _compose_files(inv, insts, plan, cameras, assets)
     if target in (Target.k8s, Target.all):
-        files |= _k8s_files(inv, insts, plan, cameras)
+        files |= _k8s_files(inv, insts, plan, cameras, assets)
     return Rendering(files=dict(sorted(files.items())), instances=insts)
 
 
@@ -149,8 +209,8 @@ def write(rendering: Rendering, out: Path) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         mode = 0o600 if "/config/" in f"/{rel}" else 0o644
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text if isinstance(text, bytes) else text.encode())
         os.chmod(path, mode)
         written.append(path)
     return written

@@ -21,6 +21,8 @@ from edgeinspect.services.deploy.topology import Addressing, Instance
 
 log = logging.getLogger(__name__)
 
+INGEST_METRICS_PORT = 9108  # the ingest role's /metrics and HTTP health when the cameras file names none
+
 
 def _isolated(cls: type[RoleSettings], data: dict[str, Any]) -> RoleSettings:
     """Validates `data` with `cls` without reading the renderer's own EDGEINSPECT_* environment or files."""
@@ -65,8 +67,10 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             "weights": plant.weights,
             "kv_budget_mb": plant.kv_budget_mb,
         }
-        if plant.chained and st.index + 1 < len(stages):
-            data["next_stage"] = stages[st.index + 1].address(addressing)
+        # chained: forward to the next range's planned box (replicas of it take over through the gateway's routing)
+        primaries = [s for s in stages if s.stage.replica == 0]
+        if plant.chained and st.index + 1 < len(primaries):
+            data["next_stage"] = primaries[st.index + 1].address(addressing)
             if plant.tls:
                 data["client_tls"] = tls.client_tls()
         return _isolated(StageSettings, data)
@@ -86,7 +90,7 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             "max_new_tokens": plant.max_new_tokens,
             # one micro-batch group per box that holds stages: stages on one box share its memory bus, and decode
             # there gains more from one bigger batch than from groups taking turns (bench/README.md, perf_pipeline)
-            "micro_batches": len({s.box.name for s in stages}),
+            "micro_batches": len({s.box.name for s in stages if s.stage.replica == 0}),
         }
         if Role.retrieval in by_role:
             data["retrieval"] = by_role[Role.retrieval].address(addressing)
@@ -117,6 +121,12 @@ def ingest_settings(
     if inv.plant.tls:
         data["gateway_tls"] = tls.public_ca()
     data.setdefault("log_level", inv.plant.log_level)
+    # Always a metrics port: the container's healthcheck and the Kubernetes probes ask its /v2/health/ready.
+    server = data.setdefault("server", {})
+    if isinstance(server, dict):
+        server.setdefault("host", "0.0.0.0")  # inside the container: reached through the published port
+        if not server.get("metrics_port"):
+            server["metrics_port"] = INGEST_METRICS_PORT
     # Keep the pipeline full: with S decoder stages, at least S inspections must be in flight or stages idle
     # while another works; two per stage leave each stage a queued step while its last one crosses the wire.
     n_stages = sum(1 for i in everyone if i.role is Role.stage)
@@ -141,6 +151,8 @@ def settings_yaml(settings: RoleSettings, header: str) -> str:
     """YAML of the fields the renderer set (defaults stay defaults), under a comment header."""
     import yaml
 
+    from edgeinspect.services.deploy.compose import PlainDumper
+
     data = settings.model_dump(mode="json", exclude_unset=True, exclude_none=True)
     comment = "".join(f"# {line}\n" for line in header.splitlines())
-    return comment + yaml.safe_dump(data, sort_keys=False)
+    return comment + yaml.dump(data, Dumper=PlainDumper, sort_keys=False)

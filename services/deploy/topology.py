@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from edgeinspect.services.deploy.inventory import Box, Inventory, Role
@@ -24,6 +24,8 @@ class StagePlacement:
     box: Box
     layer_start: int
     layer_end: int
+    weight_bytes: int = 0  # planned weights of the range (sizes the stage's memory request)
+    replica: int = 0  # 0: the planned box; k > 0: the k-th box of its `replicas`
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,11 @@ def instances(inv: Inventory, stages: list[StagePlacement]) -> list[Instance]:
     for st in stages:
         port = ports.stage_base + st.index
         out.append(Instance(f"stage-{st.index}", Role.stage, st.box, port, metrics(port), st))
+        # Replicas serve the same range on their own box, same port: the gateway learns each one's range from
+        # its handshake and fails over between them.
+        for k, copy in enumerate(inv.replicas_of(st.box), start=1):
+            placed = replace(st, box=copy, replica=k)
+            out.append(Instance(f"stage-{st.index}-r{k}", Role.stage, copy, port, metrics(port), placed))
     # Ingest is a client of the gateway: it binds nothing.
     for box in inv.boxes_with(Role.ingest):
         out.append(Instance(f"ingest-{box.name}", Role.ingest, box, 0, None))
