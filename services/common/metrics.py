@@ -29,7 +29,9 @@ PREFIX_CACHE = Counter(
     "edgeinspect_prefix_cache_lookups", "sessions asking to start from a cached prompt prefix", ["role", "result"]
 )
 INSPECTIONS = Counter("edgeinspect_inspections", "finished inspections by verdict", ["verdict"])
-FAILOVERS = Counter("edgeinspect_failovers", "sessions moved to another route after a stage failed or stalled", ["stage"])
+FAILOVERS = Counter(
+    "edgeinspect_failovers", "sessions moved to another route after a stage failed or stalled", ["stage"]
+)
 DEGRADED = Counter("edgeinspect_degraded_reports", "reports produced without something optional", ["reason"])
 ROUTE_COMPLETE = Gauge("edgeinspect_route_complete", "1 while a complete route over the decoder stages exists")
 ADMISSION = Gauge("edgeinspect_inspections_admitted", "inspections running and waiting for a slot", ["state"])
