@@ -1,0 +1,23 @@
+"""The llama.cpp anchor skips with a clear message (exit 0) where it cannot build llama.cpp."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "anchor_llamacpp.py"
+
+
+def test_without_a_toolchain_the_anchor_skips_and_says_why(tiny_checkpoint, tmp_path):
+    env = {"PATH": str(tmp_path), "EDGEINSPECT_LLAMACPP_DIR": str(tmp_path / "llamacpp"), "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path / "a.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "SKIPPED anchor_llamacpp.py: no cmake or cc or c++ on this machine" in done.stdout
+    assert not (tmp_path / "a.json").exists()
