@@ -8,6 +8,7 @@ undisturbed run: fp32 on the wire and fp32 stages, so replay must reproduce it t
 from __future__ import annotations
 
 import os
+import random
 import signal
 import threading
 import time
@@ -158,6 +159,41 @@ def test_replicas_killed_mid_generation_lose_no_report(stack, gateway, undisturb
     by_key = [r.idempotency_key for r in listed.reports if r.idempotency_key.startswith("chaos-")]
     assert sorted(by_key) == sorted(k for k, _ in keys)
     assert gateway.status().failovers >= failovers
+
+
+@pytest.mark.slow
+def test_a_hundred_inspections_survive_random_kills_and_stalls(stack, gateway, undisturbed):
+    rng = random.Random(13)
+    gateway.wait_all_healthy(4)
+    results: dict = {}
+    keys: list[tuple[str, str]] = []
+    for rnd in range(25):
+        victim = stack.role(stage_name(rng.randrange(2), rng.randrange(2)))
+        batch = [(f"soak-{rnd}-{i}", IMAGES[rng.randrange(len(IMAGES))]) for i in range(CONCURRENT)]
+        started = [threading.Event() for _ in batch]
+        threads = [
+            threading.Thread(target=streamed_inspection, args=(gateway, image, key, ev, results))
+            for (key, image), ev in zip(batch, started, strict=True)
+        ]
+        for t in threads:
+            t.start()
+        for ev in started:
+            assert ev.wait(60)
+        if rng.random() < 0.5:
+            stack.kill(victim.name)
+            for t in threads:
+                t.join(120)
+            stack.restart(victim.name)
+        else:
+            os.kill(victim.pid, signal.SIGSTOP)
+            time.sleep(3.0)
+            os.kill(victim.pid, signal.SIGCONT)
+            for t in threads:
+                t.join(120)
+        keys += batch
+        gateway.wait_all_healthy(4)
+    wrong = [k for k, image in keys if list(results[k].generated_token_ids) != undisturbed[image]]
+    assert not wrong and all(isinstance(results[k], inspection_pb2.DefectReport) for k, _ in keys)
 
 
 def test_a_stopped_stage_is_left_behind_within_the_stall_bound(stack, gateway, undisturbed):
