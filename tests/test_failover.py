@@ -192,8 +192,10 @@ def test_a_hundred_inspections_survive_random_kills_and_stalls(stack, gateway, u
                 t.join(120)
         keys += batch
         gateway.wait_all_healthy(4)
+    lost = [(k, results[k]) for k, _ in keys if not isinstance(results[k], inspection_pb2.DefectReport)]
+    assert not lost, lost
     wrong = [k for k, image in keys if list(results[k].generated_token_ids) != undisturbed[image]]
-    assert not wrong and all(isinstance(results[k], inspection_pb2.DefectReport) for k, _ in keys)
+    assert not wrong, wrong
 
 
 def test_a_stopped_stage_is_left_behind_within_the_stall_bound(stack, gateway, undisturbed):
