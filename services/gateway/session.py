@@ -272,7 +272,9 @@ class InferenceSession:
 
         if frame is not None and self._visual is None and 0 < self.policy.chunk_tokens < len(ids):
             self._visual = codec.decode_frame(frame, name="visual tokens")  # once per inspection, not per chunk
-        return prompt_chunks(ids, frame, self.policy.chunk_tokens, self.policy.image_token_id, self._visual)
+        # Only the part that carries the image gets the decoded tokens (a miss's restart chunks the prefix after them).
+        visual = self._visual if frame is not None else None
+        return prompt_chunks(ids, frame, self.policy.chunk_tokens, self.policy.image_token_id, visual)
 
     async def _prefill_on(self, wire: RouteSession) -> StepResult:
         """The prompt, sampling its first token. With a shared prefix (system prompt + spec context, before the
