@@ -181,6 +181,8 @@ def _print_banner(console, stack) -> None:
             f"  {role.name:<10} pid {role.pid:<7} {stack.address_of(role.name):<21} {layers:<15} log {role.log_path}",
             highlight=False,
         )
+        if stack.metrics_url(role.name):
+            console.print(f"  {'':<10} metrics {stack.metrics_url(role.name)}", highlight=False)
     restarts = "crashed roles restart" if stack.opts.supervise else "any role exiting stops all"
     console.print(
         f"[green]edgeinspect is up[/green]: gateway {stack.gateway_address}; "

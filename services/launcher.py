@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,7 @@ class StackOptions:
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     extra_env: dict[str, str] = field(default_factory=dict)
     console_port: int | None = None  # `up`: the web console on this HTTP port (0: a free one); None: none
+    metrics: bool = True  # every role serves /metrics and /v2/health/{live,ready} on a port of its own
 
 
 def ensure_tiny_checkpoint(workdir: Path) -> Path:
@@ -163,6 +165,8 @@ class LocalStack:
         self._spawner: ThreadPoolExecutor | None = None
         self._supervisor: threading.Thread | None = None
         self._killed: dict[str, int] = {}  # name -> the pid kill() ended last (wait_restarted's default)
+        self.metrics_ports: dict[str, int] = {}  # name -> its /metrics port (kept across restarts)
+        self._ports: Iterator[int] = iter(())
 
     def __enter__(self) -> LocalStack:
         try:
@@ -228,7 +232,9 @@ class LocalStack:
 
         ranges = stage_ranges(open_checkpoint(ckpt).num_layers, o.stages)
         upstreams = 1 + len(ranges) * o.replicas + (o.kb_dir is not None)
-        ports = iter(free_ports(upstreams + (o.gateway_port == 0), o.host, avoid=(o.gateway_port,)))
+        metrics = (upstreams + 1) if o.metrics else 0  # one more port per role, the gateway's included
+        ports = iter(free_ports(upstreams + (o.gateway_port == 0) + metrics, o.host, avoid=(o.gateway_port,)))
+        self._ports = ports
         addr = {}  # name -> port, known before anything starts: chained stages and the gateway need them
 
         def place(name: str) -> ServerConfig:
@@ -271,7 +277,8 @@ class LocalStack:
         )
         self._spawn("gateway", "gateway", gateway)
         if o.console_port is not None:  # a client of the public API (TLS: it verifies the gateway with the CA)
-            port = o.console_port or free_ports(1, o.host, avoid=tuple(r.port for r in self.roles))[0]
+            taken = (*(r.port for r in self.roles), *self.metrics_ports.values())
+            port = o.console_port or free_ports(1, o.host, avoid=taken)[0]
             server = ServerConfig(host=o.host, port=port, port_file=self.run_dir / "console.port", grace_s=2.0)
             gateway_at = f"{o.host}:{gateway.server.port}"
             console = ConsoleSettings(gateway=gateway_at, server=server, client_tls=self.creds.public_tls())
@@ -285,10 +292,18 @@ class LocalStack:
             self._supervisor = threading.Thread(target=self._supervise, name="edgeinspect-supervisor", daemon=True)
             self._supervisor.start()
 
+    def metrics_url(self, name: str) -> str | None:
+        """http://host:port/metrics of the role (None: metrics off)."""
+        port = self.metrics_ports.get(name)
+        return f"http://{self.opts.host}:{port}/metrics" if port else None
+
     def _server(self, name: str, port: int) -> ServerConfig:
+        if self.opts.metrics and name not in self.metrics_ports:
+            self.metrics_ports[name] = next(self._ports)
         return ServerConfig(
             host=self.opts.host,
             port=port,
+            metrics_port=self.metrics_ports.get(name),
             port_file=self.run_dir / f"{name}.port",
             grace_s=2.0,
             tls=self.creds.server_tls(name) if self.creds is not None else None,
@@ -462,6 +477,7 @@ class LocalStack:
                     "address": f"{self.opts.host}:{r.port}",
                     "layers": list(r.layers) if r.layers else None,
                     "replica": r.replica,
+                    "metrics": self.metrics_url(r.name),
                     "restarts": r.restarts,
                     "state": "given_up" if r.given_up else "restarting" if r.proc.poll() is not None else "running",
                     "config": str(r.config_path),

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from threading import Thread
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +54,47 @@ class MetricsHTTP:
         self.server.server_close()
 
 
-def serve_metrics(port: int | None, host: str = "127.0.0.1") -> MetricsHTTP | None:
-    """Starts the /metrics endpoint on host:port (0: a free port); None when port is None."""
+# HTTP health in the KServe v2 / Triton convention, for load balancers and probes that speak no gRPC.
+LIVE_PATH = "/v2/health/live"
+READY_PATH = "/v2/health/ready"
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # a probe every few seconds is not news
+        pass
+
+
+def _app(ready: Callable[[], bool] | None) -> Callable[..., Iterable[bytes]]:
+    """/metrics as prometheus_client serves it, plus live (the process answers) and ready (`ready()`: the role's
+    grpc.health.v1 status is SERVING; always, for a role without a gRPC server); empty bodies, status is the
+    answer."""
+    metrics = make_wsgi_app()
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path not in (LIVE_PATH, READY_PATH):
+            return metrics(environ, start_response)
+        ok = path == LIVE_PATH or ready is None or ready()
+        start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Length", "0")])
+        return [b""]
+
+    return app
+
+
+def serve_metrics(
+    port: int | None, host: str = "127.0.0.1", ready: Callable[[], bool] | None = None
+) -> MetricsHTTP | None:
+    """Starts /metrics and /v2/health/{live,ready} on host:port (0: a free port); None when port is None."""
     if port is None:
         return None
-    server, thread = start_http_server(port, addr=host)
+    family, addr = _get_best_family(host, port)
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    server = make_server(addr, port, _app(ready), Server, handler_class=_QuietHandler)
+    thread = Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
     bound = server.server_address[1]
     logger.info("metrics on http://%s:%d/metrics", host, bound)
     return MetricsHTTP(port=bound, server=server, thread=thread)

@@ -139,7 +139,7 @@ async def start_server(
     if port == 0:
         raise Unavailable(f"cannot bind {address}: port {cfg.port} is in use or {cfg.host} is not local")
     await server.start()
-    metrics = serve_metrics(cfg.metrics_port, cfg.metrics_host or cfg.host)
+    metrics = serve_metrics(cfg.metrics_port, cfg.metrics_host or cfg.host, ready=lambda: health.serving)
     if cfg.port_file is not None:
         write_port_file(Path(cfg.port_file), port)
     security = "plaintext" if cfg.tls is None else ("mTLS" if cfg.tls.require_client_auth else "TLS")
