@@ -94,6 +94,7 @@ async def test_four_cameras_for_minutes_leave_every_role_as_it_was(embedded_stac
     assert len(result.reports) > reports_warm > 0, "the cameras were inspected through the whole soak"
     for name, (rss0, fd0) in warm.items():
         rss1, fd1 = end[name]
+        print(f"soak {name}: RSS {rss0:.0f} -> {rss1:.0f} MB, fds {fd0} -> {fd1}")
         assert rss1 < rss0 * 1.10, f"{name}: RSS {rss0:.0f} -> {rss1:.0f} MB"
         assert fd1 <= fd0 + 4, f"{name}: open fds {fd0} -> {fd1}"
 
