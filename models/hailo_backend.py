@@ -1,7 +1,12 @@
-"""The vision tower on a Hailo-8 / Hailo-8L through HailoRT's Python API (`hailo_platform`).
+"""The vision tower on a Hailo accelerator through HailoRT's Python API (`hailo_platform`).
 
-Written against HailoRT's documented Python API; never run here (no Hailo device or HailoRT wheel on the build
-machine), so treat it as untested until it has run on a Pi 5 with the AI Kit.
+Which part: Hailo-8 and Hailo-8L (the Pi 5 AI Kit / AI HAT) run vision CNNs only; the real checkpoint's SigLIP-L
+tower is a ViT-L-sized encoder and, like the gen-AI models, needs a Hailo-10H. On a Hailo-8/8L this backend can
+serve only a tower that the DFC compiles for it (a CNN-sized encoder); otherwise choose torch or onnxruntime.
+
+Written against HailoRT's InferModel API (`VDevice.create_infer_model(hef)` -> `configure()` -> bindings ->
+`run_async`), which HailoRT's tutorials recommend over the older InferVStreams pipeline. Never run here (no Hailo
+device or HailoRT wheel on the build machine): treat it as untested until it has run on the hardware.
 
 The HEF is compiled offline with Hailo's Dataflow Compiler (DFC, x86 Linux) from our ONNX export; HEFs need a
 static batch, and the DFC quantises with a calibration set of preprocessed frames ([n, S, S, 3] float32 .npy,
@@ -41,66 +46,78 @@ NOT_INSTALLED = (
 def import_hailo() -> ModuleType:
     """hailo_platform, or CheckpointError (FAILED_PRECONDITION) saying how to install it."""
     try:
-        import hailo_platform
+        import hailo_platform  # pyright: ignore[reportMissingImports] (HailoRT's wheel: not on PyPI, not here)
     except ImportError as exc:
         raise CheckpointError(NOT_INSTALLED) from exc
     return hailo_platform
 
 
+# How long one batch may wait for the device (ms): a frame takes tens of ms on a Hailo-8L, a stuck device forever.
+RUN_TIMEOUT_MS = 10_000
+
+
 class HailoVisionBackend:
-    """pixel_values [B, 3, S, S] -> visual tokens [B, N, D] on the Hailo device (float32 in and out)."""
+    """pixel_values [B, 3, S, S] -> visual tokens [B, N, D] on the Hailo device (float32 in and out).
+
+    One VDevice and one configured InferModel for the life of the node (configuring costs milliseconds); each call
+    binds one input/output buffer pair per frame and runs them as one async job."""
 
     name = "hailo"
 
-    def __init__(self, hef_path: Path, image_size: int, num_tokens: int, hidden: int) -> None:
+    def __init__(self, hef_path: Path, image_size: int, num_tokens: int, hidden: int, max_batch: int = 1) -> None:
         hp = import_hailo()
         if not Path(hef_path).is_file():
             raise CheckpointError(f"HEF file {hef_path} does not exist (compile it from the ONNX export)")
-        self._hp = hp
-        self._hef = hp.HEF(str(hef_path))
-        inputs, outputs = self._hef.get_input_vstream_infos(), self._hef.get_output_vstream_infos()
-        if len(inputs) != 1 or len(outputs) != 1:
-            raise CheckpointError(
-                f"{hef_path}: expected one input and one output vstream, found {len(inputs)} and {len(outputs)}"
-            )
-        self._in_name, self._out_name = inputs[0].name, outputs[0].name
-        # Hailo vstreams are channels-last per frame: (H, W, C).
-        self._in_shape = tuple(int(d) for d in inputs[0].shape)
-        if self._in_shape != (image_size, image_size, 3):
-            raise CheckpointError(
-                f"{hef_path} takes frames of shape {self._in_shape}, the checkpoint's vision tower "
-                f"{(image_size, image_size, 3)}: compiled from another model?"
-            )
-        out_numel = math.prod(int(d) for d in outputs[0].shape)
-        if out_numel != num_tokens * hidden:
-            raise CheckpointError(
-                f"{hef_path} outputs {tuple(outputs[0].shape)} per frame, expected {num_tokens}x{hidden} values"
-            )
-        self._num_tokens, self._hidden = num_tokens, hidden
-
         self._stack = contextlib.ExitStack()
         try:
-            self._vdevice = self._stack.enter_context(hp.VDevice(hp.VDevice.create_params()))
-            configure = hp.ConfigureParams.create_from_hef(hef=self._hef, interface=hp.HailoStreamInterface.PCIe)
-            self._group = self._vdevice.configure(self._hef, configure)[0]
-            in_params = hp.InputVStreamParams.make(self._group, format_type=hp.FormatType.FLOAT32)
-            out_params = hp.OutputVStreamParams.make(self._group, format_type=hp.FormatType.FLOAT32)
-            # One pipeline for the life of the node: activating a network group per call costs milliseconds.
-            self._pipeline = self._stack.enter_context(hp.InferVStreams(self._group, in_params, out_params))
-            self._stack.enter_context(self._group.activate(self._group.create_params()))
+            params = hp.VDevice.create_params()
+            # The scheduler lets another model (a second HEF on the same device) share it without manual switching.
+            params.scheduling_algorithm = hp.HailoSchedulingAlgorithm.ROUND_ROBIN
+            self._vdevice = self._stack.enter_context(hp.VDevice(params))
+            model = self._vdevice.create_infer_model(str(hef_path))
+            if len(model.input_names) != 1 or len(model.output_names) != 1:
+                raise CheckpointError(
+                    f"{hef_path}: expected one input and one output, found {len(model.input_names)} and "
+                    f"{len(model.output_names)}"
+                )
+            model.set_batch_size(max_batch)
+            model.input().set_format_type(hp.FormatType.FLOAT32)
+            model.output().set_format_type(hp.FormatType.FLOAT32)
+            # Hailo streams are channels-last per frame: (H, W, C).
+            self._in_shape = tuple(int(d) for d in model.input().shape)
+            self._out_shape = tuple(int(d) for d in model.output().shape)
+            if self._in_shape != (image_size, image_size, 3):
+                raise CheckpointError(
+                    f"{hef_path} takes frames of shape {self._in_shape}, the checkpoint's vision tower "
+                    f"{(image_size, image_size, 3)}: compiled from another model?"
+                )
+            if math.prod(self._out_shape) != num_tokens * hidden:
+                raise CheckpointError(
+                    f"{hef_path} outputs {self._out_shape} per frame, expected {num_tokens}x{hidden} values"
+                )
+            self._configured = self._stack.enter_context(model.configure())
         except BaseException:
             self._stack.close()
             raise
-        log.info("hailo backend: %s, input %s, output %s", hef_path, self._in_shape, tuple(outputs[0].shape))
+        self._num_tokens, self._hidden = num_tokens, hidden
+        log.info("hailo backend: %s, input %s, output %s", hef_path, self._in_shape, self._out_shape)
 
     def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
         batch = pixel_values.shape[0]
         frames = pixel_values.permute(0, 2, 3, 1).contiguous().numpy().astype(np.float32)  # [B, S, S, 3]
         if tuple(frames.shape[1:]) != self._in_shape:
             raise InvalidInput(f"pixel frames {tuple(frames.shape[1:])} do not match the HEF's {self._in_shape}")
-        out = self._pipeline.infer({self._in_name: frames})[self._out_name]
-        out = np.ascontiguousarray(out, dtype=np.float32).reshape(batch, self._num_tokens, self._hidden)
-        return torch.from_numpy(out)  # [B, N, D]
+        outputs = np.empty((batch, *self._out_shape), dtype=np.float32)  # the device writes into these
+        bindings = []
+        for k in range(batch):
+            b = self._configured.create_bindings()
+            b.input().set_buffer(np.ascontiguousarray(frames[k]))
+            b.output().set_buffer(outputs[k])
+            bindings.append(b)
+        self._configured.wait_for_async_ready(timeout_ms=RUN_TIMEOUT_MS, frames_count=batch)
+        job = self._configured.run_async(bindings)
+        job.wait(RUN_TIMEOUT_MS)
+        return torch.from_numpy(outputs.reshape(batch, self._num_tokens, self._hidden))  # [B, N, D]
 
     def close(self) -> None:
         self._stack.close()

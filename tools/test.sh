@@ -22,4 +22,6 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 bash tools/setup.sh
 export HF_HUB_OFFLINE=1
+# No unresolved import across the packages, as a static tool (pyright) sees the edgeinspect tree.
+.venv/bin/python tools/typecheck.py
 exec .venv/bin/pytest -q -m "not slow" "$@"
