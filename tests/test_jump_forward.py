@@ -70,3 +70,68 @@ def cache_prompt(ckpt) -> list[int]:
 
     tok = load_processor(ckpt).tokenizer
     return tok("Inspect the cover. Answer with the JSON report.")["input_ids"]
+
+
+async def _stage_report(port: int, prompt: list[int], grammar, jump: bool) -> tuple[list[int], int]:
+    """One greedy constrained report through a real DecoderStage server's Forward stream: (tokens, decode steps)."""
+    import asyncio
+
+    import grpc
+
+    from edgeinspect.v1 import stage_pb2, stage_pb2_grpc
+
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def requests():
+        while (item := await queue.get()) is not None:
+            yield item
+
+    sampling = stage_pb2.SamplingParams(
+        grammar_id=grammar.grammar_id, grammar_json=grammar.text, max_forced_tokens=64 if jump else 0
+    )
+    sid = f"jf-{jump}"
+    tokens, steps, pos, feed = [], 0, 0, prompt
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stream = stage_pb2_grpc.DecoderStageStub(channel).Forward(requests())
+        while True:
+            step = stage_pb2.SessionStep(session_id=sid, position=pos, input_ids=feed, sampling=sampling)
+            await queue.put(stage_pb2.StepRequest(steps=[step]))
+            result = (await stream.read()).results[0]
+            sampling = stage_pb2.SamplingParams(grammar_id=grammar.grammar_id, max_forced_tokens=64 if jump else 0)
+            new = [result.token_id, *result.forced_token_ids]
+            tokens += new
+            pos, feed = result.cached_length, new
+            if tokens[-1] == EOS_OF_TINY or len(tokens) >= BUDGET:
+                break
+            steps += 1
+        await queue.put(None)
+    return tokens, steps
+
+
+EOS_OF_TINY = 1  # models/tiny.py's eos_token_id
+
+
+def test_a_real_stage_returns_forced_tokens_and_the_report_is_unchanged(tiny_checkpoint):
+    import asyncio
+
+    from edgeinspect.config import StageSettings
+    from edgeinspect.services.stage.server import start
+
+    ckpt = open_checkpoint(tiny_checkpoint)
+    assert ckpt.text_config.eos_token_id == EOS_OF_TINY
+    grammar = build_report_grammar(sample_spec_chunks(), "PCB-410", BUDGET)
+    prompt = cache_prompt(ckpt)
+
+    async def main():
+        settings = StageSettings(checkpoint=tiny_checkpoint, layer_start=0, layer_end=ckpt.num_layers)
+        running, _ = await start(settings)
+        try:
+            plain = await _stage_report(running.port, prompt, grammar, jump=False)
+            jumped = await _stage_report(running.port, prompt, grammar, jump=True)
+        finally:
+            await running.stop(0)
+        return plain, jumped
+
+    (plain, plain_steps), (jumped, jumped_steps) = asyncio.run(main())
+    assert jumped == plain and plain[-1] == EOS_OF_TINY
+    assert jumped_steps < plain_steps
