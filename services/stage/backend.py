@@ -89,7 +89,7 @@ class StageBackend:
             self.range.start,
             self.range.end,
             self.range.total,
-            cfg.weights.value,
+            self.executor.module.weights,  # what runs: `auto` is resolved by measurement at load
         )
         self._generators: dict[str, torch.Generator | None] = {}
         self.prefixes = PrefixCache(cfg.prefix_cache_mb << 20)
