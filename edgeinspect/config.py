@@ -144,7 +144,9 @@ class StageSettings(RoleSettings):
     weights: WeightsDtype = Field(WeightsDtype.fp32, description="weight dtype of the layers held here")
     next_stage: str | None = Field(None, description="host:port of the next stage when chaining (exo-style)")
     client_tls: TLSConfig | None = Field(None, description="mTLS to the next stage (None: plaintext)")
-    kv_budget_mb: int = Field(2048, description="KV cache bytes across sessions; oldest idle evicted beyond")
+    kv_budget_mb: int = Field(
+        2048, description="KV cache MB across sessions; a new session it cannot hold is refused (RESOURCE_EXHAUSTED)"
+    )
     max_batch_sessions: int = Field(8, ge=1, description="sessions batched into one forward pass (continuous batching)")
     max_step_tokens: int = Field(
         512, ge=1, description="rows per forward pass; longer prompts run in chunks so decode steps interleave"
