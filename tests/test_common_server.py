@@ -230,11 +230,11 @@ async def test_metrics_endpoint_counts_rpcs_by_role_method_and_code(start):
         await search(server.port, "")
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
     text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
-    method = "/edgeinspect.v1.RetrievalService/Search"
+    labels = f'method="Search",role="{role}",service="edgeinspect.v1.RetrievalService"'
     for code in ("OK", "INVALID_ARGUMENT"):
-        line = f'edgeinspect_rpc_requests_total{{code="{code}",method="{method}",role="{role}"}} 1.0'
-        assert line in text
-    assert f'edgeinspect_rpc_latency_seconds_count{{method="{method}",role="{role}"}} 2.0' in text
+        assert f'edgeinspect_rpc_requests_total{{code="{code}",{labels}}} 1.0' in text
+    assert f"edgeinspect_rpc_latency_seconds_count{{{labels}}} 2.0" in text
+    assert "_created" not in text
 
 
 async def test_an_upstream_error_passes_its_code_through_with_the_peer_named_in_the_log_only(start, caplog):

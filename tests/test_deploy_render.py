@@ -92,6 +92,8 @@ def test_every_depends_on_volume_secret_and_config_reference_resolves(rendered, 
                     assert (path.parent / vol["source"]).exists(), f"{path}: {vol['source']} was not rendered"
                 else:
                     assert Path(vol["source"]).is_relative_to(example.plant.data_dir), vol["source"]
+            if "observability" in svc.get("profiles", []):  # Prometheus and Grafana: no role settings
+                continue
             config = Path(_config_of(svc))
             assert str(config.parent) in targets, f"{path}: {name}'s --config folder is not mounted"
             assert (path.parent / "config" / config.name).is_file(), f"{path}: {config.name} was not rendered"
@@ -124,7 +126,7 @@ def _served_by_boxes(root: Path) -> dict[str, str]:
         doc = yaml.safe_load(path.read_text())
         box = path.parent.name
         for name, svc in doc["services"].items():
-            if svc["command"][0] != "serve":
+            if svc.get("command", [""])[0] != "serve":
                 continue
             cfg = yaml.safe_load((path.parent / "config" / Path(_config_of(svc)).name).read_text())
             port = cfg["server"]["port"]
@@ -156,8 +158,10 @@ def test_stages_sharing_one_box_batch_as_one_group(rendered):
 
 def test_all_in_one_names_peers_by_service_and_publishes_only_the_gateway(rendered):
     doc = yaml.safe_load((rendered / "all-in-one" / "compose.yaml").read_text())
-    published = [n for n, s in doc["services"].items() if "ports" in s]
+    published = [n for n, s in doc["services"].items() if "ports" in s and "profiles" not in s]
     assert published == ["gateway"]
+    for name in ("prometheus", "grafana"):  # the optional observability profile: on this machine only
+        assert all(p.startswith("127.0.0.1:") for p in doc["services"][name]["ports"]), name
     gateway = GatewaySettings.load(rendered / "all-in-one" / "config" / "gateway.yaml")
     for address in [gateway.vision, gateway.retrieval, *gateway.stages]:
         name, port = address.split(":")

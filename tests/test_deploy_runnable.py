@@ -47,11 +47,13 @@ def plant(tmp_path_factory) -> Path:
     return out
 
 
-def compose_services(root: Path) -> dict[str, dict]:
+def compose_services(root: Path, profiles: bool = False) -> dict[str, dict]:
+    """{folder/service: service} of the roles (`profiles`: the optional Prometheus and Grafana as well)."""
     out = {}
     for path in sorted(root.glob("*/compose.yaml")):
         for name, svc in yaml.safe_load(path.read_text())["services"].items():
-            out[f"{path.parent.name}/{name}"] = svc
+            if profiles or "profiles" not in svc:
+                out[f"{path.parent.name}/{name}"] = svc
     return out
 
 
@@ -66,6 +68,10 @@ def test_every_compose_service_has_memory_and_cpu_limits_and_rotated_logs(plant)
     for name, svc in services.items():
         assert 0 < mib(svc["mem_reservation"]) <= mib(svc["mem_limit"]), name
         assert 0 < svc["cpus"] <= 8 and svc["cpu_shares"] > 0, name
+    everything = compose_services(plant, profiles=True)
+    assert len(everything) == 16  # + Prometheus and Grafana beside the gateway and in the all-in-one
+    for name, svc in everything.items():
+        assert mib(svc["mem_limit"]) > 0 and svc["cpus"] > 0, name
         assert svc["logging"] == {"driver": "json-file", "options": {"max-size": "10m", "max-file": "3"}}, name
     # a stage may use what its box leaves it; on the 16 GiB Jetson that is below the box
     assert mib(services["jetson-a/stage-0"]["mem_limit"]) < 16 * 1024

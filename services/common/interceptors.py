@@ -123,8 +123,9 @@ class _CallScope:
         if code is None:
             code = grpc.StatusCode.CANCELLED if exc is not None else grpc.StatusCode.OK
         name = code.name if isinstance(code, grpc.StatusCode) else str(code)
-        RPC_REQUESTS.labels(self.role, self.method, name).inc()
-        RPC_LATENCY.labels(self.role, self.method).observe(elapsed)
+        service, _, short = self.method.rpartition("/")  # "/pkg.Service/Method" -> "pkg.Service", "Method"
+        RPC_REQUESTS.labels(self.role, service.lstrip("/"), short, name).inc()
+        RPC_LATENCY.labels(self.role, service.lstrip("/"), short).observe(elapsed)
         logger.debug("rpc %s %s in %.1f ms", self.method, name, elapsed * 1e3)
         request_id_var.reset(self._rid_token)
         deadline_var.reset(self._deadline_token)

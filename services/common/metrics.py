@@ -9,19 +9,29 @@ from threading import Thread
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import Counter, Gauge, Histogram, Info, disable_created_metrics, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family
 
 logger = logging.getLogger(__name__)
 
+# A `_created` series per family doubles what every scrape stores and no dashboard reads it.
+disable_created_metrics()
+
 # 1 ms (a loopback unary) .. 60 s (a long generation stream).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
-RPC_REQUESTS = Counter("edgeinspect_rpc_requests", "RPCs handled, by final status code", ["role", "method", "code"])
+# A whole inspection: 100 ms (a cached verification on a fast box) .. 5 min (a long report on a Pi).
+INSPECTION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+# One stage step: 0.5 ms (a decode step of a few tiny layers) .. 10 s (a long prefill chunk on a Pi).
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+RPC_REQUESTS = Counter(
+    "edgeinspect_rpc_requests", "RPCs handled, by final status code", ["role", "service", "method", "code"]
+)
 RPC_LATENCY = Histogram(
     "edgeinspect_rpc_latency_seconds",
     "RPC handling time (whole stream for streams)",
-    ["role", "method"],
+    ["role", "service", "method"],
     buckets=LATENCY_BUCKETS,
 )
 WIRE_BYTES = Counter("edgeinspect_wire_bytes", "tensor payload bytes on the wire", ["role", "codec", "direction"])
@@ -31,7 +41,28 @@ KV_BYTES = Gauge("edgeinspect_kv_bytes", "bytes held by KV caches", ["role"])
 PREFIX_CACHE = Counter(
     "edgeinspect_prefix_cache_lookups", "sessions asking to start from a cached prompt prefix", ["role", "result"]
 )
-INSPECTIONS = Counter("edgeinspect_inspections", "finished inspections by verdict", ["verdict"])
+INSPECTIONS = Counter("edgeinspect_inspections", "finished inspections by station and verdict", ["station", "verdict"])
+INSPECTION_SECONDS = Histogram(
+    "edgeinspect_inspection_duration_seconds",
+    "one inspection once admitted, to its stored report (vision, retrieval, prefill, decode, store)",
+    buckets=INSPECTION_BUCKETS,
+)
+TTFT_SECONDS = Histogram(
+    "edgeinspect_time_to_first_token_seconds",
+    "from the start of an inspection to its first generated token (vision, retrieval, prefill)",
+    buckets=INSPECTION_BUCKETS,
+)
+STAGE_STEP_SECONDS = Histogram(
+    "edgeinspect_stage_step_seconds",
+    "compute time of one step in one decoder stage, as the stage reports it (stage: its layer range)",
+    ["stage"],
+    buckets=STEP_BUCKETS,
+)
+QUEUE_WAIT_SECONDS = Histogram(
+    "edgeinspect_queue_wait_seconds", "time an inspection waited for a free slot at admission", buckets=LATENCY_BUCKETS
+)
+BUILD_INFO = Info("edgeinspect_build", "the edgeinspect build this process runs")
+MODEL_INFO = Info("edgeinspect_model", "the model the gateway's last report was made with (fingerprints, plan)")
 FAILOVERS = Counter(
     "edgeinspect_failovers", "sessions moved to another route after a stage failed or stalled", ["stage"]
 )
@@ -39,6 +70,20 @@ DEGRADED = Counter("edgeinspect_degraded_reports", "reports produced without som
 ROUTE_COMPLETE = Gauge("edgeinspect_route_complete", "1 while a complete route over the decoder stages exists")
 ADMISSION = Gauge("edgeinspect_inspections_admitted", "inspections running and waiting for a slot", ["state"])
 REFUSED = Counter("edgeinspect_inspections_refused", "inspections refused at admission (gateway full)")
+
+
+def _build() -> dict[str, str]:
+    import platform
+    from importlib import metadata
+
+    try:
+        version = metadata.version("edgeinspect")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"version": version, "python": platform.python_version()}
+
+
+BUILD_INFO.info(_build())
 
 
 @dataclass

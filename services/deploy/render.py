@@ -12,7 +12,7 @@ from pathlib import Path
 
 from edgeinspect.certs import Issued
 from edgeinspect.config import GatewaySettings, RoleSettings
-from edgeinspect.services.deploy import compose, k8s, tls
+from edgeinspect.services.deploy import compose, dashboard, k8s, tls
 from edgeinspect.services.deploy.inventory import Inventory, Role
 from edgeinspect.services.deploy.settings import ingest_settings, role_settings, settings_yaml
 from edgeinspect.services.deploy.topology import Addressing, Instance, StagePlacement, instances
@@ -127,6 +127,9 @@ def _compose_files(
             inv, name, local, publish=True, client_ports=_client_ports(settings), cameras=_camera_sources(settings)
         )
         head = _header(inv, f"Compose file for box {box.name} ({box.address})") + "\n" + plan
+        if Role.gateway in box.roles:  # the plant's Prometheus and Grafana beside the gateway, on request
+            targets = {i.service: f"{i.box.metrics_address or i.box.address}:{i.metrics_port}" for i in insts}
+            files |= _observability(doc, box.name, targets, compose._ip_or_none(box.address))
         files[f"{box.name}/compose.yaml"] = compose.compose_yaml(doc, head)
         for name, text in _settings_files(inv, local, settings).items():
             files[f"{box.name}/config/{name}"] = text
@@ -145,11 +148,29 @@ def _compose_files(
         inv, f"edgeinspect-{inv.plant.name}", insts, publish=False, client_ports={}, cameras=_camera_sources(settings)
     )
     head = _header(inv, "All-in-one compose file (every role on one machine)") + "\n" + plan
+    targets = {i.service: f"{i.service}:{i.metrics_port}" for i in insts}
+    files |= _observability(doc, ALL_IN_ONE, targets, "127.0.0.1")
     files[f"{ALL_IN_ONE}/compose.yaml"] = compose.compose_yaml(doc, head)
     for name, text in _settings_files(inv, insts, settings).items():
         files[f"{ALL_IN_ONE}/config/{name}"] = text
     for box_assets in assets.values():
         files |= {f"{ALL_IN_ONE}/config/{n}": data for n, data in box_assets.items()}
+    return files
+
+
+def _observability(doc: dict, folder: str, targets: dict[str, str], publish_host: str) -> dict[str, str | bytes]:
+    """Adds the `observability` profile (Prometheus scraping `targets`, Grafana with the dashboard) to a compose
+    document; returns the files it mounts."""
+    doc["services"] |= dashboard.compose_services(publish_host)
+    doc["volumes"] = {"prometheus-data": {}, "grafana-data": {}}
+    root = f"{folder}/{dashboard.FOLDER}"
+    scraped = {n: a for n, a in targets.items() if not a.endswith(":None")}
+    files: dict[str, str | bytes] = {
+        f"{root}/prometheus.yml": compose.dump_yaml(dashboard.prometheus_config(scraped)),
+        f"{root}/grafana/dashboards/edgeinspect.json": dashboard.dashboard_json(),
+    }
+    for rel, obj in dashboard.grafana_provisioning().items():
+        files[f"{root}/grafana/{rel}"] = compose.dump_yaml(obj)
     return files
 
 

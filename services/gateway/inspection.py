@@ -128,7 +128,9 @@ class Inspector:
         """Yields token deltas, then the stored report (a retried idempotency key yields the stored one)."""
         self.validate(req)
         deadline = self._deadline()
+        queued_at = time.monotonic()
         async with self.admission.slot(max(0.0, deadline - time.monotonic())):
+            metrics.QUEUE_WAIT_SECONDS.observe(time.monotonic() - queued_at)
             report_id, existing = await asyncio.to_thread(self.store.claim, req.idempotency_key, request_id_var.get())
             if existing is not None:
                 log.info("idempotency key %r: returning stored report %s", req.idempotency_key, report_id)
@@ -206,7 +208,10 @@ class Inspector:
         await asyncio.to_thread(functools.partial(self.store.complete, report, image=req.image))
         if not req.evaluation:  # an eval's labelled frames never reach the plant's systems
             self.outputs.publish(report)  # returns at once: each output delivers from its own outbox
-        metrics.INSPECTIONS.labels(verdict=inspection_pb2.Verdict.Name(report.verdict)).inc()
+        verdict = inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_")
+        metrics.INSPECTIONS.labels(station=req.station, verdict=verdict).inc()
+        metrics.INSPECTION_SECONDS.observe(time.perf_counter() - t0)
+        metrics.MODEL_INFO.info({"fingerprint": report.model.checkpoint_fingerprint, "plan": report.model.plan})
         log.info(
             "report %s stored: %s, %d tokens, %d failovers",
             report_id,
@@ -230,12 +235,14 @@ class Inspector:
             result = await (session.decode() if generated else session.prefill())
             if t_first is None:
                 t_first = time.perf_counter()
+                metrics.TTFT_SECONDS.observe(t_first - t0)
                 if session.prefix_reused:
                     log.info("session %s: %d prompt positions from cache", session.base_id, session.prefix_reused)
             else:  # decode steps only: prefill is in time_to_first_token
                 network_ms += result.wire_ms
             for t in result.timings:
                 step_timings.setdefault(t.stage, []).append(t.compute_ms)
+                metrics.STAGE_STEP_SECONDS.labels(stage=t.stage).observe(t.compute_ms / 1e3)
             if result.token_id == self.eos_id:
                 session.truncated = False
                 break
