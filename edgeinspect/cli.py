@@ -1,12 +1,17 @@
 """The `edgeinspect` command: one entry point, one sub-command group per concern.
 
 Sub-command modules import their heavy dependencies (torch, faiss, cv2) inside the commands, so `--help` is fast.
+A user error (a missing file, a refused token, an unreachable gateway, a bad checkpoint folder) ends as one line on
+stderr and a non-zero exit, never a traceback: main() translates them (user_error_message) in one place.
 """
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
+from edgeinspect import PROTOCOL_VERSION, __version__
 from edgeinspect.bench_cli import bench_command
 from edgeinspect.models.cli import app as model_app
 from edgeinspect.models.planner_cli import plan_command
@@ -29,6 +34,23 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"edgeinspect {__version__} (protocol {PROTOCOL_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="print the version and exit"
+    ),
+) -> None:
+    """On-prem visual inspection: DeepSeek-VL split across edge boxes, grounded in your defect specs."""
+
+
 app.add_typer(model_app, name="model", help="Checkpoints: generate a tiny one, inspect, export the vision tower.")
 app.command("plan")(plan_command)
 app.add_typer(deploy_app, name="deploy", help="Plant inventory -> compose files, role settings, k3s manifests.")
@@ -50,8 +72,71 @@ app.command("eval")(eval_command)
 app.add_typer(rollout_app, name="rollout", help="Model versions: shadow a candidate, promote it, roll it back.")
 
 
-def main() -> None:
-    app()
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _rpc_message(exc) -> str:
+    """A gRPC failure as the person at the terminal can act on it (the client side: their own addresses)."""
+    import grpc
+
+    code, details = exc.code(), _one_line(exc.details() or "")
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return f"cannot reach the gateway (is it running, and is --gateway right?): {details}"
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return f"the gateway refused the token (check --token / EDGEINSPECT_TOKEN / --token-file): {details}"
+    if code is grpc.StatusCode.PERMISSION_DENIED:
+        return f"this token may not do that: {details}"
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"the gateway did not answer in time: {details}"
+    return f"{code.name.lower().replace('_', ' ')}: {details}"
+
+
+def user_error_message(exc: BaseException) -> str | None:
+    """One line for an error the user can fix, or None for a bug (which keeps its traceback)."""
+    from edgeinspect.errors import EdgeInspectError
+
+    if isinstance(exc, EdgeInspectError):
+        return _one_line(str(exc)) or exc.status.lower().replace("_", " ")
+    if type(exc).__module__.startswith("grpc") and hasattr(exc, "code") and hasattr(exc, "details"):
+        return _rpc_message(exc)
+    if isinstance(exc, FileNotFoundError | IsADirectoryError | NotADirectoryError | PermissionError):
+        if exc.filename:
+            return f"{exc.filename}: {(exc.strerror or str(exc)).lower()}"
+        return _one_line(str(exc))
+    if type(exc).__name__ == "ValidationError" and type(exc).__module__.startswith("pydantic"):
+        first = exc.errors()[0]  # type: ignore[attr-defined]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "settings"
+        return f"invalid settings: {where}: {first.get('msg', '')} ({exc.error_count()} error(s) in all)"  # type: ignore[attr-defined]
+    return None
+
+
+def _is_usage_error(exc: BaseException) -> bool:
+    """A ClickException (typer vendors click, so matched by what it has rather than by an import path)."""
+    return any(c.__name__ == "ClickException" for c in type(exc).__mro__) and hasattr(exc, "format_message")
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        rc = app(args=argv, prog_name="edgeinspect", standalone_mode=False)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
+    except Exception as exc:
+        if _is_usage_error(exc):  # typer's (vendored) click exceptions: a wrong option, a missing argument
+            if type(exc).__name__ == "NoArgsIsHelpError":
+                exc.show()  # type: ignore[attr-defined] (the help text itself, as typer prints it for a bare group)
+                sys.exit(2)
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+            sys.stderr.write(f"error: {_one_line(exc.format_message())}{hint}\n")  # type: ignore[attr-defined]
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        message = user_error_message(exc)
+        if message is None:
+            raise
+        sys.stderr.write(f"error: {message}\n")
+        sys.exit(1)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

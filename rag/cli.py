@@ -33,7 +33,8 @@ def _logging(verbose: bool) -> None:
 @app.command("index")
 def index_command(
     source: Path = typer.Argument(..., help="folder of specs (.md, .txt, .pdf; subfolders included)"),
-    kb: Path = _kb_option("--out", "--kb"),
+    kb: Path = _kb_option("--kb"),
+    old_out: Path | None = typer.Option(None, "--out", hidden=True, help="the old spelling of --kb"),
     hnsw_threshold: int = typer.Option(20_000, help="chunk count from which an HNSW index replaces exact search"),
     max_chars: int = typer.Option(900, help="largest chunk, in characters"),
     overlap: int = typer.Option(150, help="characters a split section repeats from the previous chunk"),
@@ -51,6 +52,7 @@ def index_command(
     from edgeinspect.rag.indexer import Progress as Hooks
 
     _logging(verbose)
+    kb = old_out or kb
     cfg = IndexConfig(chunk=ChunkConfig(max_chars=max_chars, overlap_chars=overlap), hnsw_threshold=hnsw_threshold)
     bar = Progress(
         TextColumn("[bold]embedding"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
@@ -67,7 +69,7 @@ def index_command(
     try:
         summary = build_index(source, kb, Embedder(batch_size=batch_size), cfg, hooks)
     except EdgeInspectError as e:
-        console.print(f"[red]error:[/red] {e}")
+        typer.echo(f"error: {' '.join(str(e).split())}", err=True)  # one line on stderr, as edgeinspect.cli prints
         raise typer.Exit(1) from e
     finally:
         bar.stop()
@@ -98,7 +100,8 @@ def index_command(
 def search_command(
     query: str = typer.Argument(..., help="question or defect description"),
     k: int = typer.Option(5, "-k", "--top-k", help="number of chunks to return"),
-    product: str | None = typer.Option(None, "--product", help="only chunks of this product (and general specs)"),
+    part: str | None = typer.Option(None, "--part", help="only chunks of this part / product (and general specs)"),
+    old_product: str | None = typer.Option(None, "--product", hidden=True, help="the old spelling of --part"),
     station: str | None = typer.Option(None, "--station", help="only chunks of this station"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     kb: Path = _kb_option("--kb"),
@@ -109,11 +112,12 @@ def search_command(
     from edgeinspect.rag.search import Searcher
 
     _logging(False)
+    product = part or old_product  # the front matter calls it `product`; the CLI says --part everywhere
     filters = {key: v for key, v in (("product", product), ("station", station)) if v}
     try:
         result = Searcher(kb, Embedder()).search(query, k, filters)
     except EdgeInspectError as e:
-        console.print(f"[red]error:[/red] {e}")
+        typer.echo(f"error: {' '.join(str(e).split())}", err=True)  # one line on stderr, as edgeinspect.cli prints
         raise typer.Exit(1) from e
     if as_json:
         out = {
@@ -152,7 +156,7 @@ def stats_command(kb: Path = _kb_option("--kb")) -> None:
     try:
         manifest = store.read_manifest(store.version_path(kb))
     except EdgeInspectError as e:
-        console.print(f"[red]error:[/red] {e}")
+        typer.echo(f"error: {' '.join(str(e).split())}", err=True)  # one line on stderr, as edgeinspect.cli prints
         raise typer.Exit(1) from e
     table = Table(title=f"Knowledge base {kb}", show_header=False)
     for key in ("index_version", "created_at", "document_count", "chunk_count", "embedding_model", "dimension",

@@ -62,7 +62,7 @@ def current_version(kb: Path) -> str | None:
 def version_path(kb: Path, version: str | None = None) -> Path:
     version = version or current_version(kb)
     if version is None:
-        raise NotFound(f"no knowledge base at {kb}: run `edgeinspect kb index DIR --out {kb}` first")
+        raise NotFound(f"no knowledge base at {kb}: run `edgeinspect kb index DIR --kb {kb}` first")
     path = versions_dir(kb) / version
     if not (path / MANIFEST).is_file():
         raise FailedPrecondition(f"knowledge base {kb}: version {version} named by CURRENT is missing")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import typer
 
+from edgeinspect.config import WireCodec
+
 DEFAULT_GATEWAY = "127.0.0.1:50051"
 WORKDIR = Path("var/embedded")
 TOKEN_FILE = WORKDIR / "api_token"  # written by `up` (0600)
@@ -81,7 +83,7 @@ def up_command(
     checkpoint: Path | None = typer.Option(None, help="DeepSeek-VL checkpoint folder (default: generated tiny one)"),
     stages: int = typer.Option(2, min=1, help="decoder stages: layer ranges the language model is split into"),
     replicas: int = typer.Option(1, min=1, help="processes serving each layer range (each its own port)"),
-    codec: str = typer.Option("fp16", help="tensor codec between nodes: fp32, fp16, int8"),
+    codec: WireCodec = typer.Option(WireCodec.fp16, help="tensor codec between nodes"),
     chained: bool = typer.Option(False, help="stages forward to each other instead of through the gateway"),
     port: int = typer.Option(50051, help="gateway port"),
     workdir: Path = typer.Option(WORKDIR, help="folder for configs, logs, the report database and the KB"),
@@ -226,7 +228,7 @@ def _serve_until_stopped(stack, console) -> int:
 
 
 def inspect_command(
-    images: list[Path] = typer.Argument(..., help="image files to inspect"),
+    images: list[Path] = typer.Argument(..., exists=True, dir_okay=False, help="image files to inspect"),
     gateway: str = typer.Option(DEFAULT_GATEWAY, envvar="EDGEINSPECT_GATEWAY", help="gateway host:port"),
     token: str = typer.Option(
         "", help="bearer token (default: $EDGEINSPECT_TOKEN, else the --token-file `up` wrote)", show_default=False
