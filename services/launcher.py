@@ -327,6 +327,7 @@ class LocalStack:
             **os.environ,
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
+            "TQDM_DISABLE": "1",  # no progress bars ("Batches: 100%") in a role's JSON log; tqdm reads it at import
             **self.opts.extra_env,
             PARENT_PID_ENV: str(os.getpid()),
         }

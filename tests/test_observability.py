@@ -68,10 +68,12 @@ def prometheus(embedded_stack, tmp_path_factory):
         proc.wait()
 
 
-def inspect_waves(stack) -> None:
-    """Two waves, so every counter has grown between scrapes (a series' first sample counts no increase)."""
+@pytest.fixture(scope="module")
+def inspected(embedded_stack, prometheus) -> None:
+    """Two waves of inspections while Prometheus scrapes, so every counter has grown between scrapes (a series'
+    first sample counts no increase)."""
     image = asset_path("part_ok.jpg").read_bytes()
-    with InspectionClient(stack.gateway_address, stack.api_token) as client:
+    with InspectionClient(embedded_stack.gateway_address, embedded_stack.api_token) as client:
         for _wave in range(2):
             for station in ("press-7", "line-2/station-1"):
                 client.inspect(image, station=station, part="HSG-2040", max_new_tokens=6)
@@ -92,8 +94,7 @@ def test_every_role_is_scraped_and_its_metrics_pass_promtool(embedded_stack, pro
     assert all(s["value"][1] == "1" for s in up)
 
 
-def test_every_dashboard_query_returns_data_after_a_few_inspections(embedded_stack, prometheus):
-    inspect_waves(embedded_stack)
+def test_every_dashboard_query_returns_data_after_a_few_inspections(embedded_stack, prometheus, inspected):
     empty = []
     for expr in dashboard.expressions():
         if not query(prometheus, expr.replace("$__rate_interval", "1m")):
@@ -116,3 +117,17 @@ def test_the_shipped_dashboard_is_the_one_the_renderer_writes():
     assert json.loads((shipped / "edgeinspect.json").read_text()) == dashboard.dashboard()
     assert all(t["datasource"]["uid"] == dashboard.DATASOURCE_UID for p in dashboard.dashboard()["panels"]
                for t in p["targets"])  # fmt: skip
+
+
+def test_every_log_line_of_every_role_is_json_and_reports_carry_their_id_and_verdict(embedded_stack, inspected):
+    stored = []
+    for role in embedded_stack.roles:
+        for n, line in enumerate(role.log_path.read_text().splitlines()):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                pytest.fail(f"{role.name} log line {n + 1} is not JSON: {line[:200]!r}")
+            assert {"event", "level", "role", "timestamp"} <= record.keys(), (role.name, record)
+            if role.name == "gateway" and record["event"].startswith("report ") and "stored" in record["event"]:
+                stored.append(record)
+    assert stored and all(r["report_id"] and r["verdict"] and r["request_id"] for r in stored)

@@ -34,6 +34,7 @@ def configure_logging(level: str = "INFO", json: bool = True, role: str = "", st
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
+        structlog.stdlib.ExtraAdder(),  # `extra={"report_id": ...}` becomes fields of the line, not lost
         _context_adder(role),
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]

@@ -138,7 +138,7 @@ def _service(
         "command": command,
         "restart": "unless-stopped",
         "init": True,
-        "environment": {"HF_HUB_OFFLINE": "1"},
+        "environment": {"HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"},  # no progress bars in the JSON logs
     }
     ports = _published(inst, client_ports) if publish else {inst.port: ""} if inst.role is Role.gateway else {}
     if ports:

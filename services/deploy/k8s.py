@@ -119,7 +119,7 @@ def _container(inv: Inventory, inst: Instance, mounts: list[dict[str, Any]], cam
         args = ["ingest", "--config", f"{CONFIG_DIR}/{config_file(inst)}"]
     else:
         args = ["serve", inst.role.value, "--config", f"{CONFIG_DIR}/{config_file(inst)}"]
-    env: list[dict[str, Any]] = [{"name": "HF_HUB_OFFLINE", "value": "1"}]
+    env: list[dict[str, Any]] = [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TQDM_DISABLE", "value": "1"}]
     if inst.role in SECRET_OF_ROLE:
         var = SECRETS[SECRET_OF_ROLE[inst.role]][1]
         ref = {"name": inv.plant.api_tokens_secret, "key": var}
