@@ -85,6 +85,15 @@ def index_command(
     if summary.unchanged:
         table.add_row("result", "no changes: kept the current version")
     console.print(table)
+    if summary.no_product:
+        # Not an error (general specs may have no product), but part-filtered searches never return these.
+        names = ", ".join(summary.no_product)
+        console.print(
+            f"[yellow]warning:[/yellow] {len(summary.no_product)} document(s) name no product, so no part filter "
+            f"will match them (add `product: <part>` to the front matter, or `product: all` for every part; for a "
+            f"PDF, a <name>.yaml beside it): {names}",
+            highlight=False,
+        )
     if summary.skipped or summary.bounded:
         issues = Table(title="Files skipped or bounded")
         issues.add_column("file")

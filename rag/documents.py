@@ -21,6 +21,9 @@ TEXT_SUFFIXES = {".md", ".markdown", ".txt"}
 PDF_SUFFIXES = {".pdf"}
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | PDF_SUFFIXES
 DEFAULT_MAX_BYTES = 2 * 1024 * 1024
+# A PDF's front matter: `<name>.yaml` (or .yml) beside `<name>.pdf`, since Word and most PDF tools cannot set the
+# custom document-info keys (/Product, /Station...) the PDF itself could carry. The sidecar's fields win.
+SIDECAR_SUFFIXES = (".yaml", ".yml")
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*\r?\n", re.DOTALL)
 
 
@@ -61,17 +64,37 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def sidecar_for(path: Path) -> Path | None:
+    """The front-matter sidecar of a PDF, if there is one."""
+    if path.suffix.lower() not in PDF_SUFFIXES:
+        return None
+    return next((c for c in (path.with_suffix(s) for s in SIDECAR_SUFFIXES) if c.is_file()), None)
+
+
+def is_sidecar(path: Path) -> bool:
+    return path.suffix.lower() in SIDECAR_SUFFIXES and any(path.with_suffix(s).is_file() for s in (".pdf", ".PDF"))
+
+
+def source_sha256(path: Path) -> str:
+    """What a document's content hash covers: the file, and its sidecar (editing it re-indexes the PDF)."""
+    sha = file_sha256(path)
+    sidecar = sidecar_for(path)
+    if sidecar is None:
+        return sha
+    return hashlib.sha256(f"{sha}:{file_sha256(sidecar)}".encode()).hexdigest()
+
+
 def doc_id_for(rel_path: str) -> str:
     """Stable id from the relative path: folder/name without suffix."""
     return rel_path.rsplit(".", 1)[0] if "." in Path(rel_path).name else rel_path
 
 
 def scan_folder(root: Path) -> list[Path]:
-    """Every regular file below root (hidden files and folders skipped), sorted for a stable order."""
+    """Every regular file below root (hidden files and folders, and PDFs' sidecars, skipped), sorted."""
     files = []
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts) or not p.is_file():
+        if any(part.startswith(".") for part in rel.parts) or not p.is_file() or is_sidecar(p):
             continue
         files.append(p)
     return files
@@ -86,7 +109,7 @@ def read_document(path: Path, root: Path, max_bytes: int = DEFAULT_MAX_BYTES) ->
     size = path.stat().st_size
     if size == 0:
         return Skipped(rel, "empty file")
-    sha = file_sha256(path)
+    sha = source_sha256(path)
     if suffix in PDF_SUFFIXES:
         return _read_pdf(path, rel, sha, size, max_bytes)
     return _read_text(path, rel, sha, size, max_bytes, "markdown" if suffix != ".txt" else "text")
@@ -142,6 +165,15 @@ def _read_pdf(path: Path, rel: str, sha: str, size: int, max_bytes: int) -> Docu
         "severities": info.get("/Severities"),
     }
     meta = {k: str(v) for k, v in meta.items() if v}
+    sidecar = sidecar_for(path)
+    if sidecar is not None:
+        try:
+            extra = yaml.safe_load(sidecar.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            return Skipped(rel, f"sidecar {sidecar.name} is not valid YAML: {' '.join(str(e).split())[:200]}")
+        if extra is not None and not isinstance(extra, dict):
+            return Skipped(rel, f"sidecar {sidecar.name} is not a YAML mapping (fields like product: HSG-210)")
+        meta.update(extra or {})
     return _document(rel, sha, "pdf", meta, pages, "", default_title=pages[0].text.strip().splitlines()[0])
 
 

@@ -51,6 +51,8 @@ class IndexSummary:
     bounded: list[tuple[str, str]]  # (path, what was cut)
     seconds: float
     unchanged: bool  # nothing changed: the served version was kept
+    # Documents without a product in their front matter: no part filter matches them (`product: all` does).
+    no_product: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -125,6 +127,10 @@ def build_index(
         if stale:
             log.warning("removed unfinished builds left by an interrupted indexer: %s", stale)
         docs, skipped = read_corpus(source, cfg)
+        no_product = sorted(d.path for d in docs if not d.product)
+        if no_product:
+            log.warning("%d documents have no product, so no part filter will match them: %s", len(no_product),
+                        ", ".join(no_product))  # fmt: skip
         prev_version = store.current_version(kb)
         prev_path = store.version_path(kb, prev_version) if prev_version else None
         prev = store.read_manifest(prev_path) if prev_path else None
@@ -167,7 +173,7 @@ def build_index(
         if prev and not to_embed and not removed and prev.get("index_type") == index_type:
             return IndexSummary(
                 prev["index_version"], index_type, len(docs), n_chunks, 0, reused, [], [], [],
-                skipped, bounded, time.perf_counter() - t0, unchanged=True,
+                skipped, bounded, time.perf_counter() - t0, unchanged=True, no_product=no_product,
             )  # fmt: skip
 
         if progress.on_embed_start:
@@ -214,5 +220,5 @@ def build_index(
             log.info("pruned old versions %s", pruned)
         return IndexSummary(
             version, index_type, len(docs), len(all_chunks), len(to_embed), reused, new_docs, changed_docs,
-            removed, skipped, bounded, time.perf_counter() - t0, unchanged=False,
+            removed, skipped, bounded, time.perf_counter() - t0, unchanged=False, no_product=no_product,
         )  # fmt: skip

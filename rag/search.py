@@ -82,7 +82,8 @@ class Searcher:
             if key == "product":
                 mask &= np.array([value in p or ALL_PRODUCTS in p for p in self._products], dtype=bool)
             elif key == "station":
-                mask &= self._station == value
+                # `station: all` (a procedure for every station) matches every station filter, as product does.
+                mask &= (self._station == value) | (self._station == ALL_PRODUCTS)
             else:
                 mask &= self._doc == value
         return np.flatnonzero(mask) if active else None
@@ -126,7 +127,7 @@ def verify_kb(kb: Path, check_sources: bool = True) -> list[str]:
     """Problems found (empty: all good): version files against the manifest, and source files against the hashes."""
     import faiss
 
-    from edgeinspect.rag.documents import file_sha256
+    from edgeinspect.rag.documents import source_sha256
 
     problems: list[str] = []
     try:
@@ -167,7 +168,7 @@ def verify_kb(kb: Path, check_sources: bool = True) -> list[str]:
             f = src / meta["path"]
             if not f.is_file():
                 problems.append(f"{doc_id}: source {f} no longer exists (re-index to drop it)")
-            elif file_sha256(f) != meta["sha256"]:
+            elif source_sha256(f) != meta["sha256"]:
                 problems.append(f"{doc_id}: source {f} changed since indexing (re-index)")
         if src.is_dir():
             from edgeinspect.rag.documents import SUPPORTED_SUFFIXES, scan_folder
