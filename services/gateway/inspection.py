@@ -131,7 +131,12 @@ class Inspector:
         queued_at = time.monotonic()
         async with self.admission.slot(max(0.0, deadline - time.monotonic())):
             metrics.QUEUE_WAIT_SECONDS.observe(time.monotonic() - queued_at)
-            report_id, existing = await asyncio.to_thread(self.store.claim, req.idempotency_key, request_id_var.get())
+            if req.verification:  # a check of the cluster (`edgeinspect verify`), not a production record
+                report_id, existing = f"verify-{uuid.uuid4().hex[:12]}", None
+            else:
+                report_id, existing = await asyncio.to_thread(
+                    self.store.claim, req.idempotency_key, request_id_var.get()
+                )
             if existing is not None:
                 log.info("idempotency key %r: returning stored report %s", req.idempotency_key, report_id)
                 yield inspection_pb2.InspectEvent(report=existing)
@@ -151,7 +156,8 @@ class Inspector:
             except BaseException as exc:
                 reason = failure_reason(hop[0], exc)
                 log.warning("report %s failed: %s", report_id, reason, extra={"report_id": report_id})
-                await asyncio.shield(asyncio.to_thread(self.store.fail, report_id, reason))
+                if not req.verification:
+                    await asyncio.shield(asyncio.to_thread(self.store.fail, report_id, reason))
                 raise
             finally:
                 self._running.discard(report_id)
@@ -205,8 +211,9 @@ class Inspector:
                 yield event
         hop[0] = "store"
         report = self._report(req, report_id, session, prompt, index_version, timings, enc.image_sha256)
-        await asyncio.to_thread(functools.partial(self.store.complete, report, image=req.image))
-        if not req.evaluation:  # an eval's labelled frames never reach the plant's systems
+        if not req.verification:  # verify's reports are answered only: never stored, never published
+            await asyncio.to_thread(functools.partial(self.store.complete, report, image=req.image))
+        if not req.evaluation and not req.verification:  # an eval's labelled frames never reach the plant's systems
             self.outputs.publish(report)  # returns at once: each output delivers from its own outbox
         verdict = inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_")
         metrics.INSPECTIONS.labels(station=req.station, verdict=verdict).inc()
