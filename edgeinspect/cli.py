@@ -82,14 +82,14 @@ def _rpc_message(exc) -> str:
 
     code, details = exc.code(), _one_line(exc.details() or "")
     if code is grpc.StatusCode.UNAVAILABLE:
-        return f"cannot reach the gateway (is it running, and is --gateway right?): {details}"
+        return f"cannot reach the gateway (UNAVAILABLE: is it running, and is --gateway right?): {details}"
     if code is grpc.StatusCode.UNAUTHENTICATED:
-        return f"the gateway refused the token (check --token / EDGEINSPECT_TOKEN / --token-file): {details}"
+        return f"the gateway refused the token (UNAUTHENTICATED: check --token or --token-file): {details}"
     if code is grpc.StatusCode.PERMISSION_DENIED:
-        return f"this token may not do that: {details}"
+        return f"this token may not do that (PERMISSION_DENIED): {details}"
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-        return f"the gateway did not answer in time: {details}"
-    return f"{code.name.lower().replace('_', ' ')}: {details}"
+        return f"the gateway did not answer in time (DEADLINE_EXCEEDED): {details}"
+    return f"{code.name}: {details}"
 
 
 def user_error_message(exc: BaseException) -> str | None:
