@@ -14,7 +14,6 @@ from edgeinspect.models.prefix_cache import PrefixCache
 from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
 from edgeinspect.testing import local_stages
-from edgeinspect.v1 import stage_pb2
 
 NEW_TOKENS = 8
 CONTEXT = (
@@ -49,12 +48,12 @@ async def _inspect_frames(path, frames, chunk: int, per_stage=None) -> tuple[lis
     async with local_stages(path, 2, per_stage) as (pipeline, backends):
         for k, (ids, visual, _) in enumerate(frames):
             frame = codec.encode_frame(visual, codec.Codec.fp32)
-            sampling = stage_pb2.SamplingParams()
-            async with pipeline.session(f"frame{k}") as session:
-                out = [(await session.prefill(ids, frame, sampling, chunk, image_id, ids.index(image_id))).token_id]
-                while len(out) < NEW_TOKENS:
-                    out.append((await session.step([out[-1]], None, sampling)).token_id)
-            tokens.append(out)
+            session = pipeline.session(f"frame{k}", ids, frame, prefix_length=ids.index(image_id), chunk_tokens=chunk)
+            async with session:
+                await session.prefill()
+                while len(session.journal.generated) < NEW_TOKENS:
+                    await session.decode()
+            tokens.append(session.journal.generated)
             reused.append(session.prefix_reused)
     return tokens, backends, reused
 
