@@ -59,13 +59,14 @@ class Client:
 def kill_at(stack: LocalStack, client: Client, position: int, reference: list[int]) -> dict:
     """One inspection; at its `position`-th token the range-1 replica it uses is SIGKILLed."""
     request = client.request(position + 16)
-    killed_at, next_token_at, report = None, None, None
+    killed_at, report, arrivals = None, None, []  # arrivals: (time, tokens received so far)
     seen = 0
     for event in client.stub.InspectStream(request, metadata=client.md, timeout=600):
         if event.HasField("report"):
             report = event.report
             break
         seen += len(event.delta.token_ids)
+        arrivals.append((time.perf_counter(), seen))
         if killed_at is None and seen >= position:
             # the route's range-1 endpoint: ask the gateway which one this session is on
             st = client.stub.GetClusterStatus(inspection_pb2.ClusterStatusRequest(), metadata=client.md)
@@ -73,11 +74,15 @@ def kill_at(stack: LocalStack, client: Client, position: int, reference: list[in
             victim = next(r.name for r in stack.roles if r.role == "stage" and stack.address_of(r.name) in busy)
             stack.kill(victim)
             killed_at = time.perf_counter()
-        elif killed_at is not None and next_token_at is None:
-            next_token_at = time.perf_counter()
+    f = report.failovers[0] if report.failovers else None
+    # The first token sampled after the failed step (its index from the failover's session position) reached the
+    # caller at the first delta that carried it.
+    next_token_at = None
+    if f is not None:
+        wanted = f.position - report.prompt_tokens + 2  # tokens the caller holds once the failed step's one arrived
+        next_token_at = next((t for t, n in arrivals if n >= wanted and t > killed_at), None)
     stack.restart(victim)
     client.wait_healthy(4)
-    f = report.failovers[0] if report.failovers else None
     return {
         "position": position,
         "kill_to_next_token_ms": round((next_token_at - killed_at) * 1e3, 1) if next_token_at else None,
