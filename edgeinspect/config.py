@@ -235,9 +235,7 @@ class GatewaySettings(RoleSettings):
     )
     token_rate_per_s: float = Field(20.0, gt=0, description="calls per second per token (token bucket)")
     token_burst: int = Field(40, ge=1, description="calls a token may make at once before the rate applies")
-    client_tls: TLSConfig | None = Field(
-        None, description="mTLS to vision, retrieval and the stages (None: plaintext)"
-    )
+    client_tls: TLSConfig | None = Field(None, description="mTLS to vision, retrieval and the stages (None: plaintext)")
     max_new_tokens: int = Field(
         256, description="generation budget per report (the report schema's lengths are sized to fit it)"
     )

@@ -168,9 +168,7 @@ def open_checkpoint(path: Path | str) -> Checkpoint:
     """Opens a Hugging Face DeepSeek-VL folder, checking that config, weights and tokenizer are all there."""
     path = Path(path).expanduser().resolve()
     if not path.is_dir():
-        raise CheckpointError(
-            f"checkpoint folder {path} does not exist (make one with `edgeinspect model make-tiny`)"
-        )
+        raise CheckpointError(f"checkpoint folder {path} does not exist (make one with `edgeinspect model make-tiny`)")
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} has no config.json: not a Hugging Face checkpoint folder")
     config = DeepseekVLConfig.from_pretrained(path)

@@ -44,14 +44,19 @@ def make_tiny_command(
         dtype = torch_dtype(weights)
         gb = 7.8 if weights == "fp32" else 3.9
         console.print(f"Writing random weights at {preset} dimensions to {out}: about {gb} GB on disk.")
-        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                      TimeRemainingColumn(), console=console) as bar:
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        ) as bar:
             task = bar.add_task("weights", total=None)
-            make_random_preset(out, preset, dtype, progress=lambda done, total: bar.update(task, completed=done,
-                                                                                          total=total))
+            make_random_preset(
+                out, preset, dtype, progress=lambda done, total: bar.update(task, completed=done, total=total)
+            )
     else:
-        spec = TinySpec(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, image_size=image_size,
-                        seed=seed)
+        spec = TinySpec(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, image_size=image_size, seed=seed)
         make_tiny(out, spec)
     ckpt = open_checkpoint(out)
     console.print(f"[green]Checkpoint ready[/green] {ckpt.path}  fingerprint {ckpt.fingerprint}")
@@ -71,8 +76,11 @@ def info_command(checkpoint: Path = typer.Argument(..., help="checkpoint folder"
     rows = [
         ("fingerprint", ckpt.fingerprint),
         ("tokenizer fingerprint", ckpt.tokenizer_fingerprint),
-        ("language model", f"{t.num_hidden_layers} layers, width {t.hidden_size}, {t.num_attention_heads} heads "
-                           f"({t.num_key_value_heads} kv), vocab {t.vocab_size}"),
+        (
+            "language model",
+            f"{t.num_hidden_layers} layers, width {t.hidden_size}, {t.num_attention_heads} heads "
+            f"({t.num_key_value_heads} kv), vocab {t.vocab_size}",
+        ),
         ("vision tower", f"{v.num_hidden_layers} layers, width {v.hidden_size}, {v.image_size} px / {v.patch_size}"),
         ("visual tokens", str((v.image_size // v.patch_size) ** 2)),
         ("weight files", ", ".join(p.name for p in ckpt.weight_files)),

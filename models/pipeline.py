@@ -47,9 +47,7 @@ def even_split(num_layers: int, stages: int) -> list[LayerRange]:
     return bounds
 
 
-def load_local_stages(
-    ckpt: Checkpoint, ranges: Sequence[LayerRange], weights: str = "fp32"
-) -> list[StageExecutor]:
+def load_local_stages(ckpt: Checkpoint, ranges: Sequence[LayerRange], weights: str = "fp32") -> list[StageExecutor]:
     return [StageExecutor(load_stage(ckpt, r, weights)) for r in ranges]
 
 
@@ -67,9 +65,7 @@ def codec_boundary(codec_name: str | None, zstd: bool = False) -> Boundary:
 
 
 class LocalPipeline:
-    def __init__(
-        self, stages: Sequence[StageExecutor], boundary: Boundary | None = None, eos_id: int | None = None
-    ):
+    def __init__(self, stages: Sequence[StageExecutor], boundary: Boundary | None = None, eos_id: int | None = None):
         self.stages = list(stages)
         self.boundary = boundary or (lambda h: h)
         self.eos_id = eos_id
@@ -111,9 +107,7 @@ class LocalPipeline:
                     if token == self.eos_id:
                         res.finished_by_eos = True
                     elif len(res.tokens) < req.max_new_tokens:
-                        next_batch.append(
-                            (sid, StepInput(position=lengths[sid], input_ids=torch.tensor([token])))
-                        )
+                        next_batch.append((sid, StepInput(position=lengths[sid], input_ids=torch.tensor([token]))))
                         lengths[sid] += 1
                 batch = next_batch
         finally:

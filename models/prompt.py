@@ -12,9 +12,7 @@ DEFAULT_INSTRUCTION = (
 )
 
 
-def build_messages(
-    instruction: str = DEFAULT_INSTRUCTION, context: str = "", system: str = DEFAULT_SYSTEM
-) -> list:
+def build_messages(instruction: str = DEFAULT_INSTRUCTION, context: str = "", system: str = DEFAULT_SYSTEM) -> list:
     """Chat messages with one image; spec context goes into the system turn, before the image."""
     system_text = f"{system}\n\nDefect specifications:\n{context}" if context else system
     return [

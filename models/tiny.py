@@ -111,9 +111,7 @@ def build_config(spec: TinySpec, tokenizer):
     vocab = spec.vocab_size or len(tokenizer)
     if vocab < len(tokenizer):
         raise ValueError(f"vocab_size {vocab} is smaller than the tokenizer ({len(tokenizer)} tokens)")
-    ids = {
-        name: tokenizer.convert_tokens_to_ids(tok) for name, tok in (("bos", BOS), ("eos", EOS), ("pad", PAD))
-    }
+    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in (("bos", BOS), ("eos", EOS), ("pad", PAD))}
     return DeepseekVLConfig(
         text_config=dict(
             model_type="llama",

@@ -50,6 +50,4 @@ class ImagePreprocessor:
         self.image_processor = load_processor(ckpt).image_processor
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
-        return self.image_processor(images=image.convert("RGB"), return_tensors="pt")[
-            "pixel_values"
-        ]  # [1, 3, S, S]
+        return self.image_processor(images=image.convert("RGB"), return_tensors="pt")["pixel_values"]  # [1, 3, S, S]

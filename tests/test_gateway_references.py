@@ -12,9 +12,13 @@ def test_report_on_the_embedded_default_carries_spec_references(tiny_checkpoint,
     doc_ids = {p.stem for p in sample_kb_dir().iterdir()}
     opts = StackOptions(workdir=tmp_path, checkpoint=tiny_checkpoint, stages=2, kb_dir=sample_kb)
     with LocalStack(opts) as stack, InspectionClient(stack.gateway_address, stack.api_token) as client:
-        report = client.inspect(asset_path("part_scratch.jpg").read_bytes(), part="HSG-210", station="press-7",
-                                prompt="Scratch on the housing flange: is it within the acceptance limit?",
-                                max_new_tokens=4)
+        report = client.inspect(
+            asset_path("part_scratch.jpg").read_bytes(),
+            part="HSG-210",
+            station="press-7",
+            prompt="Scratch on the housing flange: is it within the acceptance limit?",
+            max_new_tokens=4,
+        )
     assert report.references, "no spec references in the report"
     for ref in report.references:
         assert ref.doc_id in doc_ids, f"{ref.doc_id} is not a document of the sample knowledge base"

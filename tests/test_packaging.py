@@ -21,12 +21,19 @@ def test_generated_proto_code_is_not_stale(tmp_path):
 
 
 def test_wheel_contains_every_subpackage(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
-                    str(ROOT)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
     wheel = next(tmp_path.glob("edgeinspect-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    roots = {"edgeinspect": ROOT / "edgeinspect", "edgeinspect/models": ROOT / "models",
-             "edgeinspect/services": ROOT / "services", "edgeinspect/rag": ROOT / "rag"}
+    roots = {
+        "edgeinspect": ROOT / "edgeinspect",
+        "edgeinspect/models": ROOT / "models",
+        "edgeinspect/services": ROOT / "services",
+        "edgeinspect/rag": ROOT / "rag",
+    }
     for prefix, folder in roots.items():
         for init in folder.rglob("__init__.py"):
             rel = init.relative_to(folder)
