@@ -47,7 +47,8 @@ class PlantRun:
                 continue
             doc = yaml.safe_load(compose_file.read_text())
             for name, svc in doc["services"].items():
-                if svc["command"][0] != "serve" or (roles is not None and svc["command"][1] not in roles):
+                command = svc.get("command") or [""]  # observability services (Prometheus, Grafana) have none
+                if command[0] != "serve" or (roles is not None and command[1] not in roles):
                     continue
                 # The container's /etc/edgeinspect is the box folder's config/: same files, same command; its
                 # mounted secrets are the box folder's secrets/ (the settings name them at the mount: rewritten).

@@ -260,12 +260,22 @@ class RouteSession:
                 for k in range(len(self.calls)):
                     group.create_task(relay(k))
         except BaseExceptionGroup as failed:
-            raise failed.exceptions[0] from None
+            raise primary_error(failed.exceptions) from None
         total_ms = (time.perf_counter() - t0) * 1e3
         self.position = position
         # Stages overlap, so "not computing" is wall time minus the critical path's compute, not minus the sum.
         busiest = max(sum(t.compute_ms for t in timings if t.stage == name) for name in {t.stage for t in timings})
         return StepResult(responses[-1].results[0].token_id, timings, max(total_ms - busiest, 0.0))
+
+
+def primary_error(errors) -> BaseException:
+    """The error that ended a prefill's relays: a prefix miss or a full stage over the failures it caused in the
+    other relays (a write to a stream the error already closed)."""
+    for kind in (PrefixMissed, StageRefused):
+        for exc in errors:
+            if isinstance(exc, kind):
+                return exc
+    return next((e for e in errors if not isinstance(e, asyncio.CancelledError)), errors[0])
 
 
 def _classify(ep: Endpoint, exc: grpc.aio.AioRpcError) -> Exception:
