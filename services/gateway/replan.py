@@ -57,7 +57,10 @@ class Replanner:
         if not usable or any(ep.home is None for ep in self.router.endpoints):
             return  # a box never seen is still starting, not failed: its range is not re-planned
         now = time.monotonic()
-        for gap in missing_ranges([ep.range for ep in usable], self.router.num_layers):
+        # Only layers whose every stage is down or refused are re-planned: a stage banned after a stall is still
+        # up and is probed back in within seconds (moving its layers would cost every session a replay).
+        alive = [ep for ep in self.router.endpoints if ep.serving and ep.verified and not ep.mismatch]
+        for gap in missing_ranges([ep.range for ep in alive], self.router.num_layers):
             if self._gave_up.get(gap, 0.0) > now:
                 continue
             for ep, new_range in merge_candidates(gap, usable):
