@@ -11,6 +11,7 @@ import hashlib
 import io
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +114,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Unique per writer: concurrent inspections of the same frame (same sha256) write it from several threads.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
