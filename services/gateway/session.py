@@ -212,7 +212,8 @@ class InferenceSession:
     async def _open(self, replay: bool) -> None:
         """A route for the session (least loaded, avoiding full endpoints) under a fresh session id; with `replay`
         the journal is fed through it first so it holds what the failed route held."""
-        route = await self._choose_route(waiting=replay)
+        # A session that already had a route (even one that stalled in its prefill) waits for one; a new one never.
+        route = await self._choose_route(waiting=self._opened > 0)
         self._opened += 1
         session_id = self.base_id if self._opened == 1 else f"{self.base_id}-f{self._opened - 1}"
         self.wire = RouteSession(route, session_id, self.wire_opts, self.group, self.max_positions)
@@ -240,8 +241,8 @@ class InferenceSession:
                 self.failovers[-1].reason += f"; replay diverged at token {at}"
 
     async def _choose_route(self, waiting: bool) -> list[Endpoint]:
-        """A route now; a session in the middle of its generation waits up to route_wait_s for one to appear
-        (re-planning moves a failed range onto a survivor within seconds)."""
+        """A route now; a session that lost its route waits up to route_wait_s for one to appear (re-planning moves
+        a failed range onto a survivor within seconds; a stalled stage is probed back in when it answers again)."""
         deadline = time.monotonic() + (self.policy.route_wait_s if waiting else 0.0)
         while True:
             try:
