@@ -114,7 +114,13 @@ def _probes(inv: Inventory, inst: Instance) -> dict[str, Any]:
     }
 
 
-def _container(inv: Inventory, inst: Instance, mounts: list[dict[str, Any]], cameras: list[str]) -> dict[str, Any]:
+def _container(
+    inv: Inventory,
+    inst: Instance,
+    mounts: list[dict[str, Any]],
+    cameras: list[str],
+    line_ports: list[tuple[str, int]],
+) -> dict[str, Any]:
     if inst.role is Role.ingest:
         args = ["ingest", "--config", f"{CONFIG_DIR}/{config_file(inst)}"]
     else:
@@ -134,6 +140,10 @@ def _container(inv: Inventory, inst: Instance, mounts: list[dict[str, Any]], cam
     ports = [{"name": "grpc", "containerPort": inst.port}] if inst.port else []
     if inst.metrics_port:
         ports.append({"name": "metrics", "containerPort": inst.metrics_port})
+    for name, port in line_ports:
+        # The PLC and the line's trigger reach ingest at its box's address, as with compose's published ports: the
+        # pod is pinned to that box, so a host port is the address the line was configured with.
+        ports.append({"name": name, "containerPort": port, "hostPort": port, "protocol": "TCP"})
     if ports:
         c["ports"] = ports
     c |= _probes(inv, inst)
@@ -147,8 +157,14 @@ def _container(inv: Inventory, inst: Instance, mounts: list[dict[str, Any]], cam
     return c
 
 
-def deployment(inv: Inventory, inst: Instance, cameras: list[str] | None = None) -> dict[str, Any]:
-    """The instance's Deployment; `cameras`: an ingest instance's camera sources (V4L2 ones get their device)."""
+def deployment(
+    inv: Inventory,
+    inst: Instance,
+    cameras: list[str] | None = None,
+    line_ports: list[tuple[str, int]] | None = None,
+) -> dict[str, Any]:
+    """The instance's Deployment; `cameras`: an ingest instance's camera sources (V4L2 ones get their device);
+    `line_ports`: (name, port) an ingest instance serves the line on (trigger, OPC UA), published on its box."""
     cameras = cameras or []
     labels = _labels(inv, inst)
     selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
@@ -159,7 +175,7 @@ def deployment(inv: Inventory, inst: Instance, cameras: list[str] | None = None)
         "nodeSelector": node_selector,
         "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID, "runAsNonRoot": True},
         "terminationGracePeriodSeconds": 10,
-        "containers": [_container(inv, inst, mounts, cameras)],
+        "containers": [_container(inv, inst, mounts, cameras, line_ports or [])],
         "volumes": volumes + [{"name": "tmp", "emptyDir": {}}],
     }
     pod["containers"][0]["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})

@@ -106,12 +106,21 @@ def _settings_files(inv: Inventory, local: list[Instance], settings: dict[str, R
 def _client_ports(settings: dict[str, RoleSettings]) -> dict[str, list[int]]:
     """Ports clients listen on themselves (ingest: trigger endpoint, OPC UA server, metrics), to publish."""
     out = {}
+    for service, named in _line_ports(settings).items():
+        by_name = dict(named)
+        ports = [by_name.get("trigger"), settings[service].server.metrics_port, by_name.get("opcua")]
+        out[service] = [p for p in ports if p]
+    return out
+
+
+def _line_ports(settings: dict[str, RoleSettings]) -> dict[str, list[tuple[str, int]]]:
+    """Named ports an ingest instance serves the line on (the HTTP trigger, the OPC UA server), by service."""
+    out: dict[str, list[tuple[str, int]]] = {}
     for service, s in settings.items():
         trigger, opcua = getattr(s, "trigger", None), getattr(s, "opcua", None)
-        ports = [trigger.port if trigger is not None else None, s.server.metrics_port]
-        ports.append(opcua.port if opcua is not None else None)
+        named = [("trigger", trigger.port if trigger is not None else 0), ("opcua", opcua.port if opcua else 0)]
         if service.startswith("ingest-"):
-            out[service] = [p for p in ports if p]
+            out[service] = [(name, port) for name, port in named if port]
     return out
 
 
@@ -181,11 +190,12 @@ def _k8s_files(
     settings = _settings(inv, insts, insts, Addressing.service, cameras)
     configs: dict[str, str | bytes] = dict(_settings_files(inv, insts, settings))
     sources = _camera_sources(settings)
+    line_ports = _line_ports(settings)
     for box_assets in assets.values():
         configs |= box_assets
     docs = {"namespace.yaml": [k8s.namespace(inv)]}
     for inst in insts:
-        objs = [k8s.deployment(inv, inst, sources.get(inst.service))]
+        objs = [k8s.deployment(inv, inst, sources.get(inst.service), line_ports.get(inst.service))]
         if inst.port:
             objs.append(k8s.service(inv, inst))
         docs[f"{inst.service}.yaml"] = objs
