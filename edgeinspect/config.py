@@ -243,6 +243,13 @@ class GatewaySettings(RoleSettings):
     structured_output: bool = Field(
         True, description="constrain generation to the report JSON schema built from the part's specs"
     )
+    jump_forward_tokens: int = Field(
+        32,
+        ge=0,
+        le=64,
+        description="grammar jump-forward (structured, greedy): tokens the schema forces after a sampled one are "
+        "appended in the same decode step, at most this many per step (0: off; output is the same either way)",
+    )
     upstream_timeout_s: float = Field(
         120.0, description="deadline for one inspection across all hops when the caller sets none (or a longer one)"
     )
