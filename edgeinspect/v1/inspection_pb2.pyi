@@ -151,7 +151,7 @@ class Failover(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., endpoint: _Optional[str] = ..., position: _Optional[int] = ..., reason: _Optional[str] = ..., recovery_ms: _Optional[float] = ..., replayed_tokens: _Optional[int] = ..., route: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DefectReport(_message.Message):
-    __slots__ = ("report_id", "request_id", "idempotency_key", "station", "part", "camera_id", "capture_time", "created_time", "verdict", "defects", "description", "references", "model", "timings", "raw_text", "generated_token_ids", "verdict_reason", "image_sha256", "prompt_tokens", "prompt_token_ids", "review", "previous_attempt_id", "failovers", "degraded")
+    __slots__ = ("report_id", "request_id", "idempotency_key", "station", "part", "camera_id", "capture_time", "created_time", "verdict", "defects", "description", "references", "model", "timings", "raw_text", "generated_token_ids", "verdict_reason", "image_sha256", "prompt_tokens", "prompt_token_ids", "review", "previous_attempt_id", "failovers", "degraded", "decode_steps", "jump_forward_tokens")
     REPORT_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,8 @@ class DefectReport(_message.Message):
     PREVIOUS_ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     FAILOVERS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    JUMP_FORWARD_TOKENS_FIELD_NUMBER: _ClassVar[int]
     report_id: str
     request_id: str
     idempotency_key: str
@@ -200,7 +202,9 @@ class DefectReport(_message.Message):
     previous_attempt_id: str
     failovers: _containers.RepeatedCompositeFieldContainer[Failover]
     degraded: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, report_id: _Optional[str] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defects: _Optional[_Iterable[_Union[Defect, _Mapping]]] = ..., description: _Optional[str] = ..., references: _Optional[_Iterable[_Union[Reference, _Mapping]]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[_stage_pb2.StageTiming, _Mapping]]] = ..., raw_text: _Optional[str] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., verdict_reason: _Optional[str] = ..., image_sha256: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., review: _Optional[_Union[Review, _Mapping]] = ..., previous_attempt_id: _Optional[str] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ...) -> None: ...
+    decode_steps: int
+    jump_forward_tokens: int
+    def __init__(self, report_id: _Optional[str] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defects: _Optional[_Iterable[_Union[Defect, _Mapping]]] = ..., description: _Optional[str] = ..., references: _Optional[_Iterable[_Union[Reference, _Mapping]]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[_stage_pb2.StageTiming, _Mapping]]] = ..., raw_text: _Optional[str] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., verdict_reason: _Optional[str] = ..., image_sha256: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., review: _Optional[_Union[Review, _Mapping]] = ..., previous_attempt_id: _Optional[str] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ..., decode_steps: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ...) -> None: ...
 
 class Review(_message.Message):
     __slots__ = ("review_id", "report_id", "verdict", "defect_classes", "comment", "reviewer", "reviewer_role", "created_time", "model_verdict", "model_defect_classes", "agrees")
