@@ -67,6 +67,9 @@ FAILOVERS = Counter(
     "edgeinspect_failovers", "sessions moved to another route after a stage failed or stalled", ["stage"]
 )
 DEGRADED = Counter("edgeinspect_degraded_reports", "reports produced without something optional", ["reason"])
+JUMP_FORWARD_TOKENS = Counter(
+    "edgeinspect_jump_forward_tokens", "tokens the report grammar forced, appended without a decode step of their own"
+)
 ROUTE_COMPLETE = Gauge("edgeinspect_route_complete", "1 while a complete route over the decoder stages exists")
 ADMISSION = Gauge("edgeinspect_inspections_admitted", "inspections running and waiting for a slot", ["state"])
 REFUSED = Counter("edgeinspect_inspections_refused", "inspections refused at admission (gateway full)")
