@@ -18,6 +18,7 @@ from edgeinspect.assets import sample_image
 from edgeinspect.services.ingest.config import CameraConfig, IngestSettings
 from edgeinspect.services.ingest.metrics import IngestMetrics
 from edgeinspect.services.ingest.service import Ingestor
+from edgeinspect.services.line.journal import CycleJournal
 
 TOKEN = "plc-secret-0123"
 
@@ -79,6 +80,10 @@ async def test_trigger_without_the_token_is_refused_and_wait_returns_the_verdict
         assert body["report_id"] == sink.reports[body["cycle_id"]].report_id  # the cycle id is the idempotency key
         assert len(sink.calls) == 1 and sink.calls[0].station == "station-3"
         assert (await asyncio.to_thread(post, port, "/trigger/nope?wait=1"))[0] == 404
+        # Journaled like an OPC UA cycle (the journal beside the outbox when no OPC UA server is configured).
+        row = CycleJournal(tmp_path / "line.sqlite").get(body["cycle_id"])
+        assert row is not None and (row["station"], row["line"], row["error"], row["late"]) == ("station-3", "OK", 0, 0)
+        assert row["report_id"] == body["report_id"] and row["verdict"] == "OK" and row["written_ms"] > 0
     finally:
         ingestor.stop()
         await asyncio.wait_for(task, 30)
@@ -108,6 +113,13 @@ async def test_a_missed_takt_budget_answers_ng_timeout_and_the_report_still_arri
                 break
             await asyncio.sleep(0.05)
         assert body["cycle_id"] in sink.reports  # the late report was made, under the cycle's key
+        journal = CycleJournal(tmp_path / "line.sqlite")
+        for _ in range(60):
+            if (row := journal.get(body["cycle_id"]))["report_id"]:
+                break
+            await asyncio.sleep(0.05)
+        assert (row["line"], row["error"], row["late"]) == ("NG", 1, 1)  # told NG timeout, then linked late
+        assert row["report_id"] == sink.reports[body["cycle_id"]].report_id
     finally:
         ingestor.stop()
         await asyncio.wait_for(task, 30)

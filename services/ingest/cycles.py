@@ -77,6 +77,8 @@ class LineSide:
         self._user_on_report = on_report
         base = settings.frames_dir.parent if settings.frames_dir is not None else Path("var")
         self.outputs = Outputs(settings.outputs, base / "outbox")
+        # Every line cycle (OPC UA and HTTP `?wait=1`) in one journal: the OPC UA server's, else beside the outbox.
+        self._journal_path = settings.opcua.journal if settings.opcua is not None else base / "line.sqlite"
         self.server = None
         self.journal = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -86,12 +88,16 @@ class LineSide:
         self._loop = asyncio.get_running_loop()
         cfg = self.settings.opcua
         stations = [c for c in self.settings.cameras if c.line is not None]
-        if cfg is None or not stations or self.sink is None:
+        if self.sink is None:
             return
         from edgeinspect.services.line.journal import CycleJournal
+
+        if self.settings.trigger.port is not None or (cfg is not None and stations):
+            self.journal = CycleJournal(self._journal_path)
+        if cfg is None or not stations:
+            return
         from edgeinspect.services.line.opcua import LineServer, LineStation
 
-        self.journal = CycleJournal(cfg.journal)
         line_stations = [LineStation(c.station, c.id, c.line) for c in stations]
         self.server = await LineServer(cfg, line_stations, self.run_cycle, self.journal).start()
 
@@ -197,6 +203,9 @@ class LineSide:
         policy = cam.line or DEFAULT_HTTP_BUDGET
         budget_s = policy.result_deadline_ms / 1000.0 if cam.line else self.settings.request_timeout_s
         cycle_id = idempotency_key(cam.id, time.time())
+        t0 = time.monotonic()
+        if self.journal is not None:
+            self.journal.started(cycle_id, cam.station, 0, "", "")  # 0: an HTTP cycle has no PLC cycle counter
         task = asyncio.ensure_future(self.capture_and_inspect(cam, cycle_id, "", budget_s))
         body: dict = {"camera": cam.id, "station": cam.station, "cycle_id": cycle_id}
         try:
@@ -205,8 +214,9 @@ class LineSide:
             code = ErrorCode.timeout if isinstance(exc, TimeoutError) else error_code_for(exc)
             ok, ng, recheck = line_signals("", code, policy)
             body.update(line=line_word(ok, ng, recheck), error=code.name, message=str(exc)[:200] or code.name)
-            if isinstance(exc, TimeoutError):
-                task.add_done_callback(lambda t: t.exception())  # the late report is stored by the gateway
+            self._journal_written(cycle_id, body["line"], code, t0)
+            if isinstance(exc, TimeoutError):  # the late report is stored by the gateway and linked here
+                task.add_done_callback(lambda t: self._journal_late(cycle_id, t))
             return (504 if code is ErrorCode.timeout else 503), body
         classes, severity = rank_defects(list(report.defects))
         ok, ng, recheck = line_signals(report.verdict, ErrorCode.none, policy)
@@ -218,8 +228,21 @@ class LineSide:
             line=line_word(ok, ng, recheck),
             error="none",
         )
+        self._journal_written(cycle_id, body["line"], ErrorCode.none, t0)
+        if self.journal is not None:
+            self.journal.resolved(cycle_id, report.report_id, report.verdict, late=False)
         self.on_report(report, {"cycle_id": cycle_id, "line": body["line"]}, captured)
         return 200, body
+
+    def _journal_written(self, cycle_id: str, line: str, code: ErrorCode, t0: float) -> None:
+        if self.journal is not None:
+            self.journal.written(cycle_id, line, int(code), (time.monotonic() - t0) * 1e3)
+
+    def _journal_late(self, cycle_id: str, task: asyncio.Future) -> None:
+        if task.cancelled() or task.exception() is not None or self.journal is None:
+            return
+        report, _ = task.result()
+        self.journal.resolved(cycle_id, report.report_id, report.verdict, late=True)
 
     def http_cycle_blocking(self, camera_id: str, timeout_s: float) -> tuple[int, dict]:
         """For the trigger endpoint's threads: runs http_cycle on the role's event loop."""
