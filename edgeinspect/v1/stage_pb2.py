@@ -26,13 +26,15 @@ from edgeinspect.v1 import tensor_pb2 as edgeinspect_dot_v1_dot_tensor__pb2
 from edgeinspect.v1 import common_pb2 as edgeinspect_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65\x64geinspect/v1/stage.proto\x12\x0e\x65\x64geinspect.v1\x1a\x1b\x65\x64geinspect/v1/tensor.proto\x1a\x1b\x65\x64geinspect/v1/common.proto\";\n\x11LoadLayersRequest\x12\x13\n\x0blayer_start\x18\x01 \x01(\x05\x12\x11\n\tlayer_end\x18\x02 \x01(\x05\"\x9c\x01\n\x10HandshakeRequest\x12,\n\x06\x63lient\x18\x01 \x01(\x0b\x32\x1c.edgeinspect.v1.PeerIdentity\x12\x1a\n\x12\x65xpect_layer_start\x18\x02 \x01(\x05\x12\x18\n\x10\x65xpect_layer_end\x18\x03 \x01(\x05\x12$\n\x05\x63odec\x18\x04 \x01(\x0e\x32\x15.edgeinspect.v1.Codec\"h\n\x11HandshakeResponse\x12,\n\x06server\x18\x01 \x01(\x0b\x32\x1c.edgeinspect.v1.PeerIdentity\x12%\n\x06\x63odecs\x18\x02 \x03(\x0e\x32\x15.edgeinspect.v1.Codec\"\x87\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x12\n\ngrammar_id\x18\x04 \x01(\t\x12\x14\n\x0cgrammar_json\x18\x05 \x01(\t\x12\x19\n\x11max_forced_tokens\x18\x06 \x01(\r\"\xde\x02\n\x0bSessionStep\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x03\x12\x11\n\tinput_ids\x18\x03 \x03(\x03\x12+\n\x06hidden\x18\x04 \x01(\x0b\x32\x1b.edgeinspect.v1.TensorFrame\x12\x32\n\rvisual_tokens\x18\x05 \x01(\x0b\x32\x1b.edgeinspect.v1.TensorFrame\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.edgeinspect.v1.SamplingParams\x12\x15\n\rreturn_logits\x18\x07 \x01(\x08\x12\x15\n\rprefill_chunk\x18\x08 \x01(\x08\x12)\n\x06prefix\x18\t \x01(\x0b\x32\x19.edgeinspect.v1.PrefixRef\x12\x13\n\x0bmicro_batch\x18\n \x01(\r\x12\x15\n\rmax_positions\x18\x0b \x01(\x03\"(\n\tPrefixRef\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06length\x18\x02 \x01(\x03\"{\n\x0bStepRequest\x12*\n\x05steps\x18\x01 \x03(\x0b\x32\x1b.edgeinspect.v1.SessionStep\x12+\n\x0coutput_codec\x18\x02 \x01(\x0e\x32\x15.edgeinspect.v1.Codec\x12\x13\n\x0boutput_zstd\x18\x03 \x01(\x08\"\xc0\x01\n\rSessionResult\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rcached_length\x18\x02 \x01(\x03\x12+\n\x06hidden\x18\x03 \x01(\x0b\x32\x1b.edgeinspect.v1.TensorFrame\x12\x10\n\x08token_id\x18\x04 \x01(\x03\x12+\n\x06logits\x18\x05 \x01(\x0b\x32\x1b.edgeinspect.v1.TensorFrame\x12\x18\n\x10\x66orced_token_ids\x18\x06 \x03(\x03\"A\n\x0bStageTiming\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x12\n\ncompute_ms\x18\x02 \x01(\x01\x12\x0f\n\x07wire_ms\x18\x03 \x01(\x01\"l\n\x0cStepResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.edgeinspect.v1.SessionResult\x12,\n\x07timings\x18\x02 \x03(\x0b\x32\x1b.edgeinspect.v1.StageTiming\"%\n\x0eReleaseRequest\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"\x0e\n\x0cStatsRequest\"\x87\x04\n\nStageStats\x12.\n\x08identity\x18\x01 \x01(\x0b\x32\x1c.edgeinspect.v1.PeerIdentity\x12\x10\n\x08sessions\x18\x02 \x01(\x05\x12\x10\n\x08kv_bytes\x18\x03 \x01(\x03\x12\x17\n\x0fkv_budget_bytes\x18\x04 \x01(\x03\x12\x13\n\x0b\x65victed_ttl\x18\x05 \x01(\x03\x12\x16\n\x0e\x65victed_budget\x18\x06 \x01(\x03\x12\x10\n\x08released\x18\x07 \x01(\x03\x12\x13\n\x0bsession_ids\x18\x08 \x03(\t\x12\x13\n\x0bprefix_hits\x18\t \x01(\x03\x12\x15\n\rprefix_misses\x18\n \x01(\x03\x12\x16\n\x0eprefix_entries\x18\x0b \x01(\x05\x12\x14\n\x0cprefix_bytes\x18\x0c \x01(\x03\x12\x0e\n\x06passes\x18\r \x01(\x03\x12\x15\n\rsession_steps\x18\x0e \x01(\x03\x12\x19\n\x11kv_reserved_bytes\x18\x0f \x01(\x03\x12\x18\n\x10refused_sessions\x18\x10 \x01(\x03\x12\x1a\n\x12max_batch_sessions\x18\x11 \x01(\x05\x12\x18\n\x10home_layer_start\x18\x12 \x01(\x05\x12\x16\n\x0ehome_layer_end\x18\x13 \x01(\x05\x12\x1e\n\x16memory_available_bytes\x18\x14 \x01(\x03\x12\x14\n\x0cweight_bytes\x18\x15 \x01(\x03\x32\x86\x03\n\x0c\x44\x65\x63oderStage\x12P\n\tHandshake\x12 .edgeinspect.v1.HandshakeRequest\x1a!.edgeinspect.v1.HandshakeResponse\x12H\n\x07\x46orward\x12\x1b.edgeinspect.v1.StepRequest\x1a\x1c.edgeinspect.v1.StepResponse(\x01\x30\x01\x12J\n\x07Release\x12\x1e.edgeinspect.v1.ReleaseRequest\x1a\x1f.edgeinspect.v1.ReleaseResponse\x12\x41\n\x05Stats\x12\x1c.edgeinspect.v1.StatsRequest\x1a\x1a.edgeinspect.v1.StageStats\x12K\n\nLoadLayers\x12!.edgeinspect.v1.LoadLayersRequest\x1a\x1a.edgeinspect.v1.StageStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65\x64geinspect/v1/stage.proto\x12\x0e\x65\x64geinspect.v1\x1a\x1b\x65\x64geinspect/v1/tensor.proto\x1a\x1b\x65\x64geinspect/v1/common.proto\";\n\x11LoadLayersRequest\x12\x13\n\x0blayer_start\x18\x01 \x01(\x05\x12\x11\n\tlayer_end\x18\x02 \x01(\x05\"\x9c\x01\n\x10HandshakeRequest\x12,\n\x06\x63lient\x18\x01 \x01(\x0b\x32\x1c.edgeinspect.v1.PeerIdentity\x12\x1a\n\x12\x65xpect_layer_start\x18\x02 \x01(\x05\x12\x18\n\x10\x65xpect_layer_end\x18\x03 \x01(\x05\x12$\n\x05\x63odec\x18\x04 \x01(\x0e\x32\x15.edgeinspect.v1.Codec\"h\n\x11HandshakeResponse\x12,\n\x06server\x18\x01 \x01(\x0b\x32\x1c.edgeinspect.v1.PeerIdentity\x12%\n\x06\x63odecs\x18\x02 \x03(\x0e\x32\x15.edgeinspect.v1.Codec\"\x87\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x12\n\ngrammar_id\x18\x04 \x01(\t\x12\x14\n\x0cgrammar_json\x18\x05 \x01(\t\x12\x19\n\x11max_forced_tokens\x18\x06 \x01(\r\"\xd9\x03\n\x0bSessionStep\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x03\x12\x11\n\tinput_ids\x18\x03 \x03(\x03\x12+\n\x06hidden\x18\x04 \x01(\x0b\x32\x1b.edgeinspect.v1.TensorFrame\x12\x32\n\rvisual_tokens\x18\x05 \x01(\x0b\x32\x1b.edgeinspect.v1.TensorFrame\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.edgeinspect.v1.SamplingParams\x12\x15\n\rreturn_logits\x18\x07 \x01(\x08\x12\x15\n\rprefill_chunk\x18\x08 \x01(\x08\x12)\n\x06prefix\x18\t \x01(\x0b\x32\x19.edgeinspect.v1.PrefixRef\x12\x13\n\x0bmicro_batch\x18\n \x01(\r\x12\x15\n\rmax_positions\x18\x0b \x01(\x03\x12\x44\n\rtrace_context\x18\x0c \x03(\x0b\x32-.edgeinspect.v1.SessionStep.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"(\n\tPrefixRef\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06length\x18\x02 \x01(\x03\"{\n\x0bStepRequest\x12*\n\x05steps\x18\x01 \x03(\x0b\x32\x1b.edgeinspect.v1.SessionStep\x12+\n\x0coutput_codec\x18\x02 \x01(\x0e\x32\x15.edgeinspect.v1.Codec\x12\x13\n\x0boutput_zstd\x18\x03 \x01(\x08\"\xc0\x01\n\rSessionResult\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rcached_length\x18\x02 \x01(\x03\x12+\n\x06hidden\x18\x03 \x01(\x0b\x32\x1b.edgeinspect.v1.TensorFrame\x12\x10\n\x08token_id\x18\x04 \x01(\x03\x12+\n\x06logits\x18\x05 \x01(\x0b\x32\x1b.edgeinspect.v1.TensorFrame\x12\x18\n\x10\x66orced_token_ids\x18\x06 \x03(\x03\"A\n\x0bStageTiming\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x12\n\ncompute_ms\x18\x02 \x01(\x01\x12\x0f\n\x07wire_ms\x18\x03 \x01(\x01\"l\n\x0cStepResponse\x12.\n\x07results\x18\x01 \x03(\x0b\x32\x1d.edgeinspect.v1.SessionResult\x12,\n\x07timings\x18\x02 \x03(\x0b\x32\x1b.edgeinspect.v1.StageTiming\"%\n\x0eReleaseRequest\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x05\"\x0e\n\x0cStatsRequest\"\x87\x04\n\nStageStats\x12.\n\x08identity\x18\x01 \x01(\x0b\x32\x1c.edgeinspect.v1.PeerIdentity\x12\x10\n\x08sessions\x18\x02 \x01(\x05\x12\x10\n\x08kv_bytes\x18\x03 \x01(\x03\x12\x17\n\x0fkv_budget_bytes\x18\x04 \x01(\x03\x12\x13\n\x0b\x65victed_ttl\x18\x05 \x01(\x03\x12\x16\n\x0e\x65victed_budget\x18\x06 \x01(\x03\x12\x10\n\x08released\x18\x07 \x01(\x03\x12\x13\n\x0bsession_ids\x18\x08 \x03(\t\x12\x13\n\x0bprefix_hits\x18\t \x01(\x03\x12\x15\n\rprefix_misses\x18\n \x01(\x03\x12\x16\n\x0eprefix_entries\x18\x0b \x01(\x05\x12\x14\n\x0cprefix_bytes\x18\x0c \x01(\x03\x12\x0e\n\x06passes\x18\r \x01(\x03\x12\x15\n\rsession_steps\x18\x0e \x01(\x03\x12\x19\n\x11kv_reserved_bytes\x18\x0f \x01(\x03\x12\x18\n\x10refused_sessions\x18\x10 \x01(\x03\x12\x1a\n\x12max_batch_sessions\x18\x11 \x01(\x05\x12\x18\n\x10home_layer_start\x18\x12 \x01(\x05\x12\x16\n\x0ehome_layer_end\x18\x13 \x01(\x05\x12\x1e\n\x16memory_available_bytes\x18\x14 \x01(\x03\x12\x14\n\x0cweight_bytes\x18\x15 \x01(\x03\x32\x86\x03\n\x0c\x44\x65\x63oderStage\x12P\n\tHandshake\x12 .edgeinspect.v1.HandshakeRequest\x1a!.edgeinspect.v1.HandshakeResponse\x12H\n\x07\x46orward\x12\x1b.edgeinspect.v1.StepRequest\x1a\x1c.edgeinspect.v1.StepResponse(\x01\x30\x01\x12J\n\x07Release\x12\x1e.edgeinspect.v1.ReleaseRequest\x1a\x1f.edgeinspect.v1.ReleaseResponse\x12\x41\n\x05Stats\x12\x1c.edgeinspect.v1.StatsRequest\x1a\x1a.edgeinspect.v1.StageStats\x12K\n\nLoadLayers\x12!.edgeinspect.v1.LoadLayersRequest\x1a\x1a.edgeinspect.v1.StageStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'edgeinspect.v1.stage_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SESSIONSTEP_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_SESSIONSTEP_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_LOADLAYERSREQUEST']._serialized_start=104
   _globals['_LOADLAYERSREQUEST']._serialized_end=163
   _globals['_HANDSHAKEREQUEST']._serialized_start=166
@@ -42,25 +44,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=431
   _globals['_SAMPLINGPARAMS']._serialized_end=566
   _globals['_SESSIONSTEP']._serialized_start=569
-  _globals['_SESSIONSTEP']._serialized_end=919
-  _globals['_PREFIXREF']._serialized_start=921
-  _globals['_PREFIXREF']._serialized_end=961
-  _globals['_STEPREQUEST']._serialized_start=963
-  _globals['_STEPREQUEST']._serialized_end=1086
-  _globals['_SESSIONRESULT']._serialized_start=1089
-  _globals['_SESSIONRESULT']._serialized_end=1281
-  _globals['_STAGETIMING']._serialized_start=1283
-  _globals['_STAGETIMING']._serialized_end=1348
-  _globals['_STEPRESPONSE']._serialized_start=1350
-  _globals['_STEPRESPONSE']._serialized_end=1458
-  _globals['_RELEASEREQUEST']._serialized_start=1460
-  _globals['_RELEASEREQUEST']._serialized_end=1497
-  _globals['_RELEASERESPONSE']._serialized_start=1499
-  _globals['_RELEASERESPONSE']._serialized_end=1534
-  _globals['_STATSREQUEST']._serialized_start=1536
-  _globals['_STATSREQUEST']._serialized_end=1550
-  _globals['_STAGESTATS']._serialized_start=1553
-  _globals['_STAGESTATS']._serialized_end=2072
-  _globals['_DECODERSTAGE']._serialized_start=2075
-  _globals['_DECODERSTAGE']._serialized_end=2465
+  _globals['_SESSIONSTEP']._serialized_end=1042
+  _globals['_SESSIONSTEP_TRACECONTEXTENTRY']._serialized_start=991
+  _globals['_SESSIONSTEP_TRACECONTEXTENTRY']._serialized_end=1042
+  _globals['_PREFIXREF']._serialized_start=1044
+  _globals['_PREFIXREF']._serialized_end=1084
+  _globals['_STEPREQUEST']._serialized_start=1086
+  _globals['_STEPREQUEST']._serialized_end=1209
+  _globals['_SESSIONRESULT']._serialized_start=1212
+  _globals['_SESSIONRESULT']._serialized_end=1404
+  _globals['_STAGETIMING']._serialized_start=1406
+  _globals['_STAGETIMING']._serialized_end=1471
+  _globals['_STEPRESPONSE']._serialized_start=1473
+  _globals['_STEPRESPONSE']._serialized_end=1581
+  _globals['_RELEASEREQUEST']._serialized_start=1583
+  _globals['_RELEASEREQUEST']._serialized_end=1620
+  _globals['_RELEASERESPONSE']._serialized_start=1622
+  _globals['_RELEASERESPONSE']._serialized_end=1657
+  _globals['_STATSREQUEST']._serialized_start=1659
+  _globals['_STATSREQUEST']._serialized_end=1673
+  _globals['_STAGESTATS']._serialized_start=1676
+  _globals['_STAGESTATS']._serialized_end=2195
+  _globals['_DECODERSTAGE']._serialized_start=2198
+  _globals['_DECODERSTAGE']._serialized_end=2588
 # @@protoc_insertion_point(module_scope)

@@ -53,7 +53,14 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., grammar_id: _Optional[str] = ..., grammar_json: _Optional[str] = ..., max_forced_tokens: _Optional[int] = ...) -> None: ...
 
 class SessionStep(_message.Message):
-    __slots__ = ("session_id", "position", "input_ids", "hidden", "visual_tokens", "sampling", "return_logits", "prefill_chunk", "prefix", "micro_batch", "max_positions")
+    __slots__ = ("session_id", "position", "input_ids", "hidden", "visual_tokens", "sampling", "return_logits", "prefill_chunk", "prefix", "micro_batch", "max_positions", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     INPUT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +72,7 @@ class SessionStep(_message.Message):
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
     MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     position: int
     input_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -76,7 +84,8 @@ class SessionStep(_message.Message):
     prefix: PrefixRef
     micro_batch: int
     max_positions: int
-    def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., visual_tokens: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_logits: _Optional[bool] = ..., prefill_chunk: _Optional[bool] = ..., prefix: _Optional[_Union[PrefixRef, _Mapping]] = ..., micro_batch: _Optional[int] = ..., max_positions: _Optional[int] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, session_id: _Optional[str] = ..., position: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., visual_tokens: _Optional[_Union[_tensor_pb2.TensorFrame, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., return_logits: _Optional[bool] = ..., prefill_chunk: _Optional[bool] = ..., prefix: _Optional[_Union[PrefixRef, _Mapping]] = ..., micro_batch: _Optional[int] = ..., max_positions: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PrefixRef(_message.Message):
     __slots__ = ("key", "length")
