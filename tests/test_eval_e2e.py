@@ -135,6 +135,15 @@ def test_eval_counts_the_set_and_its_rates_are_those_of_the_stored_reports(embed
     assert f"GATE FAILED: {worse} got worse: {k}/{n}" in " ".join(failed.stderr.split())
     assert f"baseline 0/{n} = 0.0%" in " ".join(failed.stderr.split())
     assert "FAIL:" in (tmp_path / "b" / "report.md").read_text()
+    # A deliberately worse configuration, run for real: a generation budget too short for any report leaves every
+    # part UNCERTAIN, and the gate against the first run's baseline fails naming that metric.
+    assert m["uncertain"]["k"] / N < wilson_interval(N, N)[0], "the baseline is already all UNCERTAIN"
+    crippled = eval_cli(
+        embedded_stack, dataset, tmp_path / "c", station, "--baseline", str(baseline), "--max-new-tokens", "2",
+        check=False,
+    )  # fmt: skip
+    assert crippled.returncode == 1, crippled.stderr[-2000:]
+    assert f"GATE FAILED: uncertain got worse: {N}/{N}" in " ".join(crippled.stderr.split())
 
 
 def test_an_eval_killed_half_way_continues_without_inspecting_done_images_again(embedded_stack, dataset, tmp_path):

@@ -120,6 +120,10 @@ def test_gate_fails_only_beyond_the_baselines_interval_and_names_the_metric():
     # A tolerance widens the allowance; an unmeasured side (no good parts) is not judged.
     assert gate.check(result((6, 20), (2, 20)), base, tolerance=0.1) == []
     assert gate.check(result((6, 20), (0, 0)), result((6, 20), (1, 20))) == []
+    # UNCERTAIN for every part is a regression too (each goes to manual recheck).
+    all_uncertain = {"metrics": {**base["metrics"], "uncertain": {"k": 20, "n": 20}}}
+    failed = gate.check(all_uncertain, {"metrics": {**base["metrics"], "uncertain": {"k": 1, "n": 20}}})
+    assert [r.metric for r in failed] == ["uncertain"] and "uncertain got worse: 20/20" in failed[0].describe()
 
 
 def test_mvtec_and_manifest_layouts_give_the_same_samples(tmp_path):

@@ -1,5 +1,5 @@
 """`edgeinspect eval DATASET`: a labelled set through the running cluster -> rates with intervals, a report, and
-the regression gate against a stored baseline (exit 1 when escape or overkill got worse)."""
+the regression gate against a stored baseline (exit 1 when escape, overkill or the UNCERTAIN rate got worse)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from edgeinspect.services.evaluation.stats import rate
 
-GATED = ("escape", "overkill")
+# Uncertain is gated too: a model that answers UNCERTAIN to every part sends the whole line to manual recheck.
+GATED = ("escape", "overkill", "uncertain")
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,8 @@ def check(current: dict, baseline: dict, tolerance: float = 0.0, metrics: tuple[
     from the counts, so a baseline file is judged by what it counted, not by numbers written beside them."""
     out = []
     for name in metrics:
-        cur, base = current["metrics"][name], baseline["metrics"][name]
-        if not cur["n"] or not base["n"]:
+        cur, base = current["metrics"].get(name), baseline["metrics"].get(name)
+        if cur is None or base is None or not cur["n"] or not base["n"]:
             continue  # nothing measured on one side (e.g. a set without good parts has no overkill)
         limit = rate(base["k"], base["n"]).high + tolerance
         if cur["k"] / cur["n"] > limit + 1e-12:
