@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 from eval_dataset import make_mvtec_set
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.tiny import TinySpec, make_tiny
@@ -82,6 +83,11 @@ def status(live: LocalStack) -> rollout_pb2.RolloutStatus:
         return rollout_pb2_grpc.RolloutServiceStub(channel).GetRolloutStatus(
             rollout_pb2.RolloutStatusRequest(), metadata=[("authorization", f"Bearer {live.api_token}")], timeout=30
         )
+
+
+def gateway_health(live: LocalStack) -> int:
+    with grpc.insecure_channel(live.gateway_address) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
 
 
 def inspect(client: InspectionClient, station: str) -> inspection_pb2.DefectReport:
@@ -166,6 +172,14 @@ def test_a_candidate_shadows_is_promoted_to_a_canary_then_all_and_rolls_back(liv
         assert promoted["state"] == "ROLLOUT_STATE_PROMOTED"
         assert promoted["previous"]["checkpoint_fingerprint"] == fp_live
         assert inspect(client, "station-0").model.checkpoint_fingerprint == fp_cand
+        # Health now follows the promoted version: the old version's stage dying leaves the gateway SERVING.
+        live.kill("stage1")
+        watch_until = time.monotonic() + 3.0
+        while time.monotonic() < watch_until:
+            assert gateway_health(live) == health_pb2.HealthCheckResponse.SERVING
+            time.sleep(0.1)
+        assert inspect(client, "station-0").model.checkpoint_fingerprint == fp_cand
+        live.wait_restarted("stage1")
     # A restarted gateway comes back with the promoted version (the configuration followed the promotion).
     live.restart("gateway")
     assert status(live).live.checkpoint_fingerprint == fp_cand

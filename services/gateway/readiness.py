@@ -1,5 +1,7 @@
 """The gateway's readiness: SERVING exactly while a complete route over the decoder stages exists and the vision
-node (running our checkpoint) is up. Re-planning is started from here when a layer range is left without a stage."""
+node (running our checkpoint) is up. Re-planning is started from here when a layer range is left without a stage.
+It follows the live model version: after a rollout promotes or rolls back in process, the new live version's
+route, vision node and re-planner are what health reports on."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -20,10 +23,12 @@ PERIOD_S = 0.25  # also woken at once by any change the router sees
 
 
 class Readiness:
-    def __init__(self, inspector: Inspector, health: HealthState):
+    def __init__(self, inspector: Inspector, health: HealthState, live: Callable[[], Inspector] | None = None):
+        self.primary = inspector  # the one server.connect built; closed here
+        self.live = live or (lambda: inspector)  # the rollout's live version, which may change while serving
         self.inspector = inspector
         self.health = health
-        self.replanner = Replanner(inspector.router, inspector.ckpt, inspector.cfg)
+        self.replanners: dict[int, Replanner] = {}  # id(Inspector) -> its re-planner, one per version followed
         self.vision_mismatch = ""
         self._vision_checked = False
         self._retrieval_seen = False
@@ -38,12 +43,33 @@ class Readiness:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.replanner.close()
+        for replanner in self.replanners.values():
+            await replanner.close()
+        for insp in {id(i): i for i in (self.primary, self.inspector)}.values():
+            await insp.router.close()
+            await insp.vision.close()
+            if insp.retrieval is not None:
+                await insp.retrieval.close()
+
+    @property
+    def replanner(self) -> Replanner:
         insp = self.inspector
-        await insp.router.close()
-        await insp.vision.close()
-        if insp.retrieval is not None:
-            await insp.retrieval.close()
+        if id(insp) not in self.replanners:
+            self.replanners[id(insp)] = Replanner(insp.router, insp.ckpt, insp.cfg)
+        return self.replanners[id(insp)]
+
+    def _follow_live(self) -> bool:
+        """Switches to the live version's Inspector when a rollout changed it; True when it did."""
+        live = self.live()
+        if live is self.inspector:
+            return False
+        log.info(
+            "readiness now follows checkpoint %s (was %s): rollout changed the live version",
+            live.ckpt.fingerprint,
+            self.inspector.ckpt.fingerprint,
+        )
+        self.inspector, self._vision_checked, self.vision_mismatch = live, False, ""
+        return True
 
     def serving(self) -> bool:
         insp = self.inspector
@@ -67,8 +93,9 @@ class Readiness:
         return time.monotonic() - self._started < self.inspector.cfg.upstream_timeout_s
 
     async def _follow(self) -> None:
-        router = self.inspector.router
         while True:
+            switched = self._follow_live()
+            router = self.inspector.router
             await self._check_vision()
             if not router.complete():
                 await self.replanner.cover_gaps()
@@ -78,7 +105,7 @@ class Readiness:
             metrics.ROUTE_COMPLETE.set(1 if router.complete() else 0)
             metrics.ADMISSION.labels(state="running").set(self.inspector.admission.inflight)
             metrics.ADMISSION.labels(state="queued").set(self.inspector.admission.queued)
-            if serving != self.health.serving:
+            if serving != self.health.serving or (switched and serving):
                 if serving:
                     self._size_admission()
                     self.inspector.stages.regroup()

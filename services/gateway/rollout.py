@@ -86,7 +86,7 @@ class RolloutManager:
         self.queue: asyncio.Queue | None = None
         self.workers: list[asyncio.Task] = []
         self.skipped = self.failed = 0
-        self.primary = None  # the Inspector server.connect built at start (Readiness follows it)
+        self.primary = None  # the Inspector server.connect built at start (Readiness closes it)
         self._retiring: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
 
@@ -250,7 +250,7 @@ class RolloutManager:
 
     def _retire(self, name: str) -> None:
         """Disconnects a version nobody routes to any more once its in-flight inspections are done. Never the
-        Inspector the gateway started with: its readiness follows that one."""
+        Inspector the gateway started with (Readiness closes that one at shutdown)."""
         inspector = self.inspectors.pop(name, None)
         if inspector is None or inspector is self.primary:
             return

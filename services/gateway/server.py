@@ -83,7 +83,7 @@ async def start(cfg: GatewaySettings) -> tuple[RunningServer, Readiness]:
     )
     inspector = await connect(cfg, store)
     servicer.inspector = await rollout.attach(inspector)  # per-station version routing and the shadow
-    readiness = Readiness(inspector, running.health)
+    readiness = Readiness(inspector, running.health, live=rollout.live_inspector)  # follows promotions
     readiness.start()
     log.info("gateway started: vision %s, stages %s, retrieval %s", cfg.vision, cfg.stages, cfg.retrieval)
     return running, readiness
