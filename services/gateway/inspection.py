@@ -197,6 +197,9 @@ class Inspector:
             grammar_id=prompt.grammar.grammar_id if prompt.grammar else "",
             grammar_json=prompt.grammar.text if prompt.grammar else "",
         )
+        if prompt.grammar is not None and sampling.temperature == 0:
+            # Greedy only: where the grammar allows one token, greedy picks it, so the tokens are the same either way.
+            sampling.max_forced_tokens = self.cfg.jump_forward_tokens
         session = self.stages.session(
             f"{report_id}-{uuid.uuid4().hex[:8]}",
             prompt.ids,
@@ -240,6 +243,7 @@ class Inspector:
             if time.monotonic() >= deadline:
                 raise DeadlineExceeded(f"the inspection's deadline passed after {len(generated)} generated tokens")
             result = await (session.decode() if generated else session.prefill())
+            metrics.JUMP_FORWARD_TOKENS.inc(len(result.forced_token_ids))
             if t_first is None:
                 t_first = time.perf_counter()
                 metrics.TTFT_SECONDS.observe(t_first - t0)
@@ -250,16 +254,19 @@ class Inspector:
             for t in result.timings:
                 step_timings.setdefault(t.stage, []).append(t.compute_ms)
                 metrics.STAGE_STEP_SECONDS.labels(stage=t.stage).observe(t.compute_ms / 1e3)
-            if result.token_id == self.eos_id:
-                session.truncated = False
-                break
-            delta = text.delta(generated)
+            # The end of sequence may come sampled or forced (after a complete object); nothing after it counts.
+            ended = session.journal.stop_at(self.eos_id)
+            upto = len(generated) - 1 if ended else len(generated)  # the end of sequence itself is never streamed
+            delta = text.delta(generated[:upto] if ended else generated)
             if delta:
                 # Tokens held back (no new text yet, or a partial UTF-8 sequence) travel with this delta.
                 yield inspection_pb2.InspectEvent(
-                    delta=inspection_pb2.TokenDelta(text=delta, token_ids=generated[delta_from:])
+                    delta=inspection_pb2.TokenDelta(text=delta, token_ids=generated[delta_from:upto])
                 )
-                delta_from = len(generated)
+                delta_from = upto
+            if ended:
+                session.truncated = False
+                break
         metrics.TOKENS.labels(role="gateway").inc(len(generated))
         for stage, values in step_timings.items():
             timings.append(stage_pb2.StageTiming(stage=stage, compute_ms=sum(values)))
@@ -395,6 +402,8 @@ class Inspector:
             ),
             failovers=session.failovers,
             degraded=prompt.degraded,
+            decode_steps=max(len(journal.steps) - 1, 0),
+            jump_forward_tokens=journal.forced,
         )
         if req.verification:
             report.prompt_token_ids.extend(journal.prompt_ids)

@@ -22,6 +22,7 @@ from edgeinspect.errors import InvalidInput
 from edgeinspect.services.common.context import deadline_remaining, outgoing_metadata
 from edgeinspect.services.common.errors import error_code_of
 from edgeinspect.services.gateway.routing import Endpoint
+from edgeinspect.services.gateway.step_spans import StepSpans, traced_prefill, traced_read, traced_step, traced_write
 from edgeinspect.services.stage.protocol import next_stage_step
 from edgeinspect.v1 import stage_pb2, tensor_pb2
 
@@ -69,6 +70,12 @@ class StepResult:
     token_id: int
     timings: list[stage_pb2.StageTiming] = field(default_factory=list)
     wire_ms: float = 0.0
+    forced_token_ids: list[int] = field(default_factory=list)  # jump-forward: what the grammar forces after token_id
+
+    @property
+    def tokens(self) -> list[int]:
+        """The step's new tokens: the sampled one, then the forced ones (the next step feeds them all)."""
+        return [self.token_id, *self.forced_token_ids]
 
 
 class MicroBatchGroups:
@@ -130,6 +137,7 @@ class RouteSession:
         self.position = 0
         # Chained: only the first stage is called; it relays along its own chain, so its failure may be anyone's.
         self.callees = route[:1] if opts.chained else route
+        self.spans = StepSpans()  # tracing: the steps' client spans waiting for their answers (step_spans.py)
         # The request id and the inspection's deadline, passed by hand: these channels have no interceptors.
         self.calls = [
             ep.stub.Forward(metadata=outgoing_metadata(), timeout=deadline_remaining()) for ep in self.callees
@@ -163,6 +171,7 @@ class RouteSession:
             step.max_positions = self.max_positions  # the session's first step: stages reserve its KV
         return step
 
+    @traced_read
     async def _read(self, k: int, timeout_s: float) -> stage_pb2.StepResponse:
         ep = self.callees[k]
         try:
@@ -175,6 +184,7 @@ class RouteSession:
             raise StageFailure(ep, "closed the stream")
         return response
 
+    @traced_write
     async def _write(self, k: int, request: stage_pb2.StepRequest) -> None:
         try:
             await self.calls[k].write(request)
@@ -183,6 +193,7 @@ class RouteSession:
         except asyncio.InvalidStateError:
             raise StageFailure(self.callees[k], "stream already closed") from None
 
+    @traced_step
     async def step(
         self,
         input_ids: list[int],
@@ -210,8 +221,11 @@ class RouteSession:
         total_ms = (time.perf_counter() - t0) * 1e3
         self.position += len(input_ids)
         self.last_response = response
-        return StepResult(response.results[0].token_id, timings, total_ms - sum(t.compute_ms for t in timings))
+        result = StepResult(response.results[0].token_id, timings, total_ms - sum(t.compute_ms for t in timings))
+        result.forced_token_ids = self._forced(response, sampling)
+        return result
 
+    @traced_prefill
     async def prefill(
         self,
         chunks: list[tuple[list[int], tensor_pb2.TensorFrame | None]],
@@ -265,7 +279,18 @@ class RouteSession:
         self.position = position
         # Stages overlap, so "not computing" is wall time minus the critical path's compute, not minus the sum.
         busiest = max(sum(t.compute_ms for t in timings if t.stage == name) for name in {t.stage for t in timings})
-        return StepResult(responses[-1].results[0].token_id, timings, max(total_ms - busiest, 0.0))
+        result = StepResult(responses[-1].results[0].token_id, timings, max(total_ms - busiest, 0.0))
+        result.forced_token_ids = self._forced(responses[-1], sampling)
+        return result
+
+    def _forced(self, response: stage_pb2.StepResponse, sampling: stage_pb2.SamplingParams | None) -> list[int]:
+        """The last stage's jump-forward tokens, never more than asked for: its grammar matcher has accepted them
+        all, so a stage that sent more would hold a state the caches do not (answered as that stage's failure)."""
+        forced = list(response.results[0].forced_token_ids)
+        asked = sampling.max_forced_tokens if sampling is not None else 0
+        if len(forced) > asked:
+            raise StageFailure(self.callees[-1], f"returned {len(forced)} forced tokens, {asked} asked for")
+        return forced
 
 
 def primary_error(errors) -> BaseException:

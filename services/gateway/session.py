@@ -3,11 +3,16 @@
 The session keeps a journal (prompt ids, visual tokens, tokens generated so far). When a stage fails, closes its
 stream or stalls past the step bound, the failed endpoint is reported to the router (which bans it), the session
 takes another route and rebuilds its KV cache there by replaying the journal: the prompt exactly as first sent
-(same chunks, same prefix), then each generated token but the last as its own decode step, every replayed step
-checked against the journal (position by position: the stages refuse a step at the wrong position, and each
-replayed sample must equal the token already generated). Greedy fp32 replicas reproduce the undisturbed run bit
-for bit, the grammar matcher of the last stage advances over the same tokens, and the failed step then runs on
-the new route. Failovers per inspection are bounded.
+(same chunks, same prefix), then every decode step but the last as first sent, every replayed step checked
+against the journal (position by position: the stages refuse a step at the wrong position, and each replayed sample
+must equal the token already generated). Greedy fp32 replicas reproduce the undisturbed run bit for bit, the
+grammar matcher of the last stage advances over the same tokens, and the failed step then runs on the new route.
+Failovers per inspection are bounded.
+
+Grammar jump-forward: a greedy constrained step may bring, after its sampled token, the tokens the grammar forces
+(exactly one allowed at each); they are journaled with it and the next step feeds them all at once. The replay
+sends the same steps again, asking each for as many forced tokens as it brought the first time: the same grammar
+state forces the same tokens, and the stages compute the same shapes as in the undisturbed run.
 """
 
 from __future__ import annotations
@@ -42,9 +47,35 @@ class Journal:
 
     prompt_ids: list[int]
     visual_tokens: tensor_pb2.TensorFrame | None  # as received from the vision node
-    sampling: stage_pb2.SamplingParams  # first step's (carries the grammar); later steps send only its id
+    # first step's (carries the grammar and the jump-forward limit); later steps send only the grammar's id
+    sampling: stage_pb2.SamplingParams
     prefix_length: int = 0  # shared prompt prefix (system + spec context), 0: none
     generated: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)  # new tokens per step (sampled + forced); sum = len(generated)
+
+    def add(self, result: StepResult) -> None:
+        self.generated += result.tokens
+        self.steps.append(len(result.tokens))
+
+    def unfed(self) -> list[int]:
+        """The newest step's tokens, which the caches do not hold yet: the next step's input."""
+        return self.generated[-self.steps[-1] :]
+
+    @property
+    def forced(self) -> int:
+        """Tokens the grammar forced (each one a decode step saved)."""
+        return len(self.generated) - len(self.steps)
+
+    def stop_at(self, token: int) -> bool:
+        """True when the newest step brought `token` (end of sequence); whatever came after it is dropped."""
+        new = self.unfed()
+        if token not in new:
+            return False
+        drop = len(new) - new.index(token) - 1
+        if drop:
+            del self.generated[-drop:]
+            self.steps[-1] -= drop
+        return True
 
 
 @dataclass(frozen=True)
@@ -117,21 +148,32 @@ class InferenceSession:
     # -- the two operations --------------------------------------------------------------------------------------
 
     async def prefill(self) -> StepResult:
-        """The prompt through the stages; samples and journals the first token."""
-        result = await self._with_failover(self._prefill_on)
+        """The prompt through the stages; samples the first token and journals it with any the grammar forces."""
+        forced = self._forced_limit()
+        result = await self._with_failover(lambda wire: self._prefill_on(wire, forced))
         self.prefilled = True
-        self.journal.generated.append(result.token_id)
+        self.journal.add(result)
         return result
 
     async def decode(self) -> StepResult:
-        """Feeds the last generated token; samples and journals the next."""
-        token = self.journal.generated[-1]
+        """Feeds the newest step's tokens (the last sampled one and those forced after it) as one step; samples and
+        journals the next."""
+        feed, forced = self.journal.unfed(), self._forced_limit()
         t0 = time.perf_counter()
-        result = await self._with_failover(lambda wire: self._step_on(wire, token))
+        result = await self._with_failover(lambda wire: self._step_on(wire, feed, forced))
         ms = (time.perf_counter() - t0) * 1e3
         self._decode_ms = ms if not self._decode_ms else 0.8 * self._decode_ms + 0.2 * ms
-        self.journal.generated.append(result.token_id)
+        self.journal.add(result)
         return result
+
+    def _forced_limit(self) -> int:
+        """Jump-forward tokens the next step may bring: as many as asked for, never past the session's budget of
+        positions (the step's sampled token comes first)."""
+        want = self.journal.sampling.max_forced_tokens
+        if not want or not self.max_positions:
+            return want
+        left = self.max_positions - len(self.journal.prompt_ids) - len(self.journal.generated) - 1
+        return max(0, min(want, left))
 
     # -- failover --------------------------------------------------------------------------------------------------
 
@@ -184,7 +226,7 @@ class InferenceSession:
                 endpoint=exc.endpoint.address,
                 position=position,
                 reason=exc.reason,
-                replayed_tokens=max(len(self.journal.generated) - 1, 0),
+                replayed_tokens=len(self.journal.generated) - (self.journal.steps[-1] if self.journal.steps else 0),
             )
         )
         log.warning(
@@ -221,21 +263,24 @@ class InferenceSession:
         self.router.acquire(route)
         if not replay:
             return
-        generated = self.journal.generated
-        first = await self._prefill_on(self.wire)
-        expected = [first.token_id]
-        for token in generated[:-1]:
-            expected.append((await self._step_on(self.wire, token)).token_id)
-        if expected != generated:
-            at = next(i for i, (a, b) in enumerate(zip(expected, generated, strict=True)) if a != b)
+        generated, steps = self.journal.generated, self.journal.steps
+        # Each step asks for the forced tokens it brought the first time; the newest step is the caller's to send.
+        replayed = (await self._prefill_on(self.wire, steps[0] - 1)).tokens
+        fed = 0
+        for n, brought in zip(steps, steps[1:], strict=False):
+            replayed += (await self._step_on(self.wire, generated[fed : fed + n], brought - 1)).tokens
+            fed += n
+        if replayed != generated:
+            pairs = enumerate(zip(replayed, generated, strict=False))
+            at = next((i for i, (a, b) in pairs if a != b), min(len(replayed), len(generated)))
             # The cache holds the journal's tokens either way; only this new route would have sampled otherwise.
             log.error(
-                "session %s: replay on %s diverged at generated token %d (%d != %d): replicas differ in format?",
+                "session %s: replay on %s diverged at generated token %d (%s != %s): replicas differ in format?",
                 self.base_id,
                 self.route_names,
                 at,
-                expected[at],
-                generated[at],
+                replayed[at : at + 1],
+                generated[at : at + 1],
             )
             if self.failovers:
                 self.failovers[-1].reason += f"; replay diverged at token {at}"
@@ -259,14 +304,19 @@ class InferenceSession:
         usual_s = self._decode_ms / 1e3
         return max(self.policy.stall_min_s, self.policy.stall_factor * usual_s)
 
-    async def _step_on(self, wire: RouteSession, token: int) -> StepResult:
-        sampling = stage_pb2.SamplingParams(grammar_id=self.journal.sampling.grammar_id)
-        sampling.temperature, sampling.top_p, sampling.seed = (
-            self.journal.sampling.temperature,
-            self.journal.sampling.top_p,
-            self.journal.sampling.seed,
-        )
-        return await wire.step([token], None, sampling, self._decode_timeout())
+    async def _step_on(self, wire: RouteSession, tokens: list[int], forced: int) -> StepResult:
+        """A decode step feeding `tokens` at the cached length; the last stage samples after the last of them."""
+        return await wire.step(tokens, None, self._sampling(forced, schema=False), self._decode_timeout())
+
+    def _sampling(self, forced: int, schema: bool) -> stage_pb2.SamplingParams:
+        """The session's sampling params for one step, asking for up to `forced` jump-forward tokens; the schema
+        itself travels only with a route's first step (the last stage keeps its grammar by id)."""
+        sampling = stage_pb2.SamplingParams()
+        sampling.CopyFrom(self.journal.sampling)
+        if not schema:
+            sampling.grammar_json = ""
+        sampling.max_forced_tokens = forced
+        return sampling
 
     def _chunks(self, ids: list[int], frame: tensor_pb2.TensorFrame | None):
         from edgeinspect import codec
@@ -277,16 +327,17 @@ class InferenceSession:
         visual = self._visual if frame is not None else None
         return prompt_chunks(ids, frame, self.policy.chunk_tokens, self.policy.image_token_id, visual)
 
-    async def _prefill_on(self, wire: RouteSession) -> StepResult:
-        """The prompt, sampling its first token. With a shared prefix (system prompt + spec context, before the
-        image) that the stages hold, only the rest is sent; otherwise it is computed and the stages keep it. A stage
-        that has evicted it answers a prefix cache miss: the session starts over on the same route."""
+    async def _prefill_on(self, wire: RouteSession, forced: int) -> StepResult:
+        """The prompt, sampling its first token (and up to `forced` jump-forward tokens). With a shared prefix
+        (system prompt + spec context, before the image) that the stages hold, only the rest is sent; otherwise it
+        is computed and the stages keep it. A stage that has evicted it answers a prefix cache miss: the session
+        starts over on the same route."""
         j = self.journal
         ids, n = j.prompt_ids, j.prefix_length
         timeout = self._prefill_timeout(len(ids))
         t0 = time.perf_counter()
         try:
-            return await self._prefill_prompt(wire, ids, n, timeout)
+            return await self._prefill_prompt(wire, ids, n, timeout, self._sampling(forced, schema=True))
         finally:
             if self.wire is not None and self.wire.position >= len(ids):
                 self.router.observe_prefill(len(ids) - self.prefix_reused, (time.perf_counter() - t0) * 1e3)
@@ -300,15 +351,17 @@ class InferenceSession:
         expected = per_token_s * min(tokens, self.policy.chunk_tokens or tokens)  # bounds each chunk's answer
         return min(self.policy.prefill_stall_s, max(self.policy.stall_min_s, self.policy.stall_factor * expected))
 
-    async def _prefill_prompt(self, wire: RouteSession, ids: list[int], n: int, timeout: float) -> StepResult:
+    async def _prefill_prompt(
+        self, wire: RouteSession, ids: list[int], n: int, timeout: float, sampling: stage_pb2.SamplingParams
+    ) -> StepResult:
         j = self.journal
         if n <= 0:
-            return await wire.prefill(self._chunks(ids, j.visual_tokens), j.sampling, timeout, None)
+            return await wire.prefill(self._chunks(ids, j.visual_tokens), sampling, timeout, None)
         ref = stage_pb2.PrefixRef(key=prefix_key(ids[:n]), length=n)
         if ref.key in self.prefixes:
             wire.position = n
             try:
-                result = await wire.prefill(self._chunks(ids[n:], j.visual_tokens), j.sampling, timeout, ref)
+                result = await wire.prefill(self._chunks(ids[n:], j.visual_tokens), sampling, timeout, ref)
                 self.prefix_reused = n
                 return result
             except PrefixMissed as miss:
@@ -317,7 +370,7 @@ class InferenceSession:
                 wire = self._restart(wire)
         # The prefix is a chunk boundary, so the stages can store exactly its keys/values.
         chunks = self._chunks(ids[:n], None) + self._chunks(ids[n:], j.visual_tokens)
-        result = await wire.prefill(chunks, j.sampling, timeout, ref)
+        result = await wire.prefill(chunks, sampling, timeout, ref)
         self.prefixes.remember(ref.key)
         return result
 
