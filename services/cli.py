@@ -25,13 +25,14 @@ class Role(StrEnum):
     retrieval = "retrieval"
     gateway = "gateway"
     console = "console"
+    ingest = "ingest"
 
 
 def serve_command(
     role: Role = typer.Argument(..., help="which role this process serves"),
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML settings; EDGEINSPECT_* env overrides"),
 ) -> None:
-    """Serve one role (vision, stage, retrieval or gateway) until Ctrl-C / SIGTERM."""
+    """Serve one role (vision, stage, retrieval, gateway, console or ingest) until Ctrl-C / SIGTERM."""
     import importlib
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -34,11 +34,8 @@ def ingest_command(
     from rich.console import Console
 
     from edgeinspect.services.common.logging import configure_logging
-    from edgeinspect.services.common.metrics import serve_metrics
     from edgeinspect.services.ingest.config import IngestSettings
-    from edgeinspect.services.ingest.delivery import GrpcReportSink
-    from edgeinspect.services.ingest.metrics import IngestMetrics
-    from edgeinspect.services.ingest.service import Ingestor
+    from edgeinspect.services.ingest.server import run
 
     class PipeAwareConsole(Console):
         def on_broken_pipe(self) -> None:
@@ -71,8 +68,6 @@ def ingest_command(
     if dry_run:
         for cam in settings.cameras:  # a dry run reads files once, as fast as they decode
             cam.realtime, cam.loop = False, False
-    metrics = IngestMetrics()
-    metrics_http = None if dry_run else serve_metrics(settings.server.metrics_port, settings.server.host)
     decisions: dict[str, list[tuple[int, float | None, bool, str]]] = defaultdict(list)
     would_inspect = 0
 
@@ -96,37 +91,28 @@ def ingest_command(
                 markup=False,
             )
 
-    async def main() -> None:
+    def started(running) -> None:
         nonlocal loop, ingestor
-        loop = asyncio.get_running_loop()
-        sink = (
-            None
-            if dry_run
-            else GrpcReportSink(settings.gateway, settings.api_token, settings.request_timeout_s, settings.gateway_tls)
-        )
-        ingestor = Ingestor(settings, sink, metrics, on_report=on_report, on_decision=on_decision if dry_run else None)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, ingestor.stop)
-        try:
-            result = await ingestor.run(max_reports=None if dry_run else max_reports)
-        finally:
-            if sink is not None:
-                await sink.close()
-        for cid, state in result.states.items():
-            say(f"camera {cid}: {state.value}", style="dim")
-        return result
+        loop, ingestor = asyncio.get_running_loop(), running
 
     loop: asyncio.AbstractEventLoop | None = None
-    ingestor: Ingestor | None = None
+    ingestor = None
     try:
-        result = asyncio.run(main())
+        result = asyncio.run(
+            run(
+                settings,
+                dry_run=dry_run,
+                max_reports=max_reports,
+                on_report=on_report,
+                on_decision=on_decision if dry_run else None,
+                on_start=started,
+            )
+        )
     except EdgeInspectError as exc:
         say(f"[red]ingest failed:[/] {exc}")
         raise typer.Exit(1) from exc
-    finally:
-        if metrics_http is not None:
-            metrics_http.close()
-        metrics.close()  # the default registry outlives this command (tests invoke it more than once)
+    for cid, state in result.states.items():
+        say(f"camera {cid}: {state.value}", style="dim")
     if dry_run:
         _print_dry_run_summary(say, decisions)
     else:

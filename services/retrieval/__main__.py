@@ -1,20 +1,6 @@
 """`python -m edgeinspect.services.retrieval --config FILE`."""
 
-from __future__ import annotations
-
-from pathlib import Path
-
-import typer
-
+from edgeinspect.services.common.entry import role_main
 from edgeinspect.services.retrieval.server import main
 
-
-def cli(
-    config: Path | None = typer.Option(None, "--config", help="retrieval role YAML (EDGEINSPECT_* env overrides it)"),
-) -> None:
-    """Run the retrieval node."""
-    main(config)
-
-
-if __name__ == "__main__":
-    typer.run(cli)
+role_main(main, "retrieval")
