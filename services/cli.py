@@ -13,10 +13,7 @@ from pathlib import Path
 import typer
 
 from edgeinspect.config import WireCodec
-
-DEFAULT_GATEWAY = "127.0.0.1:50051"
-WORKDIR = Path("var/embedded")
-TOKEN_FILE = WORKDIR / "api_token"  # written by `up` (0600)
+from edgeinspect.services.client_options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION, WORKDIR
 
 
 class Role(StrEnum):
@@ -230,14 +227,10 @@ def _serve_until_stopped(stack, console) -> int:
 
 def inspect_command(
     images: list[Path] = typer.Argument(..., exists=True, dir_okay=False, help="image files to inspect"),
-    gateway: str = typer.Option(DEFAULT_GATEWAY, envvar="EDGEINSPECT_GATEWAY", help="gateway host:port"),
-    token: str = typer.Option(
-        "", help="bearer token (default: $EDGEINSPECT_TOKEN, else the --token-file `up` wrote)", show_default=False
-    ),
-    token_file: Path = typer.Option(TOKEN_FILE, help="file holding the bearer token (`up` writes one, 0600)"),
-    ca: Path | None = typer.Option(
-        None, envvar="EDGEINSPECT_CA", help="CA certificate of a TLS gateway (`up --tls`: WORKDIR/tls/ca.crt)"
-    ),
+    gateway: str = GATEWAY,
+    token: str = TOKEN,
+    token_file: Path = TOKEN_FILE_OPTION,
+    ca: Path | None = CA,
     station: str = typer.Option("", help="station id recorded in the report"),
     part: str = typer.Option("", help="part / product id (selects the specs)"),
     prompt: str = typer.Option("", help="instruction (default: the standard defect-report request)"),

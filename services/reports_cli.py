@@ -10,18 +10,10 @@ from pathlib import Path
 import grpc
 import typer
 
-from edgeinspect.services.cli import DEFAULT_GATEWAY, WORKDIR
+from edgeinspect.services.client_options import CA, GATEWAY, TOKEN
+from edgeinspect.services.client_options import TOKEN_FILE_OPTION as TOKEN_FILE
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
-
-GATEWAY = typer.Option(DEFAULT_GATEWAY, envvar="EDGEINSPECT_GATEWAY", help="gateway host:port")
-TOKEN = typer.Option(
-    "", help="bearer token (default: $EDGEINSPECT_TOKEN, else the token file `up` wrote)", show_default=False
-)
-TOKEN_FILE = typer.Option(WORKDIR / "api_token", help="file holding the bearer token (`up` writes one, 0600)")
-CA = typer.Option(
-    None, envvar="EDGEINSPECT_CA", help="CA certificate of a TLS gateway (`up --tls`: WORKDIR/tls/ca.crt)"
-)
 
 
 class VerdictChoice(StrEnum):

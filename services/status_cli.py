@@ -9,6 +9,8 @@ import grpc
 import typer
 from google.protobuf.json_format import MessageToDict
 
+from edgeinspect.services.client_options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION, WORKDIR
+
 STACK_FILE = Path("run") / "stack.json"  # written by `up` under its workdir
 
 
@@ -23,11 +25,11 @@ def local_roles(workdir: Path) -> dict[str, dict]:
 
 
 def status_command(
-    gateway: str = typer.Option("127.0.0.1:50051", envvar="EDGEINSPECT_GATEWAY", help="gateway host:port"),
-    token: str = typer.Option("", help="bearer token (default: $EDGEINSPECT_TOKEN, else the --token-file)"),
-    token_file: Path = typer.Option(Path("var/embedded/api_token"), help="file holding the bearer token"),
-    ca: Path | None = typer.Option(None, envvar="EDGEINSPECT_CA", help="CA certificate of a TLS gateway"),
-    workdir: Path = typer.Option(Path("var/embedded"), help="the `up` workdir, for local pids"),
+    gateway: str = GATEWAY,
+    token: str = TOKEN,
+    token_file: Path = TOKEN_FILE_OPTION,
+    ca: Path | None = CA,
+    workdir: Path = typer.Option(WORKDIR, help="the `up` workdir, for local pids"),
     as_json: bool = typer.Option(False, "--json", help="print the status as JSON"),
 ) -> None:
     """Every decoder-stage endpoint (range, health, ban reason, load), the plan in force, vision and retrieval

@@ -11,8 +11,8 @@ from pathlib import Path
 import grpc
 import typer
 
-DEFAULT_GATEWAY = "127.0.0.1:50051"
-TOKEN_FILE = Path("var/embedded/api_token")  # what `edgeinspect up` writes (0600)
+from edgeinspect.services.client_options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION
+
 EXIT_GATE_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNAVAILABLE = 3
@@ -32,12 +32,10 @@ def eval_command(
     as_json: bool = typer.Option(False, "--json", help="print the result JSON (stable key order) to stdout"),
     out: Path | None = typer.Option(None, "--out", help="results folder (default var/eval/<dataset name>)"),
     fresh: bool = typer.Option(False, "--fresh", help="forget earlier results in --out and measure again"),
-    gateway: str = typer.Option(DEFAULT_GATEWAY, envvar="EDGEINSPECT_GATEWAY", help="gateway host:port"),
-    token: str = typer.Option(
-        "", help="bearer token (default: $EDGEINSPECT_TOKEN, else --token-file)", show_default=False
-    ),
-    token_file: Path = typer.Option(TOKEN_FILE, help="file holding the bearer token (`up` writes one)"),
-    ca: Path | None = typer.Option(None, envvar="EDGEINSPECT_CA", help="CA certificate of a TLS gateway"),
+    gateway: str = GATEWAY,
+    token: str = TOKEN,
+    token_file: Path = TOKEN_FILE_OPTION,
+    ca: Path | None = CA,
     concurrency: int = typer.Option(2, min=1, help="inspections in flight"),
     class_map: list[str] = typer.Option([], "--class-map", help="DATASET_CLASS=SPEC_CLASS (repeatable)"),
     station: str = typer.Option("eval", help="station id recorded in the reports"),

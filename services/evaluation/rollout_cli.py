@@ -10,14 +10,14 @@ from pathlib import Path
 import grpc
 import typer
 
-from edgeinspect.services.evaluation.cli import DEFAULT_GATEWAY, TOKEN_FILE
+from edgeinspect.services.client_options import CA, GATEWAY, TOKEN_FILE_OPTION
 
 app = typer.Typer(no_args_is_help=True, help="Model versions: shadow a candidate, promote it, roll it back.")
 
-GatewayOpt = typer.Option(DEFAULT_GATEWAY, envvar="EDGEINSPECT_GATEWAY", help="gateway host:port")
+GatewayOpt = GATEWAY
 TokenOpt = typer.Option("", help="admin bearer token (default: $EDGEINSPECT_TOKEN, else --token-file)")
-TokenFileOpt = typer.Option(TOKEN_FILE, help="file holding the bearer token (`up` writes one)")
-CaOpt = typer.Option(None, envvar="EDGEINSPECT_CA", help="CA certificate of a TLS gateway")
+TokenFileOpt = TOKEN_FILE_OPTION
+CaOpt = CA
 JsonOpt = typer.Option(False, "--json", help="print the status as JSON")
 
 
