@@ -32,7 +32,9 @@ class InspectionClient:
     else plaintext."""
 
     def __init__(self, address: str, token: str, timeout_s: float = 600.0, ca: Path | None = None):
-        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        from edgeinspect.services.common.channel import channel_options
+
+        options = channel_options(64)  # the roles' own limits and keepalive (a dead gateway noticed in ~40 s)
         ca = ca if ca is not None else (os.environ.get(CA_ENV) or None)
         if ca is None:
             self.channel = grpc.insecure_channel(address, options=options)
