@@ -107,37 +107,40 @@ def _preset_costs(preset: Preset, weights: WeightsDtype) -> LayerCosts:
 
 
 def render_plan(plan: Plan, title: str):
+    """The plan in 80 columns; layer ranges written as `deploy render` writes them ([start, end))."""
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=title, caption=_ends_caption(len(plan.stages)))
     for col, justify in (
         ("stage", "right"),
         ("node", "left"),
-        ("address", "left"),
         ("layers", "left"),
         ("weights", "right"),
-        ("memory budget", "right"),
-        ("est. ms/token", "right"),
-        ("of which link", "right"),
+        ("budget", "right"),  # the node's memory budget
+        ("ms/token", "right"),
+        ("link ms", "right"),
     ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    last = len(plan.stages) - 1
+        table.add_column(col, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for k, st in enumerate(plan.stages):
-        extras = (" +embed" if k == 0 else "") + (" +lm_head" if k == last else "")
         ms = f"{st.est_seconds * 1e3:.1f}"
         if st.est_seconds == plan.bottleneck_seconds:
             ms = f"[bold]{ms}[/bold]"
         table.add_row(
             str(k),
             st.node.name,
-            st.node.address,
-            f"{st.layer_start}-{st.layer_end - 1}{extras}",
+            f"[{st.layer_start}, {st.layer_end})",
             fmt_bytes(st.weight_bytes),
             fmt_bytes(st.node.memory_bytes),
             ms,
             f"{st.transfer_seconds * 1e3:.2f}",
         )
     return table
+
+
+def _ends_caption(stages: int) -> str:
+    if stages == 1:
+        return "the one stage also holds the embeddings and the LM head"
+    return f"stage 0 also holds the embeddings, stage {stages - 1} the LM head"
 
 
 def plan_command(
