@@ -69,6 +69,29 @@ class ServerConfig(BaseModel):
     tls: TLSConfig | None = Field(None, description="serve over TLS (None: plaintext, loopback only)")
 
 
+class TraceExporter(StrEnum):
+    none = "none"
+    otlp = "otlp"  # a collector over OTLP/gRPC
+    jsonl = "jsonl"  # one span per line in a file: a box without a collector
+
+
+class TracingConfig(BaseModel):
+    """OpenTelemetry traces of one role (services/common/tracing.py); off unless an exporter is named."""
+
+    exporter: TraceExporter = Field(TraceExporter.none, description="none | otlp | jsonl")
+    endpoint: str = Field(
+        "http://127.0.0.1:4317", description="otlp: the collector's OTLP/gRPC address (https://...: TLS)"
+    )
+    jsonl_path: Path = Field(
+        Path("var/traces/{role}.jsonl"),
+        description="jsonl: spans are appended here, one per line ({role} and {pid} are filled in)",
+    )
+    sample_rate: float = Field(
+        1.0, ge=0, le=1, description="share of new traces recorded; a call joins its caller's decision"
+    )
+    decode_every: int = Field(8, ge=1, description="trace every Nth decode step of a session (prefill: every chunk)")
+
+
 class RoleSettings(BaseSettings):
     """Base for every role's settings: YAML file + environment."""
 
@@ -77,6 +100,7 @@ class RoleSettings(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig)
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
     log_json: bool = Field(True, description="JSON log lines (False: human-readable console)")
+    tracing: TracingConfig = Field(default_factory=TracingConfig, description="OpenTelemetry traces (off by default)")
 
     @classmethod
     def settings_customise_sources(

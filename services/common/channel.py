@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgeinspect.config import TLSConfig
 from edgeinspect.errors import Unavailable
-from edgeinspect.services.common.context import REQUEST_ID_KEY, deadline_remaining, outgoing_metadata
+from edgeinspect.services.common.context import deadline_remaining, outgoing_metadata
 from edgeinspect.services.common.errors import PEER_ATTR
 from edgeinspect.services.common.retry import backoff_delays
 from edgeinspect.services.common.tls import channel_credentials
@@ -46,11 +46,12 @@ def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
 
 
 def _with_context(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-    """Adds the request id (unless the caller set one) and caps the timeout at the inbound deadline."""
+    """Adds the request id and trace context (unless the caller set them) and caps the timeout at the inbound
+    deadline."""
     metadata = grpc.aio.Metadata(*(details.metadata or ()))
     for key, value in outgoing_metadata():
-        if key == REQUEST_ID_KEY and key in metadata:
-            continue  # the caller chose an id for this call explicitly
+        if key in metadata:
+            continue  # the caller chose an id (or a trace context) for this call explicitly
         metadata.add(key, value)
     timeout = details.timeout
     left = deadline_remaining()

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from contextvars import ContextVar
 
 import grpc
+from opentelemetry import propagate
 
 REQUEST_ID_KEY = "x-request-id"
 
@@ -35,9 +36,12 @@ def request_id_from(metadata: Iterable[tuple[str, str | bytes]] | None) -> str |
 
 
 def outgoing_metadata() -> tuple[tuple[str, str], ...]:
-    """Metadata every outgoing call carries: the current request id (if any)."""
+    """Metadata every outgoing call carries: the current request id (if any) and the current span's W3C trace
+    context (traceparent; none while tracing is off, services/common/tracing.py)."""
     rid = request_id_var.get()
-    return ((REQUEST_ID_KEY, rid),) if rid else ()
+    trace_context: dict[str, str] = {}
+    propagate.inject(trace_context)
+    return (((REQUEST_ID_KEY, rid),) if rid else ()) + tuple(trace_context.items())
 
 
 def deadline_remaining() -> float | None:

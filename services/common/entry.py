@@ -15,6 +15,7 @@ from edgeinspect.errors import EdgeInspectError
 from edgeinspect.services.common.channel import client_tls_var
 from edgeinspect.services.common.lifecycle import die_with_launcher
 from edgeinspect.services.common.logging import configure_logging
+from edgeinspect.services.common.tracing import setup_tracing, tracing_var
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +28,17 @@ def run_role(settings_cls, serve: Callable[[Any], Coroutine], role: str, config_
     cfg = settings_cls.load(config_path)
     configure_logging(cfg.log_level, cfg.log_json, role=role)
     die_with_launcher()
+    tracing = setup_tracing(cfg.tracing, role)
     try:
         client_tls_var.set(getattr(cfg, "client_tls", None))  # before asyncio.run: its tasks copy this context
+        tracing_var.set(tracing)
         asyncio.run(serve(cfg))
     except EdgeInspectError as exc:
         log.error("%s cannot start: %s", role, exc)
         raise SystemExit(1) from exc
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # exports what is still queued: os._exit below skips every finaliser
     # Served and stopped cleanly: leave without interpreter teardown. Its final garbage collection over torch's and
     # transformers' object graph took 10+ s on a loaded 2-core box (a stop within a supervisor's grace matters
     # more than finalisers; the servers, KV caches and outboxes are already closed and the logs are flushed here).

@@ -20,6 +20,7 @@ from edgeinspect.services.common.context import (
 )
 from edgeinspect.services.common.errors import abort_with
 from edgeinspect.services.common.metrics import RPC_LATENCY, RPC_REQUESTS
+from edgeinspect.services.common.tracing import server_span
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class _CallScope:
         self._deadline_token = deadline_var.set(None if left is None else time.monotonic() + left)
         # The caller (or grpcurl) learns the id to grep the logs for.
         self.context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
+        self._span = server_span(self.method, self.context.invocation_metadata(), self.role)
         self._start = time.perf_counter()
         return self
 
@@ -127,6 +129,8 @@ class _CallScope:
         RPC_REQUESTS.labels(self.role, service.lstrip("/"), short, name).inc()
         RPC_LATENCY.labels(self.role, service.lstrip("/"), short).observe(elapsed)
         logger.debug("rpc %s %s in %.1f ms", self.method, name, elapsed * 1e3)
+        if self._span is not None:
+            self._span.end(code if isinstance(code, grpc.StatusCode) else None, exc)
         request_id_var.reset(self._rid_token)
         deadline_var.reset(self._deadline_token)
 

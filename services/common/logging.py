@@ -1,4 +1,5 @@
-"""structlog over stdlib logging: every record (ours or a library's) is one line with role + request id."""
+"""structlog over stdlib logging: every record (ours or a library's) is one line with role + request id (and the
+trace id inside a traced call)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, TextIO
 import structlog
 
 from edgeinspect.services.common.context import request_id_var
+from edgeinspect.services.common.tracing import current_trace_id
 
 
 class _RoleHandler(logging.StreamHandler):
@@ -19,6 +21,9 @@ def _context_adder(role: str) -> structlog.types.Processor:
     def add_context(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
         event_dict.setdefault("role", role)
         event_dict.setdefault("request_id", request_id_var.get() or None)
+        trace_id = current_trace_id()
+        if trace_id is not None:  # inside a traced call: the line finds its trace
+            event_dict.setdefault("trace_id", trace_id)
         return event_dict
 
     return add_context

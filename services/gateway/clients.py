@@ -13,6 +13,7 @@ from edgeinspect import PROTOCOL_VERSION, codec
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.channel import make_channel
 from edgeinspect.services.common.errors import upstream_peer
+from edgeinspect.services.common.tracing import client_span
 from edgeinspect.services.gateway.routing import WATCH_DELAYS
 from edgeinspect.v1 import common_pb2, retrieval_pb2, retrieval_pb2_grpc, vision_pb2, vision_pb2_grpc
 
@@ -72,11 +73,18 @@ class VisionClient:
         self, image: bytes, wire_codec: codec.Codec, zstd: bool, timeout_s: float
     ) -> vision_pb2.EncodeResponse:
         """Visual tokens of one image; a vision node that is down answers Unavailable with pushback at once."""
+        attrs = {"edgeinspect.image_bytes": len(image), "edgeinspect.codec": str(wire_codec)}
         try:
-            return await self.stub.Encode(
-                vision_pb2.EncodeRequest(image=image, codec=codec.codec_to_proto(wire_codec), zstd=zstd),
-                timeout=timeout_s,
-            )
+            with client_span("vision encode", attrs) as span:
+                reply = await self.stub.Encode(
+                    vision_pb2.EncodeRequest(image=image, codec=codec.codec_to_proto(wire_codec), zstd=zstd),
+                    timeout=timeout_s,
+                )
+                if span is not None:
+                    span.set_attribute("edgeinspect.codec_bytes", codec.wire_nbytes(reply.visual_tokens))
+                    span.set_attribute("edgeinspect.visual_tokens", (reply.visual_tokens.shape or [0])[0])
+                    span.set_attribute("edgeinspect.encode_ms", reply.encode_ms)
+                return reply
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 log.warning("vision %s: %s", upstream_peer(exc), exc.details())
@@ -103,7 +111,14 @@ class RetrievalClient:
     async def search(
         self, query: str, k: int, filters: dict[str, str], timeout_s: float
     ) -> retrieval_pb2.SearchResponse:
-        return await self.stub.Search(retrieval_pb2.SearchRequest(query=query, k=k, filters=filters), timeout=timeout_s)
+        with client_span("retrieval search", {"edgeinspect.k": k, "edgeinspect.filtered": bool(filters)}) as span:
+            reply = await self.stub.Search(
+                retrieval_pb2.SearchRequest(query=query, k=k, filters=filters), timeout=timeout_s
+            )
+            if span is not None:
+                span.set_attribute("edgeinspect.chunks", len(reply.chunks))
+                span.set_attribute("edgeinspect.search_ms", reply.search_ms)
+            return reply
 
     async def close(self) -> None:
         await self.health.close()

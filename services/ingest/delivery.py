@@ -15,7 +15,9 @@ import numpy as np
 
 from edgeinspect.config import TLSConfig
 from edgeinspect.errors import CodecError
+from edgeinspect.services.common.context import REQUEST_ID_KEY
 from edgeinspect.services.common.errors import RETRY_PUSHBACK_KEY, status_for
+from edgeinspect.services.common.tracing import client_span
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +122,13 @@ class GrpcReportSink:
             max_new_tokens=job.max_new_tokens,
             camera_id=job.camera_id,
         )
-        report = await self._stub.Inspect(request, metadata=self._metadata, timeout=self._timeout_s)
+        attrs = {"edgeinspect.station": job.station, "edgeinspect.camera_id": job.camera_id}
+        with client_span("ingest inspect", attrs) as span:
+            # A traced frame's request id is its trace id: the gateway's logs and the trace join on one id.
+            rid = ((REQUEST_ID_KEY, f"{span.get_span_context().trace_id:032x}"),) if span is not None else ()
+            report = await self._stub.Inspect(request, metadata=self._metadata + rid, timeout=self._timeout_s)
+            if span is not None:
+                span.set_attribute("edgeinspect.report_id", report.report_id)
         return ReportSummary(
             report_id=report.report_id,
             verdict=inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_"),

@@ -70,6 +70,7 @@ class SessionOutcome:
     token_id: int = -1
     logits: torch.Tensor | None = None  # [vocab]
     forced_token_ids: list[int] = field(default_factory=list)  # jump-forward: forced after token_id, accepted
+    batch_sessions: int = 1  # sessions in the forward pass that finished this step (traces)
 
 
 class StageBackend:
@@ -307,7 +308,9 @@ class StageBackend:
                 out.hidden = torch.cat(job.hidden_parts)
             self._store_prefix(job.work, out.length)
             try:
-                results[i] = self._finish(job.work, out)
+                outcome = self._finish(job.work, out)
+                outcome.batch_sessions = len(batch)
+                results[i] = outcome
             except Exception as exc:  # noqa: BLE001 (e.g. a grammar refused: that job's caller hears it)
                 results[i] = exc
         return results

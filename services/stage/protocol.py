@@ -20,4 +20,5 @@ def next_stage_step(step: stage_pb2.SessionStep, hidden: tensor_pb2.TensorFrame)
         if step.HasField(name):
             getattr(nxt, name).CopyFrom(getattr(step, name))
     nxt.hidden.CopyFrom(hidden)
+    nxt.trace_context.update(step.trace_context)  # a traced step stays traced along a chain
     return nxt

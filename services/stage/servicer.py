@@ -19,6 +19,7 @@ from edgeinspect.services.common import metrics
 from edgeinspect.services.common.channel import make_channel
 from edgeinspect.services.stage.backend import Identity, SessionOutcome, SessionWork, StageBackend
 from edgeinspect.services.stage.protocol import next_stage_step
+from edgeinspect.services.stage.step_spans import traced_run
 from edgeinspect.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             if downstream is not None:
                 await downstream.close()
 
+    @traced_run
     async def _run(self, request: stage_pb2.StepRequest, opened: set[str]):
         t0 = time.perf_counter()
         work = [self._to_work(step) for step in request.steps]
