@@ -6,7 +6,12 @@ with jump-forward (after each sampled token, the tokens the grammar forces, i.e.
 one token, are appended in the same multi-token step; models/grammar.py LogitsConstraint.forced_tokens). The
 tokens must be identical; the figure is the share of decode steps saved.
 
-    .venv/bin/python bench/jump_forward.py [--checkpoint PATH] [--parts CVR-310,PCB-410] [--budget 160]
+`--gateway` measures the same through the real stack instead (vision, 2 stages, retrieval over the sample KB,
+gateway: separate processes, fp32): each sample part's report on each image, first with the gateway started with
+`jump_forward_tokens: 0`, then with the gateway restarted with its default; the reports say their decode steps
+(DefectReport.decode_steps, jump_forward_tokens).
+
+    .venv/bin/python bench/jump_forward.py --checkpoint PATH [--parts CVR-310,PCB-410] [--budget 160] [--gateway]
 """
 
 from __future__ import annotations
@@ -56,9 +61,14 @@ def main() -> None:
     ap.add_argument("--parts", default="CVR-310,PCB-410")
     ap.add_argument("--budget", type=int, default=160, help="token budget of a report")
     ap.add_argument("--weights", default="fp32")
+    ap.add_argument("--gateway", action="store_true", help="through the real gateway and stage processes")
+    ap.add_argument("--images", default="part_scratch.jpg,part_ok.jpg", help="sample images (gateway mode)")
     args = ap.parse_args()
     if not (args.checkpoint / "config.json").is_file():
         skip(f"no checkpoint at {args.checkpoint}")
+    if args.gateway:
+        gateway_mode(args)
+        return
     machine = machine_info(bandwidth=False)
     ckpt = open_checkpoint(args.checkpoint)
     cache = grammar_cache_for(ckpt)
@@ -98,6 +108,87 @@ def main() -> None:
         },
     }
     print(f"mean steps saved {mean_saved:.3f} (target >= {SAVED_TARGET}) -> {write_json('jump_forward', payload)}")
+
+
+def gateway_reports(stack, requests: list[tuple[str, str]], budget: int) -> dict[tuple[str, str], dict]:
+    """One report per (part, image) through the stack's gateway: tokens, decode steps, forced tokens, seconds."""
+    from edgeinspect.assets import asset_path
+    from edgeinspect.services.client import InspectionClient
+
+    out = {}
+    with InspectionClient(stack.gateway_address, stack.api_token) as client:
+        for part, image in requests:
+            t0 = time.perf_counter()
+            report = client.inspect(asset_path(image).read_bytes(), part=part, max_new_tokens=budget)
+            out[part, image] = {
+                "tokens": list(report.generated_token_ids),
+                "decode_steps": report.decode_steps,
+                "jump_forward_tokens": report.jump_forward_tokens,
+                "seconds": time.perf_counter() - t0,
+                "specs": len(report.references),
+            }
+    return out
+
+
+def gateway_mode(args) -> None:
+    """Step by step, then with jump-forward, through the real processes (one gateway restart between)."""
+    import tempfile
+
+    from edgeinspect.rag import sample_kb_dir
+    from edgeinspect.rag.embed import Embedder
+    from edgeinspect.rag.indexer import build_index
+    from edgeinspect.services.launcher import LocalStack, StackOptions
+
+    machine = machine_info(bandwidth=False)
+    eos = open_checkpoint(args.checkpoint).text_config.eos_token_id
+    parts = [p for p in args.parts.split(",") if p]
+    requests = [(part, image) for part in parts for image in args.images.split(",") if image]
+    jump_off = "EDGEINSPECT_JUMP_FORWARD_TOKENS"
+    with tempfile.TemporaryDirectory(prefix="jump-forward-") as tmp:
+        kb = Path(tmp) / "kb"
+        build_index(sample_kb_dir(), kb, Embedder())
+        opts = StackOptions(
+            workdir=Path(tmp) / "stack", checkpoint=args.checkpoint, stages=2, codec="fp32", kb_dir=kb,
+            weights=args.weights, extra_env={jump_off: "0"},
+        )  # fmt: skip
+        with LocalStack(opts) as stack:
+            plain = gateway_reports(stack, requests, args.budget)
+            del stack.opts.extra_env[jump_off]  # the restarted gateway has the default
+            stack.restart("gateway")
+            jumped = gateway_reports(stack, requests, args.budget)
+    rows = {}
+    for key in requests:
+        a, b = plain[key], jumped[key]
+        saved = 1 - b["decode_steps"] / max(a["decode_steps"], 1)
+        rows[" / ".join(key)] = {
+            "tokens": len(a["tokens"]),
+            "complete": a["tokens"][-1] == eos,
+            "spec_chunks": a["specs"],
+            "identical_tokens": a["tokens"] == b["tokens"],
+            "decode_steps": a["decode_steps"],
+            "decode_steps_jump_forward": b["decode_steps"],
+            "forced_tokens": b["jump_forward_tokens"],
+            "steps_saved": round(saved, 4),
+            "seconds": round(a["seconds"], 2),
+            "seconds_jump_forward": round(b["seconds"], 2),
+        }
+        print(f"{' / '.join(key)}: {rows[' / '.join(key)]}", flush=True)
+    mean_saved = statistics.mean(r["steps_saved"] for r in rows.values())
+    payload = {
+        "benchmark": "jump_forward_gateway",
+        "machine": machine | {"loadavg_end": load_average()},
+        "checkpoint": str(args.checkpoint),
+        "weights": args.weights,
+        "budget": args.budget,
+        "stack": "vision + 2 stages + retrieval (sample KB) + gateway, separate processes, fp32 wire",
+        "reports": rows,
+        "targets": {
+            "decode_steps_saved_per_report": target(mean_saved, SAVED_TARGET),
+            "identical_tokens": {"value": all(r["identical_tokens"] for r in rows.values())},
+        },
+    }
+    path = write_json("jump_forward_gateway", payload)
+    print(f"mean steps saved {mean_saved:.3f} via the gateway (target >= {SAVED_TARGET}) -> {path}")
 
 
 if __name__ == "__main__":
