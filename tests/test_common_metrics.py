@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from edgeinspect.services.common.metrics import KV_BYTES, serve_metrics, start_metrics_http
+from edgeinspect.services.common.metrics import KV_BYTES, register_role, serve_metrics, start_metrics_http
 
 
 def test_no_port_means_no_endpoint():
@@ -17,6 +17,8 @@ def test_no_port_means_no_endpoint():
 
 def test_port_zero_serves_every_metric_on_a_free_port_until_closed():
     KV_BYTES.labels("metrics-test").set(1234)
+    register_role("stage")  # what a stage's and a gateway's start_server register
+    register_role("gateway")
     running = serve_metrics(0, "127.0.0.1")
     url = f"http://127.0.0.1:{running.port}/metrics"
     try:

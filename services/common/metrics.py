@@ -1,7 +1,12 @@
-"""Prometheus metrics of every role, defined once (default registry), and the /metrics HTTP endpoint."""
+"""Prometheus metrics of every role, defined once, and the /metrics HTTP endpoint.
+
+Every family is defined here, unregistered; a role's server registers its own (ROLE_FAMILIES) on the default
+registry when it starts, so a vision node's /metrics has no KV gauges and a stage's no inspection histograms.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -9,7 +14,16 @@ from threading import Thread
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, Info, disable_created_metrics, make_wsgi_app
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    make_wsgi_app,
+)
 from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family
 
 logger = logging.getLogger(__name__)
@@ -26,53 +40,80 @@ INSPECTION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 RPC_REQUESTS = Counter(
-    "edgeinspect_rpc_requests", "RPCs handled, by final status code", ["role", "service", "method", "code"]
+    "edgeinspect_rpc_requests",
+    "RPCs handled, by final status code",
+    ["role", "service", "method", "code"],
+    registry=None,
 )
 RPC_LATENCY = Histogram(
     "edgeinspect_rpc_latency_seconds",
     "RPC handling time (whole stream for streams)",
     ["role", "service", "method"],
     buckets=LATENCY_BUCKETS,
+    registry=None,
 )
-WIRE_BYTES = Counter("edgeinspect_wire_bytes", "tensor payload bytes on the wire", ["role", "codec", "direction"])
-TOKENS = Counter("edgeinspect_tokens", "tokens generated or processed", ["role"])
-KV_SESSIONS = Gauge("edgeinspect_kv_sessions", "sessions holding a KV cache", ["role"])
-KV_BYTES = Gauge("edgeinspect_kv_bytes", "bytes held by KV caches", ["role"])
+WIRE_BYTES = Counter(
+    "edgeinspect_wire_bytes", "tensor payload bytes on the wire", ["role", "codec", "direction"], registry=None
+)
+TOKENS = Counter("edgeinspect_tokens", "tokens generated or processed", ["role"], registry=None)
+KV_SESSIONS = Gauge("edgeinspect_kv_sessions", "sessions holding a KV cache", ["role"], registry=None)
+KV_BYTES = Gauge("edgeinspect_kv_bytes", "bytes held by KV caches", ["role"], registry=None)
 PREFIX_CACHE = Counter(
-    "edgeinspect_prefix_cache_lookups", "sessions asking to start from a cached prompt prefix", ["role", "result"]
+    "edgeinspect_prefix_cache_lookups",
+    "sessions asking to start from a cached prompt prefix",
+    ["role", "result"],
+    registry=None,
 )
-INSPECTIONS = Counter("edgeinspect_inspections", "finished inspections by station and verdict", ["station", "verdict"])
+INSPECTIONS = Counter(
+    "edgeinspect_inspections", "finished inspections by station and verdict", ["station", "verdict"], registry=None
+)
 INSPECTION_SECONDS = Histogram(
     "edgeinspect_inspection_duration_seconds",
     "one inspection once admitted, to its stored report (vision, retrieval, prefill, decode, store)",
     buckets=INSPECTION_BUCKETS,
+    registry=None,
 )
 TTFT_SECONDS = Histogram(
     "edgeinspect_time_to_first_token_seconds",
     "from the start of an inspection to its first generated token (vision, retrieval, prefill)",
     buckets=INSPECTION_BUCKETS,
+    registry=None,
 )
 STAGE_STEP_SECONDS = Histogram(
     "edgeinspect_stage_step_seconds",
     "compute time of one step in one decoder stage, as the stage reports it (stage: its layer range)",
     ["stage"],
     buckets=STEP_BUCKETS,
+    registry=None,
 )
 QUEUE_WAIT_SECONDS = Histogram(
-    "edgeinspect_queue_wait_seconds", "time an inspection waited for a free slot at admission", buckets=LATENCY_BUCKETS
+    "edgeinspect_queue_wait_seconds",
+    "time an inspection waited for a free slot at admission",
+    buckets=LATENCY_BUCKETS,
+    registry=None,
 )
-BUILD_INFO = Info("edgeinspect_build", "the edgeinspect build this process runs")
-MODEL_INFO = Info("edgeinspect_model", "the model the gateway's last report was made with (fingerprints, plan)")
+BUILD_INFO = Info("edgeinspect_build", "the edgeinspect build this process runs", registry=None)
+MODEL_INFO = Info(
+    "edgeinspect_model", "the model the gateway's last report was made with (fingerprints, plan)", registry=None
+)
 FAILOVERS = Counter(
-    "edgeinspect_failovers", "sessions moved to another route after a stage failed or stalled", ["stage"]
+    "edgeinspect_failovers", "sessions moved to another route after a stage failed or stalled", ["stage"], registry=None
 )
-DEGRADED = Counter("edgeinspect_degraded_reports", "reports produced without something optional", ["reason"])
+DEGRADED = Counter(
+    "edgeinspect_degraded_reports", "reports produced without something optional", ["reason"], registry=None
+)
 JUMP_FORWARD_TOKENS = Counter(
-    "edgeinspect_jump_forward_tokens", "tokens the report grammar forced, appended without a decode step of their own"
+    "edgeinspect_jump_forward_tokens",
+    "tokens the report grammar forced, appended without a decode step of their own",
+    registry=None,
 )
-ROUTE_COMPLETE = Gauge("edgeinspect_route_complete", "1 while a complete route over the decoder stages exists")
-ADMISSION = Gauge("edgeinspect_inspections_admitted", "inspections running and waiting for a slot", ["state"])
-REFUSED = Counter("edgeinspect_inspections_refused", "inspections refused at admission (gateway full)")
+ROUTE_COMPLETE = Gauge(
+    "edgeinspect_route_complete", "1 while a complete route over the decoder stages exists", registry=None
+)
+ADMISSION = Gauge(
+    "edgeinspect_inspections_admitted", "inspections running and waiting for a slot", ["state"], registry=None
+)
+REFUSED = Counter("edgeinspect_inspections_refused", "inspections refused at admission (gateway full)", registry=None)
 
 
 def _build() -> dict[str, str]:
@@ -87,6 +128,43 @@ def _build() -> dict[str, str]:
 
 
 BUILD_INFO.info(_build())
+
+RPC_FAMILIES = (RPC_REQUESTS, RPC_LATENCY)  # every role with a gRPC server
+# What each role exports besides build info and the RPC families; a family defined above that a role's code
+# touches must be listed for it, or its samples never reach a scrape.
+ROLE_FAMILIES: dict[str, tuple] = {
+    "gateway": (
+        TOKENS,
+        INSPECTIONS,
+        INSPECTION_SECONDS,
+        TTFT_SECONDS,
+        STAGE_STEP_SECONDS,
+        QUEUE_WAIT_SECONDS,
+        MODEL_INFO,
+        FAILOVERS,
+        DEGRADED,
+        JUMP_FORWARD_TOKENS,
+        ROUTE_COMPLETE,
+        ADMISSION,
+        REFUSED,
+    ),
+    "stage": (WIRE_BYTES, TOKENS, KV_SESSIONS, KV_BYTES, PREFIX_CACHE),
+    "vision": (WIRE_BYTES,),
+    "retrieval": (),
+}
+
+
+def register_families(families: tuple, registry: CollectorRegistry = REGISTRY) -> None:
+    """Exports `families` on `registry`; one already there stays (a process may start several servers)."""
+    for family in families:
+        # ValueError "Duplicated timeseries": an earlier server of this process registered it
+        with contextlib.suppress(ValueError):
+            registry.register(family)
+
+
+def register_role(role: str, registry: CollectorRegistry = REGISTRY) -> None:
+    """The families a gRPC role's /metrics shows: build info, RPCs, and the role's own (ROLE_FAMILIES)."""
+    register_families((BUILD_INFO, *RPC_FAMILIES, *ROLE_FAMILIES.get(role, ())), registry)
 
 
 @dataclass
@@ -132,9 +210,11 @@ def _app(ready: Callable[[], bool] | None) -> Callable[..., Iterable[bytes]]:
 def serve_metrics(
     port: int | None, host: str = "127.0.0.1", ready: Callable[[], bool] | None = None
 ) -> MetricsHTTP | None:
-    """Starts /metrics and /v2/health/{live,ready} on host:port (0: a free port); None when port is None."""
+    """Starts /metrics and /v2/health/{live,ready} on host:port (0: a free port); None when port is None.
+    Build info is always exported; a gRPC role's families come from register_role (start_server)."""
     if port is None:
         return None
+    register_families((BUILD_INFO,))
     family, addr = _get_best_family(host, port)
 
     class Server(ThreadingWSGIServer):

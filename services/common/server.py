@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha import reflection
 from edgeinspect.config import ServerConfig
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.interceptors import ServerInterceptor
-from edgeinspect.services.common.metrics import MetricsHTTP, serve_metrics
+from edgeinspect.services.common.metrics import MetricsHTTP, register_role, serve_metrics
 from edgeinspect.services.common.tls import peer_interceptors, server_credentials
 
 logger = logging.getLogger(__name__)
@@ -139,6 +139,7 @@ async def start_server(
     if port == 0:
         raise Unavailable(f"cannot bind {address}: port {cfg.port} is in use or {cfg.host} is not local")
     await server.start()
+    register_role(role)
     metrics = serve_metrics(cfg.metrics_port, cfg.metrics_host or cfg.host, ready=lambda: health.serving)
     if cfg.port_file is not None:
         write_port_file(Path(cfg.port_file), port)
