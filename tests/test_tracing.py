@@ -144,10 +144,28 @@ def test_one_inspection_is_one_trace_across_every_role(traced):
     for d in decodes:
         assert sum(1 for s in steps if parent(parent(s)) is d) == 2
 
-    # The logs join: the gateway's report line carries the trace id.
-    lines = [json.loads(x) for x in stack.role("gateway").log_path.read_text().splitlines() if x.startswith("{")]
-    stored = [x for x in lines if x.get("report_id") == report.report_id and "stored" in x["event"]]
-    assert stored and stored[0]["trace_id"] == report.request_id
+    # The logs join: the gateway's report line and one line per role the inspection touched carry both ids.
+    stored = [x for x in log_lines(stack, "gateway") if x.get("report_id") == report.report_id]
+    assert any("stored" in x["event"] and x["trace_id"] == report.request_id for x in stored)
+    expected = {"vision": "visual_tokens", "retrieval": "chunks", "stage0": "steps", "stage1": "steps"}
+    deadline = time.monotonic() + 10  # a stage logs its line as the gateway closes the stream
+    for name, field in expected.items():
+        while True:
+            mine = [x for x in log_lines(stack, name) if x.get("request_id") == report.request_id and field in x]
+            if mine or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert mine, f"{name} logged no line for request {report.request_id}"
+        assert all(x["trace_id"] == report.request_id for x in mine)
+    stage_lines = [
+        x for k in ("stage0", "stage1") for x in log_lines(stack, k) if x.get("request_id") == report.request_id
+    ]
+    assert all(x["positions"] > 0 and x["session_ids"] for x in stage_lines if "steps" in x)
+
+
+def log_lines(stack, name: str) -> list[dict]:
+    text = stack.role(name).log_path.read_text()
+    return [json.loads(x) for x in text.splitlines() if x.startswith("{")]
 
 
 def test_a_second_inspection_is_another_trace(traced):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 
@@ -10,6 +11,8 @@ from edgeinspect.errors import Unavailable
 from edgeinspect.rag.live import LiveIndex
 from edgeinspect.rag.search import Hit
 from edgeinspect.v1 import retrieval_pb2, retrieval_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 
 def _chunk_pb(hit: Hit) -> retrieval_pb2.SpecChunk:
@@ -39,6 +42,18 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         """Top-k spec chunks for a query, with the index version that produced them."""
         # Embedding is CPU work (~10 ms): keep it off the event loop so health checks stay responsive.
         result = await asyncio.to_thread(self.live.search, request.query, request.k, dict(request.filters))
+        log.info(  # one line per search, with the inspection's request id (and trace id when traced)
+            "search: %d chunks in %.1f ms",
+            len(result.hits),
+            result.search_ms,
+            extra={
+                "k": request.k,
+                "chunks": len(result.hits),
+                "search_ms": round(result.search_ms, 3),
+                "filters": dict(request.filters),
+                "index_version": result.index_version,
+            },
+        )
         return retrieval_pb2.SearchResponse(
             chunks=[_chunk_pb(h) for h in result.hits],
             index_version=result.index_version,

@@ -19,7 +19,7 @@ from edgeinspect.services.common import metrics
 from edgeinspect.services.common.channel import make_channel
 from edgeinspect.services.stage.backend import Identity, SessionOutcome, SessionWork, StageBackend
 from edgeinspect.services.stage.protocol import next_stage_step
-from edgeinspect.services.stage.step_spans import traced_run
+from edgeinspect.services.stage.step_spans import StreamTally, traced_run
 from edgeinspect.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -124,9 +124,12 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
                 async for response in self._relay_chained(request_iterator, downstream, opened):
                     yield response
                 return
+            tally = StreamTally()
             async for request in request_iterator:
                 outcomes, timing = await self._run(request, opened)
+                tally.add(outcomes, timing)
                 yield self._to_response(request, outcomes, timing)
+            tally.log(self.name)
         finally:
             if downstream is not None:
                 await downstream.close()

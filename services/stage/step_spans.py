@@ -1,4 +1,5 @@
-"""A stage's spans of the steps it runs: one SERVER span per traced SessionStep, a child of the span that sent it.
+"""A stage's spans of the steps it runs (one SERVER span per traced SessionStep, a child of the span that sent it)
+and the one log line per Forward stream (a stream is one inspection's session on this stage).
 
 The gateway marks the steps it traces (SessionStep.trace_context); untraced steps cost one ContextVar lookup.
 In a chain, the step this stage sends on carries this stage's span, so the next stage's span is its child.
@@ -7,6 +8,7 @@ In a chain, the step this stage sends on carries this stage's span, so the next 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -25,6 +27,40 @@ from edgeinspect.services.common.tracing import (
 from edgeinspect.v1 import stage_pb2
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+log = logging.getLogger(__name__)
+
+
+class StreamTally:
+    """What one Forward stream did, said in one log line when it ends (with the stream's request id)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.compute_ms = 0.0
+        self.positions: dict[str, int] = {}  # session -> its cached length after the last step
+
+    def add(self, outcomes: list, timing: stage_pb2.StageTiming) -> None:
+        self.steps += 1
+        self.compute_ms += timing.compute_ms
+        for o in outcomes:
+            self.positions[o.session_id] = o.length
+
+    def log(self, stage: str) -> None:
+        if not self.steps:
+            return
+        sessions = sorted(self.positions)
+        log.info(
+            "stream done: %d steps of %s, %.1f ms computing",
+            self.steps,
+            ", ".join(sessions),
+            self.compute_ms,
+            extra={
+                "stage": stage,
+                "session_ids": sessions,
+                "steps": self.steps,
+                "positions": max(self.positions.values(), default=0),
+                "compute_ms": round(self.compute_ms, 3),
+            },
+        )
 
 
 def _received(step: stage_pb2.SessionStep) -> tuple[int, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 
@@ -14,6 +15,7 @@ from edgeinspect.services.vision.encoder import EncodeResult, VisionEncoder
 from edgeinspect.v1 import common_pb2, tensor_pb2, vision_pb2, vision_pb2_grpc
 
 ROLE = "vision"
+log = logging.getLogger(__name__)
 
 
 class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
@@ -35,6 +37,20 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
         codec = codec_from_proto(request.codec)
         result, frame = await asyncio.to_thread(_encode, encoder, request.image, codec, request.zstd)
         WIRE_BYTES.labels(ROLE, codec.value, "out").inc(wire_nbytes(frame))
+        tokens = frame.shape[0] if frame.shape else 0
+        log.info(  # one line per inspection, with its request id (and trace id when traced)
+            "encoded an image: %d visual tokens in %.1f ms%s",
+            tokens,
+            result.encode_ms,
+            " (cached)" if result.cache_hit else "",
+            extra={
+                "image_bytes": len(request.image),
+                "visual_tokens": tokens,
+                "encode_ms": round(result.encode_ms, 3),
+                "cache_hit": result.cache_hit,
+                "codec_bytes": wire_nbytes(frame),
+            },
+        )
         return vision_pb2.EncodeResponse(
             visual_tokens=frame,
             image_sha256=result.image_sha256,
