@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 import typer
+
+from edgeinspect.models.planner_cli import Preset
+
+
+class DiskDtype(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -12,8 +21,8 @@ app = typer.Typer(no_args_is_help=True)
 @app.command("make-tiny")
 def make_tiny_command(
     out: Path = typer.Argument(..., help="folder to write the checkpoint into (created if missing)"),
-    preset: str | None = typer.Option(
-        None, help="write random weights at a real model's dimensions instead: deepseek-vl-1.3b (~7.8 GB in fp32)"
+    preset: Preset | None = typer.Option(
+        None, help="write random weights at a real model's dimensions instead (~7.8 GB in fp32)"
     ),
     layers: int = typer.Option(5, help="language-model layers"),
     hidden: int = typer.Option(64, help="language-model width"),
@@ -21,7 +30,7 @@ def make_tiny_command(
     kv_heads: int = typer.Option(2, help="key/value heads (< heads: grouped-query attention)"),
     image_size: int = typer.Option(64, help="input image side in pixels (visual tokens = (size/16)^2)"),
     seed: int = typer.Option(0, help="weight seed"),
-    weights: str = typer.Option("fp32", help="preset only: dtype written to disk (fp32 or bf16)"),
+    weights: DiskDtype = typer.Option(DiskDtype.fp32, help="preset only: dtype written to disk"),
 ) -> None:
     """Generate a DeepSeek-VL checkpoint with seeded random weights and a locally trained tokenizer.
 
@@ -39,11 +48,12 @@ def make_tiny_command(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     console = Console()
     if preset is not None:
-        if preset not in PRESETS:
-            raise typer.BadParameter(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-        dtype = torch_dtype(weights)
-        gb = 7.8 if weights == "fp32" else 3.9
-        console.print(f"Writing random weights at {preset} dimensions to {out}: about {gb} GB on disk.")
+        preset_name = preset.value
+        if preset_name not in PRESETS:  # the enum and the table of dimensions drifted apart
+            raise typer.BadParameter(f"unknown preset {preset_name!r}; choose one of {', '.join(PRESETS)}")
+        dtype = torch_dtype(weights.value)
+        gb = 7.8 if weights is DiskDtype.fp32 else 3.9
+        console.print(f"Writing random weights at {preset_name} dimensions to {out}: about {gb} GB on disk.")
         with Progress(
             "[progress.description]{task.description}",
             BarColumn(),
@@ -53,7 +63,7 @@ def make_tiny_command(
         ) as bar:
             task = bar.add_task("weights", total=None)
             make_random_preset(
-                out, preset, dtype, progress=lambda done, total: bar.update(task, completed=done, total=total)
+                out, preset_name, dtype, progress=lambda done, total: bar.update(task, completed=done, total=total)
             )
     else:
         spec = TinySpec(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, image_size=image_size, seed=seed)
