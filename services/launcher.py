@@ -431,7 +431,7 @@ class LocalStack:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise Unavailable(f"{name} was not restarted within {timeout_s}s")
+                    raise Unavailable(f"{name} was not restarted within {timeout_s or self.opts.start_timeout_s}s")
                 self._changed.wait(min(left, 0.5))
         self._wait_serving(self.address_of(name), role)
         return role
