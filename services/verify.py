@@ -25,6 +25,7 @@ from pathlib import Path
 import typer
 
 from edgeinspect.errors import FailedPrecondition, InvalidInput
+from edgeinspect.services.client_options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION
 
 
 # Per-element rounding error of each format, relative to the values it rounds (edgeinspect/codec.py, DESIGN §3):
@@ -248,6 +249,7 @@ def verify(
     *,
     weights: str | None = None,
     tolerance: float | None = None,
+    ca: Path | None = None,
 ) -> VerifyResult:
     """`weights`: the stages' weight format (None: as the gateway's cluster status reports them); `tolerance`:
     a margin bound in logits replacing the derived one (e.g. for an int8 ONNX vision node, which it does not
@@ -257,7 +259,7 @@ def verify(
     from edgeinspect.services.client import InspectionClient
     from edgeinspect.v1 import inspection_pb2
 
-    with InspectionClient(gateway, token) as client:
+    with InspectionClient(gateway, token, ca=ca) as client:
         request = inspection_pb2.InspectRequest(
             image=image_bytes, prompt=instruction, max_new_tokens=max_new_tokens, verification=True, station="verify"
         )
@@ -302,8 +304,10 @@ def verify(
 
 def verify_command(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="the same checkpoint folder the cluster serves"),
-    gateway: str = typer.Option("127.0.0.1:50051", envvar="EDGEINSPECT_GATEWAY", help="gateway host:port"),
-    token: str = typer.Option("edgeinspect-local", envvar="EDGEINSPECT_API_TOKEN", help="bearer token"),
+    gateway: str = GATEWAY,
+    token: str = TOKEN,
+    token_file: Path = TOKEN_FILE_OPTION,
+    ca: Path | None = CA,
     image: Path | None = typer.Option(None, help="image to send (default: the shipped sample part)"),
     prompt: str = typer.Option("Inspect the part in the image.", help="instruction text"),
     max_new_tokens: int = typer.Option(32, help="tokens the cluster generates (each one is checked)"),
@@ -319,18 +323,20 @@ def verify_command(
     import grpc
 
     from edgeinspect.assets import sample_image
+    from edgeinspect.services.client import resolve_token
 
     image_bytes = (image or sample_image()).read_bytes()
     try:
         result = verify(
             gateway,
-            token,
+            resolve_token(token, token_file),
             checkpoint,
             image_bytes,
             prompt,
             max_new_tokens,
             weights=weights.value if weights else None,
             tolerance=tolerance,
+            ca=ca,
         )
     except (grpc.RpcError, FailedPrecondition, InvalidInput) as err:  # nothing to judge by: not a mismatch (1)
         from edgeinspect.cli import user_error_message
