@@ -26,9 +26,11 @@ from edgeinspect.assets import asset_path
 from edgeinspect.models.checkpoint import load_processor, load_reference_model, open_checkpoint
 from edgeinspect.models.grammar import grammar_cache_for, logits_processor
 from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, prompt_text
+from edgeinspect.services.gateway.pipeline import StepResult
 from edgeinspect.services.gateway.schema import build_report_grammar, schema_instruction
+from edgeinspect.services.gateway.session import Journal
 from edgeinspect.services.launcher import LocalStack, StackOptions, stage_name
-from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
+from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, stage_pb2
 
 IMAGE, PART, BUDGET, SHORT = "part_scratch.jpg", "CVR-310", 160, 12
 ENV = {
@@ -128,6 +130,17 @@ def generate_oracle(checkpoint) -> tuple[list[int], int]:
         logits_processor=LogitsProcessorList([logits_processor(constraint, prompt_len)]),
     )
     return out[0, prompt_len:].tolist(), prompt_len
+
+
+def test_the_journal_feeds_each_steps_tokens_at_once_and_ends_at_the_end_of_sequence():
+    j = Journal([1, 2, 3], None, stage_pb2.SamplingParams(max_forced_tokens=32))
+    j.add(StepResult(5, forced_token_ids=[6, 7]))
+    assert j.unfed() == [5, 6, 7] and j.forced == 2  # the next step's input: sampled + forced
+    j.add(StepResult(8))
+    assert j.unfed() == [8] and not j.stop_at(99)
+    j.add(StepResult(9, forced_token_ids=[99, 10]))  # nothing after an end of sequence counts
+    assert j.stop_at(99)
+    assert j.generated == [5, 6, 7, 8, 9, 99] and j.steps == [3, 1, 2] and j.forced == 3
 
 
 def test_a_jump_forward_report_equals_the_step_by_step_one_and_generate_in_fewer_steps(runs, tiny_checkpoint):
