@@ -197,3 +197,72 @@ def test_jsonl_exporter_writes_one_span_per_line_with_the_request_id_as_trace_id
 
 def test_tracing_is_off_by_default():
     assert setup_tracing(TracingConfig(), "unit") is None
+
+
+def test_ingest_starts_the_trace_and_the_gateway_joins_it(traced, tmp_path):
+    """The ingest role's delivery (its real gRPC sink) opens the trace; the gateway's inspection is its child and
+    the request id the gateway stores is the trace id."""
+    import asyncio
+
+    from edgeinspect.services.common.tracing import tracing_var
+    from edgeinspect.services.ingest.delivery import GrpcReportSink, InspectionJob
+
+    stack, path = traced
+    tracing = setup_tracing(TracingConfig(exporter="jsonl", jsonl_path=tmp_path / "ingest.jsonl"), "ingest")
+    job = InspectionJob("cam-1", "s3", "HSG-200", asset_path("part_dent.jpg").read_bytes(), time.time(), "frame-1")
+
+    async def deliver():
+        sink = GrpcReportSink(stack.gateway_address, stack.api_token, 120.0)
+        try:
+            return await sink.inspect(job)
+        finally:
+            await sink.close()
+
+    token = tracing_var.set(tracing)
+    try:
+        summary = asyncio.run(deliver())
+    finally:
+        tracing_var.reset(token)
+        tracing.shutdown()
+    (sent,) = read_spans(tmp_path / "ingest.jsonl")
+    assert sent["name"] == "ingest inspect" and sent["kind"] == "CLIENT" and sent["parent_span_id"] is None
+    assert sent["attributes"]["edgeinspect.report_id"] == summary.report_id
+    with InspectionClient(stack.gateway_address, stack.api_token) as client:
+        stored = client.get(summary.report_id)
+    assert stored.request_id == sent["trace_id"]
+    spans = trace_of(path, stored.request_id)
+    (root,) = [s for s in spans if s["name"] == ROOT]
+    assert root["parent_span_id"] == sent["span_id"] and root["trace_id"] == sent["trace_id"]
+    assert {s["resource"]["edgeinspect.role"] for s in spans} == {"gateway", "vision", "retrieval", "stage"}
+
+
+def test_otlp_exporter_delivers_spans_to_a_collector(tmp_path):
+    """A real OTLP/gRPC receiver (the collector's TraceService) gets the spans with their ids and resource."""
+    from concurrent import futures
+
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    received = []
+
+    class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):
+            received.append(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Collector(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        tracing = setup_tracing(TracingConfig(exporter="otlp", endpoint=f"http://127.0.0.1:{port}"), "unit")
+        assert tracing is not None
+        with tracing.tracer.start_as_current_span("collected") as span:
+            trace_id = span.get_span_context().trace_id
+        tracing.shutdown()  # flushes the batch
+    finally:
+        server.stop(0)
+    spans = [s for r in received for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+    assert [s.name for s in spans] == ["collected"]
+    assert int.from_bytes(spans[0].trace_id, "big") == trace_id
+    resource = {a.key: a.value.string_value for a in received[0].resource_spans[0].resource.attributes}
+    assert resource["service.name"] == "edgeinspect-unit"
