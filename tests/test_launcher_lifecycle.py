@@ -50,7 +50,11 @@ def start_up(tmp_path: Path, checkpoint: Path, *args: str) -> tuple[subprocess.P
     # The console on a free port too: every process `up` starts must follow it.
     argv += ["--port", str(port), "--workdir", str(workdir), "--console-port", "0", *args]
     log = (tmp_path / "up.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ignore_sigint)
+    # A shell's `trap '' INT` then exec, as a script's `&` leaves it: SIGINT ignored across exec. Not a preexec_fn:
+    # Python run between fork and exec in a process with gRPC threads (this one) can abort the child in gRPC's
+    # fork handlers (seen in CI: "epoll_wait error: Bad file descriptor", rc -6).
+    shell = "trap '' INT; exec \"$@\""
+    proc = subprocess.Popen(["sh", "-c", shell, "sh", *argv], stdout=log, stderr=subprocess.STDOUT)
     stack_file = workdir / "run" / "stack.json"
     deadline = time.monotonic() + START_S
     while not stack_file.is_file():
@@ -59,10 +63,6 @@ def start_up(tmp_path: Path, checkpoint: Path, *args: str) -> tuple[subprocess.P
             pytest.fail(f"up did not come up (rc {proc.poll()}):\n{(tmp_path / 'up.log').read_text()[-3000:]}")
         time.sleep(0.2)
     return proc, json.loads(stack_file.read_text())
-
-
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def kill_all(proc: subprocess.Popen, pids: list[int]) -> None:
