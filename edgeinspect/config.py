@@ -145,11 +145,12 @@ class VisionBackend(StrEnum):
     torch = "torch"
     onnxruntime = "onnxruntime"
     hailo = "hailo"
+    auto = "auto"  # the fastest that runs here within the accuracy bound, measured at first start (cached)
 
 
 class VisionSettings(RoleSettings):
     checkpoint: Path = Field(..., description="DeepSeek-VL checkpoint folder (Hugging Face format)")
-    backend: VisionBackend = Field(VisionBackend.onnxruntime, description="torch | onnxruntime | hailo")
+    backend: VisionBackend = Field(VisionBackend.onnxruntime, description="torch | onnxruntime | hailo | auto")
     onnx_path: Path | None = Field(
         None, description="exported vision tower (onnxruntime); exported on first start if missing"
     )

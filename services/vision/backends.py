@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from edgeinspect.config import VisionBackend, VisionSettings
+from edgeinspect.config import VisionBackend, VisionSettings, WeightsDtype
 from edgeinspect.errors import CheckpointError
 from edgeinspect.models.checkpoint import Checkpoint, torch_dtype
 
@@ -110,13 +110,43 @@ def _load_hailo(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
     return HailoVisionBackend(Path(cfg.hef_path), vision.image_size, tokens, vision.hidden_size)
 
 
+def _load_onnx_int8(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
+    """The dynamic-int8 copy of the export (made from the fp32 one on first use, beside it)."""
+    fp32 = Path(cfg.onnx_path) if cfg.onnx_path else default_onnx_path(ckpt)
+    path = fp32.with_name(fp32.stem + "-int8.onnx")
+    if not path.is_file():
+        from edgeinspect.models.onnx_export import export_vision_onnx, quantize_vision_onnx
+
+        if not fp32.is_file():
+            export_vision_onnx(ckpt.path, fp32)
+        log.info("no int8 ONNX copy at %s: quantising %s there (first start)", path, fp32)
+        quantize_vision_onnx(fp32, path)
+    return OnnxBackend(path, ckpt.fingerprint, cfg.threads)
+
+
+def _load_auto(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
+    from edgeinspect.services.vision.autobackend import candidates, choose_backend
+
+    def torch_with(weights: str) -> Callable[[], Backend]:
+        return lambda: _load_torch(ckpt, cfg.model_copy(update={"weights": WeightsDtype(weights)}))
+
+    loaders: dict[str, Callable[[], Backend]] = {"torch-fp32": torch_with("fp32"), "torch-bf16": torch_with("bf16")}
+    loaders["onnxruntime-fp32"] = lambda: _load_onnx(ckpt, cfg)
+    loaders["onnxruntime-int8"] = lambda: _load_onnx_int8(ckpt, cfg)
+    loaders["hailo"] = lambda: _load_hailo(ckpt, cfg)
+    here = candidates(cfg)
+    backend, _ = choose_backend(ckpt, cfg, {name: loaders[name] for name in here})
+    return backend
+
+
 LOADERS: dict[VisionBackend, Callable[[Checkpoint, VisionSettings], Backend]] = {
     VisionBackend.torch: _load_torch,
     VisionBackend.onnxruntime: _load_onnx,
     VisionBackend.hailo: _load_hailo,
+    VisionBackend.auto: _load_auto,
 }
 
 
 def load_backend(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
-    """The backend cfg.backend names, loaded for this checkpoint."""
+    """The backend cfg.backend names, loaded for this checkpoint (auto: measured here, services/vision/autobackend)."""
     return LOADERS[VisionBackend(cfg.backend)](ckpt, cfg)
