@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 from collections.abc import Iterable, Iterator, MutableMapping, Sequence
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,7 +196,7 @@ def has_parent(ctx: otel_context.Context) -> bool:
 class ServerSpan:
     """The span of one inbound RPC, current while its handler runs (opened and closed by the server interceptor)."""
 
-    def __init__(self, span: Span, token: object) -> None:
+    def __init__(self, span: Span, token: Token[otel_context.Context]) -> None:
         self.span = span
         self._token = token
 
