@@ -110,6 +110,7 @@ def render_plant(tmp: Path, data_dir: Path, addresses: dict[str, str], name: str
     inv.write_text(yaml.safe_dump(inventory(data_dir, addresses)))
     out = tmp / name
     argv = [EDGEINSPECT, "deploy", "render", "-i", inv, "-o", out, "--checkpoint", data_dir / "checkpoints" / "tiny"]
+    argv += ["--ca", tmp / "pki"]  # the plant CA in the test's folder, not in the working directory
     done = subprocess.run(argv, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return out
