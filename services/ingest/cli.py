@@ -34,6 +34,7 @@ def ingest_command(
     from rich.console import Console
 
     from edgeinspect.services.common.logging import configure_logging
+    from edgeinspect.services.common.tracing import setup_tracing, tracing_var
     from edgeinspect.services.ingest.config import IngestSettings
     from edgeinspect.services.ingest.server import run
 
@@ -97,6 +98,8 @@ def ingest_command(
 
     loop: asyncio.AbstractEventLoop | None = None
     ingestor = None
+    tracing = None if dry_run else setup_tracing(settings.tracing, "ingest")
+    tracing_var.set(tracing)  # before asyncio.run: its tasks copy this context
     try:
         result = asyncio.run(
             run(
@@ -111,6 +114,9 @@ def ingest_command(
     except EdgeInspectError as exc:
         say(f"[red]ingest failed:[/] {exc}")
         raise typer.Exit(1) from exc
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still queued
     for cid, state in result.states.items():
         say(f"camera {cid}: {state.value}", style="dim")
     if dry_run:
