@@ -96,6 +96,9 @@ def test_one_inspection_is_one_trace_across_every_role(traced):
     # One root (the gateway's inspection); every other span's parent is in the same trace.
     roots = [s for s in spans if s["parent_span_id"] is None]
     assert [r["name"] for r in roots] == [ROOT] and roots[0]["resource"]["edgeinspect.role"] == "gateway"
+    asked = roots[0]["attributes"]
+    assert (asked["edgeinspect.station"], asked["edgeinspect.part"]) == ("s3", "HSG-200")
+    assert asked["edgeinspect.report_id"] == report.report_id and asked["edgeinspect.verdict"]
     assert all(s["parent_span_id"] in by_id for s in spans if s is not roots[0])
 
     def parent(span: dict) -> dict:

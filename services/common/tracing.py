@@ -249,6 +249,13 @@ def client_span(name: str, attributes: dict[str, Any] | None = None) -> Iterator
         yield span
 
 
+def annotate(attributes: dict[str, Any]) -> None:
+    """Adds attributes to the current span (the call's server span, say) when it is recorded."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes(attributes)
+
+
 def fail(span: Span, exc: BaseException) -> None:
     """Marks a span failed with what ended it (a cancelled step is not an exception worth a stack trace)."""
     span.set_status(Status(StatusCode.ERROR, str(exc) or type(exc).__name__))

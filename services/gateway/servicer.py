@@ -11,6 +11,7 @@ from edgeinspect.errors import InvalidInput, PermissionDenied, Unavailable
 from edgeinspect.services.gateway.callers import caller_of, may_review
 from edgeinspect.services.gateway.inspection import Inspector
 from edgeinspect.services.gateway.status import cluster_status
+from edgeinspect.services.gateway.step_spans import annotate_report, annotate_request
 from edgeinspect.services.gateway.store import ReportStore
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
@@ -49,17 +50,22 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
     async def Inspect(self, request, context) -> inspection_pb2.DefectReport:
         """Runs the inspection to the end and answers with the stored report."""
         report = None
+        annotate_request(request)
         async with aclosing(self._ready().run(request)) as events:
             async for event in events:
                 if event.HasField("report"):
                     report = event.report
+                    annotate_report(report)
         return report
 
     async def InspectStream(self, request, context):
         """Token deltas as they are generated, then the stored report."""
         # aclosing: a cancelled caller closes the generator now, which closes the stage streams now (not at GC).
+        annotate_request(request)
         async with aclosing(self._ready().run(request)) as events:
             async for event in events:
+                if event.HasField("report"):
+                    annotate_report(event.report)
                 yield event
 
     async def GetReport(self, request, context) -> inspection_pb2.DefectReport:

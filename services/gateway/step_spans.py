@@ -1,4 +1,5 @@
-"""The gateway's spans of stage steps (services/gateway/pipeline.py RouteSession wears these decorators).
+"""The gateway's spans of stage steps (services/gateway/pipeline.py RouteSession wears these decorators), and the
+attributes the servicer puts on an inspection's span.
 
 A prefill is one span, every `decode_every`-th decode step of a session is one; inside either, each message to a
 stage (a prompt chunk or a step) is a CLIENT span from its write to that stage's answer, and its context travels
@@ -19,8 +20,15 @@ from opentelemetry.trace import Span, SpanKind
 
 from edgeinspect import codec
 from edgeinspect.services.common.context import request_id_var
-from edgeinspect.services.common.tracing import REQUEST_ID_ATTR, SESSION_ATTR, fail, inject_into, tracing_var
-from edgeinspect.v1 import stage_pb2, tensor_pb2
+from edgeinspect.services.common.tracing import (
+    REQUEST_ID_ATTR,
+    SESSION_ATTR,
+    annotate,
+    fail,
+    inject_into,
+    tracing_var,
+)
+from edgeinspect.v1 import inspection_pb2, stage_pb2, tensor_pb2
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -148,6 +156,18 @@ def traced_step(step: F) -> F:
             return result
 
     return wrapper  # type: ignore[return-value]
+
+
+def annotate_request(request) -> None:
+    """The inspection's server span names what was asked (station, part, camera)."""
+    asked = {"station": request.station, "part": request.part, "camera_id": request.camera_id}
+    annotate({f"edgeinspect.{key}": value for key, value in asked.items()})
+
+
+def annotate_report(report) -> None:
+    """... and what came of it: the report id and verdict join the trace to the stored report."""
+    verdict = inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_")
+    annotate({"edgeinspect.report_id": report.report_id, "edgeinspect.verdict": verdict})
 
 
 def traced_prefill(prefill: F) -> F:
