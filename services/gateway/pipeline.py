@@ -23,7 +23,6 @@ from edgeinspect.services.common.context import deadline_remaining, outgoing_met
 from edgeinspect.services.common.errors import error_code_of
 from edgeinspect.services.gateway.routing import Endpoint
 from edgeinspect.services.gateway.step_spans import StepSpans, traced_prefill, traced_read, traced_step, traced_write
-from edgeinspect.services.gateway.step_spans import StepSpans, traced_prefill, traced_read, traced_step, traced_write
 from edgeinspect.services.stage.protocol import next_stage_step
 from edgeinspect.v1 import stage_pb2, tensor_pb2
 
@@ -139,7 +138,6 @@ class RouteSession:
         # Chained: only the first stage is called; it relays along its own chain, so its failure may be anyone's.
         self.callees = route[:1] if opts.chained else route
         self.spans = StepSpans()  # tracing: the steps' client spans waiting for their answers (step_spans.py)
-        self.spans = StepSpans()  # tracing: the steps' client spans waiting for their answers (step_spans.py)
         # The request id and the inspection's deadline, passed by hand: these channels have no interceptors.
         self.calls = [
             ep.stub.Forward(metadata=outgoing_metadata(), timeout=deadline_remaining()) for ep in self.callees
@@ -174,7 +172,6 @@ class RouteSession:
         return step
 
     @traced_read
-    @traced_read
     async def _read(self, k: int, timeout_s: float) -> stage_pb2.StepResponse:
         ep = self.callees[k]
         try:
@@ -188,7 +185,6 @@ class RouteSession:
         return response
 
     @traced_write
-    @traced_write
     async def _write(self, k: int, request: stage_pb2.StepRequest) -> None:
         try:
             await self.calls[k].write(request)
@@ -197,7 +193,6 @@ class RouteSession:
         except asyncio.InvalidStateError:
             raise StageFailure(self.callees[k], "stream already closed") from None
 
-    @traced_step
     @traced_step
     async def step(
         self,
@@ -230,7 +225,6 @@ class RouteSession:
         result.forced_token_ids = self._forced(response, sampling)
         return result
 
-    @traced_prefill
     @traced_prefill
     async def prefill(
         self,
