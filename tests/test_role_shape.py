@@ -82,3 +82,22 @@ def test_ingest_starts_as_every_role_does_and_stops_cleanly_on_sigterm(tmp_path)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+ROLE_PACKAGES = ("gateway", "stage", "vision", "retrieval", "ingest", "console")
+
+
+@pytest.mark.parametrize("role", ROLE_PACKAGES)
+def test_a_role_never_imports_another_role(role):
+    """Roles meet on the wire (proto) and in services/common; one role's internals stay its own."""
+    import ast
+
+    for path in sorted((REPO / "services" / role).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                parts = name.split(".")
+                if parts[:2] == ["edgeinspect", "services"] and len(parts) > 2:
+                    assert parts[2] not in set(ROLE_PACKAGES) - {role}, f"{path.name} imports {name}"

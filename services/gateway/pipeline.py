@@ -21,9 +21,9 @@ from edgeinspect import codec
 from edgeinspect.errors import InvalidInput
 from edgeinspect.services.common.context import deadline_remaining, outgoing_metadata
 from edgeinspect.services.common.errors import error_code_of
+from edgeinspect.services.common.stage_wire import next_stage_step
 from edgeinspect.services.gateway.routing import Endpoint
 from edgeinspect.services.gateway.step_spans import StepSpans, traced_prefill, traced_read, traced_step, traced_write
-from edgeinspect.services.stage.protocol import next_stage_step
 from edgeinspect.v1 import stage_pb2, tensor_pb2
 
 MAX_KNOWN_PREFIXES = 1024

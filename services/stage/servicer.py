@@ -17,8 +17,8 @@ from edgeinspect.models.sampling import SamplingParams
 from edgeinspect.models.stage import StepInput
 from edgeinspect.services.common import metrics
 from edgeinspect.services.common.channel import make_channel
+from edgeinspect.services.common.stage_wire import next_stage_step
 from edgeinspect.services.stage.backend import Identity, SessionOutcome, SessionWork, StageBackend
-from edgeinspect.services.stage.protocol import next_stage_step
 from edgeinspect.services.stage.step_spans import StreamTally, traced_run
 from edgeinspect.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 

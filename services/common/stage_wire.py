@@ -1,4 +1,4 @@
-"""DecoderStage protocol helpers shared by the stage (chained mode) and the gateway (gateway-driven mode)."""
+"""The DecoderStage wire piece both sides build: the stage (chained mode) and the gateway (gateway-driven mode)."""
 
 from __future__ import annotations
 
