@@ -1,7 +1,10 @@
-"""Prometheus metrics of every role, defined once, and the /metrics HTTP endpoint.
+"""Prometheus metrics shared by the roles, and the /metrics HTTP endpoint.
 
-Every family is defined here, unregistered; a role's server registers its own (ROLE_FAMILIES) on the default
-registry when it starts, so a vision node's /metrics has no KV gauges and a stage's no inspection histograms.
+The families of the RPC layer and of the inspection path are defined here, unregistered; a role's server registers
+its own (ROLE_FAMILIES) on the default registry when it starts, so a vision node's /metrics has no KV gauges and a
+stage's no inspection histograms. The few that belong to one component are declared beside it and exist only in the
+processes that import it: the vision encoder's (services/vision/encoder.py), the retrieval index's
+(services/retrieval/server.py) and the line outputs' (services/outputs/fanout.py: gateway and ingest).
 """
 
 from __future__ import annotations
