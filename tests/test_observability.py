@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -36,10 +37,42 @@ def query(base: str, expr: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(embedded_stack, tmp_path_factory):
-    """Prometheus scraping every role of the stack once a second (the dashboard's config with other targets)."""
+def ingest(embedded_stack, tmp_path_factory):
+    """An `edgeinspect ingest` process with one folder camera (trigger only: it reads frames, sends none); yields
+    its metrics address."""
+    work = tmp_path_factory.mktemp("ingest")
+    (work / "cam").mkdir()
+    (work / "cam" / "part.jpg").write_bytes(asset_path("part_ok.jpg").read_bytes())
+    (port,) = free_ports(1, "127.0.0.1")
+    camera = {"id": "cam-obs", "station": "obs-1", "part": "HSG-2040", "source": str(work / "cam"), "loop": True}
+    cfg = {
+        "cameras": [{**camera, "folder_fps": 5, "sampling": {"trigger_only": True}}],
+        "gateway": embedded_stack.gateway_address,
+        "api_token": embedded_stack.api_token,
+        "frames_dir": str(work / "frames"),
+        "server": {"metrics_port": port},
+    }
+    (work / "ingest.yaml").write_text(yaml.safe_dump(cfg))
+    argv = [sys.executable, "-m", "edgeinspect.services.ingest", "--config", str(work / "ingest.yaml")]
+    proc = subprocess.Popen(argv, stdout=(work / "ingest.log").open("wb"), stderr=subprocess.STDOUT)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def prometheus(embedded_stack, ingest, tmp_path_factory):
+    """Prometheus scraping every role of the stack and an ingest box once a second (the dashboard's config with
+    other targets)."""
     stack = embedded_stack
     targets = {r.name: stack.metrics_url(r.name).removeprefix("http://").removesuffix("/metrics") for r in stack.roles}
+    targets["ingest"] = ingest
     work = tmp_path_factory.mktemp("prometheus")
     (work / "prometheus.yml").write_text(yaml.safe_dump(dashboard.prometheus_config(targets, scrape_interval="1s")))
     (port,) = free_ports(1, "127.0.0.1")
@@ -90,7 +123,7 @@ def test_every_role_is_scraped_and_its_metrics_pass_promtool(embedded_stack, pro
         done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, (role.name, done.stdout + done.stderr)
     up = query(prometheus, "up")
-    assert sorted(s["metric"]["component"] for s in up) == sorted(r.name for r in embedded_stack.roles)
+    assert sorted(s["metric"]["component"] for s in up) == sorted([r.name for r in embedded_stack.roles] + ["ingest"])
     assert all(s["value"][1] == "1" for s in up)
 
 

@@ -105,6 +105,20 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     ("Model in use", "short", [("edgeinspect_model_info", "{{plan}} {{fingerprint}}")]),
+    # Camera health, from each ingest box: a camera that stopped delivering frames shows here before the line does.
+    (
+        "Camera: seconds since its last frame",
+        "s",
+        [("max by (camera) (edgeinspect_ingest_last_frame_age_seconds)", "{{camera}}")],
+    ),
+    (
+        "Camera: frames read per second and stream reopens",
+        "short",
+        [
+            ("sum by (camera) (rate(edgeinspect_ingest_frames_read_total[$__rate_interval]))", "{{camera}} frames/s"),
+            ("sum by (camera) (increase(edgeinspect_ingest_reconnects_total[$__rate_interval]))", "{{camera}} reopens"),
+        ],
+    ),
 ]
 
 

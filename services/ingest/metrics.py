@@ -81,6 +81,15 @@ class IngestMetrics:
         self.frame_age = _FrameAge()
         r.register(self.frame_age)
 
+    def add_camera(self, camera: str) -> None:
+        """Every per-camera series at 0 from the start: a rate or increase over a camera that never reconnected
+        (or never dropped a frame) is 0, not missing."""
+        for family in (
+            self.frames_read, self.frames_sampled, self.frames_inspected, self.reconnects, self.pushbacks,
+            self.pushback_seconds, self.in_flight, self.connected,
+        ):  # fmt: skip
+            family.labels(camera=camera)
+
     def value(self, name: str, **labels: str) -> float:
         """The current value of one of this object's series (0 when never touched)."""
         got = self.registry.get_sample_value(name, labels)

@@ -70,6 +70,8 @@ class Ingestor:
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        for cam in settings.cameras:
+            metrics.add_camera(cam.id)
         self._sink = sink  # None: dry run, sampled frames are only counted
         self._on_report = on_report
         self._on_decision = on_decision
