@@ -16,7 +16,7 @@ def test_no_port_means_no_endpoint():
 
 
 def test_port_zero_serves_every_metric_on_a_free_port_until_closed():
-    KV_BYTES.labels("metrics-test").set(1234)
+    KV_BYTES.labels("metrics-test", "stage[0,3)").set(1234)
     register_role("stage")  # what a stage's and a gateway's start_server register
     register_role("gateway")
     running = serve_metrics(0, "127.0.0.1")
@@ -26,7 +26,7 @@ def test_port_zero_serves_every_metric_on_a_free_port_until_closed():
     finally:
         running.close()
     assert running.port > 0
-    assert 'edgeinspect_kv_bytes{role="metrics-test"} 1234.0' in text
+    assert 'edgeinspect_kv_bytes{role="metrics-test",stage="stage[0,3)"} 1234.0' in text
     for name in (
         "edgeinspect_rpc_requests",
         "edgeinspect_rpc_latency_seconds",

@@ -143,6 +143,8 @@ def test_every_dashboard_query_returns_data_after_a_few_inspections(embedded_sta
     assert any(float(s["value"][1]) > 0 for s in rate)
     steps = query(prometheus, "sum by (stage) (edgeinspect_stage_step_seconds_count)")
     assert len(steps) == 2  # one series per decoder stage, named by its layer range
+    kv = query(prometheus, 'edgeinspect_kv_bytes{role="stage"}')
+    assert sorted(s["metric"]["stage"] for s in kv) == sorted(s["metric"]["stage"] for s in steps)  # same names
 
 
 def test_the_shipped_dashboard_is_the_one_the_renderer_writes():

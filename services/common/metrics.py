@@ -59,8 +59,9 @@ WIRE_BYTES = Counter(
     "edgeinspect_wire_bytes", "tensor payload bytes on the wire", ["role", "codec", "direction"], registry=None
 )
 TOKENS = Counter("edgeinspect_tokens", "tokens generated or processed", ["role"], registry=None)
-KV_SESSIONS = Gauge("edgeinspect_kv_sessions", "sessions holding a KV cache", ["role"], registry=None)
-KV_BYTES = Gauge("edgeinspect_kv_bytes", "bytes held by KV caches", ["role"], registry=None)
+# stage: the layer range, as in edgeinspect_stage_step_seconds ("stage[0,3)"), so replicas and ranges show apart.
+KV_SESSIONS = Gauge("edgeinspect_kv_sessions", "sessions holding a KV cache", ["role", "stage"], registry=None)
+KV_BYTES = Gauge("edgeinspect_kv_bytes", "bytes held by KV caches", ["role", "stage"], registry=None)
 PREFIX_CACHE = Counter(
     "edgeinspect_prefix_cache_lookups",
     "sessions asking to start from a cached prompt prefix",

@@ -68,7 +68,11 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
             )
         ],
     ),
-    ("KV cache held per decoder stage", "bytes", [('edgeinspect_kv_bytes{role="stage"}', f"{{{{{INSTANCE_LABEL}}}}}")]),
+    (
+        "KV cache held per decoder stage",
+        "bytes",
+        [('edgeinspect_kv_bytes{role="stage"}', f"{{{{stage}}}} {{{{{INSTANCE_LABEL}}}}}")],
+    ),
     (
         "Failovers (sessions moved to another replica)",
         "short",

@@ -415,5 +415,6 @@ class StageBackend:
             raise RuntimeError("canary step returned a wrong cache length")
 
     def _update_gauges(self) -> None:
-        metrics.KV_SESSIONS.labels(role="stage").set(len(self.executor.sessions))
-        metrics.KV_BYTES.labels(role="stage").set(self.executor.kv_bytes())
+        stage = f"stage[{self.range.start},{self.range.end})"
+        metrics.KV_SESSIONS.labels(role="stage", stage=stage).set(len(self.executor.sessions))
+        metrics.KV_BYTES.labels(role="stage", stage=stage).set(self.executor.kv_bytes())
