@@ -126,6 +126,20 @@ def traced_read(read: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+async def _step_span(tracing, name: str, attrs: dict, call: Awaitable[Any]) -> Any:
+    """Runs a prefill or decode step under its span (its stage messages become children; nested steps, as a prompt
+    sent whole, are not traced again) and records what the step sampled."""
+    with tracing.tracer.start_as_current_span(name, attributes=attrs) as span:
+        token = _traced_step.set(True)
+        try:
+            result = await call
+        finally:
+            _traced_step.reset(token)
+        span.set_attribute("edgeinspect.token_id", result.token_id)
+        span.set_attribute("edgeinspect.wire_ms", result.wire_ms)
+        return result
+
+
 def traced_step(step: F) -> F:
     """RouteSession.step: a span for every decode_every-th decode step (a prompt sent whole is its prefill's)."""
 
@@ -145,15 +159,7 @@ def traced_step(step: F) -> F:
             "edgeinspect.positions": len(input_ids),
             "edgeinspect.decode_step": index,
         }
-        with tracing.tracer.start_as_current_span("decode step", attributes=attrs) as span:
-            token = _traced_step.set(True)
-            try:
-                result = await step(self, input_ids, *args, **kwargs)
-            finally:
-                _traced_step.reset(token)
-            span.set_attribute("edgeinspect.token_id", result.token_id)
-            span.set_attribute("edgeinspect.wire_ms", result.wire_ms)
-            return result
+        return await _step_span(tracing, "decode step", attrs, step(self, input_ids, *args, **kwargs))
 
     return wrapper  # type: ignore[return-value]
 
@@ -186,14 +192,6 @@ def traced_prefill(prefill: F) -> F:
             "edgeinspect.chunks": len(chunks),
             "edgeinspect.route": [ep.name for ep in self.route],
         }
-        with tracing.tracer.start_as_current_span("prefill", attributes=attrs) as span:
-            token = _traced_step.set(True)
-            try:
-                result = await prefill(self, chunks, *args, **kwargs)
-            finally:
-                _traced_step.reset(token)
-            span.set_attribute("edgeinspect.token_id", result.token_id)
-            span.set_attribute("edgeinspect.wire_ms", result.wire_ms)
-            return result
+        return await _step_span(tracing, "prefill", attrs, prefill(self, chunks, *args, **kwargs))
 
     return wrapper  # type: ignore[return-value]
