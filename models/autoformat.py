@@ -27,6 +27,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -35,6 +36,7 @@ from edgeinspect.models.checkpoint import Checkpoint
 from edgeinspect.models.quant import cpu_flags
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CANDIDATES = ("fp32", "bf16", "int8", "int4")
 MEASURE_LAYERS = 2
@@ -61,7 +63,7 @@ def cache_dir() -> Path:
     return Path(base) if base else Path.home() / ".cache" / "edgeinspect" / "formats"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -74,7 +76,7 @@ def _cpu_model() -> str:
 def cache_key(ckpt: Checkpoint, candidates: tuple[str, ...]) -> str:
     h = hashlib.sha256()
     for part in (
-        _cpu_model(),
+        cpu_model(),
         " ".join(sorted(cpu_flags())),
         torch.__version__,
         str(torch.get_num_threads()),
@@ -149,35 +151,63 @@ def measure(ckpt: Checkpoint, candidates: tuple[str, ...]) -> FormatChoice:
     return replace(decide(ms, cosines), loadavg=load)
 
 
-def decide(ms: dict[str, float], cosines: dict[str, float]) -> FormatChoice:
-    """The fastest format whose update cosine meets the bound (fp32 always does)."""
-    eligible = [f for f in ms if f == "fp32" or cosines.get(f, 0.0) >= MIN_UPDATE_COSINE]
-    best = min(eligible, key=lambda f: ms[f])
-    refused = [f"{f} (cosine {cosines[f]:.4f} < {MIN_UPDATE_COSINE})" for f in ms if f not in eligible]
-    timing = ", ".join(f"{f} {ms[f]:.2f}" for f in sorted(ms, key=ms.get))
-    why = f"fastest within the accuracy bound; ms per layer-step: {timing}"
+def fastest_within(
+    ms: dict[str, float],
+    cosines: dict[str, float],
+    bound: float,
+    reference: str,
+    unit: str,
+    what: str = "cosine",
+    digits: str = ".2f",
+) -> tuple[str, list[str], str]:
+    """(best, eligible, why): the fastest candidate whose cosine meets `bound` (`reference` always qualifies).
+    Shared by `weights: auto` here and the vision node's `backend: auto`."""
+    eligible = [c for c in ms if c == reference or cosines.get(c, 0.0) >= bound]
+    best = min(eligible, key=lambda c: ms[c])
+    refused = [f"{c} ({what} {cosines[c]:.4f} < {bound})" for c in ms if c not in eligible]
+    timing = ", ".join(f"{c} {ms[c]:{digits}}" for c in sorted(ms, key=ms.get))
+    why = f"fastest within the accuracy bound; {unit}: {timing}"
     if refused:
         why += f"; refused: {', '.join(refused)}"
+    return best, eligible, why
+
+
+def decide(ms: dict[str, float], cosines: dict[str, float]) -> FormatChoice:
+    """The fastest format whose update cosine meets the bound (fp32 always does)."""
+    best, eligible, why = fastest_within(ms, cosines, MIN_UPDATE_COSINE, "fp32", "ms per layer-step")
     return FormatChoice(best, why, ms, cosines, eligible)
+
+
+def read_cached(path: Path, cls: type[T], what: str) -> T | None:
+    """A cached choice (marked cached), or None when there is none or it cannot be read (then measured again)."""
+    if not path.is_file():
+        return None
+    try:
+        return replace(cls(**json.loads(path.read_text())), cached=True)  # type: ignore[type-var]
+    except (ValueError, TypeError) as e:
+        log.warning("%s cache %s is unreadable (%s): measuring again", what, path, e)
+        return None
+
+
+def write_cached(path: Path, choice: Any) -> None:
+    """Writes a choice atomically (a restart mid-write reads the old one or none)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(choice), indent=2))
+    os.replace(tmp, path)
 
 
 def choose_weights(ckpt: Checkpoint, candidates: tuple[str, ...] = CANDIDATES, refresh: bool = False) -> FormatChoice:
     """The format `weights: auto` runs for this checkpoint on this CPU: cached, else measured now (and cached)."""
     candidates = tuple(c for c in candidates if c != "int4" or kernels.int4_library() is not None)
     path = cache_dir() / f"{cache_key(ckpt, candidates)}.json"
-    if path.is_file() and not refresh:
-        try:
-            choice = replace(FormatChoice(**json.loads(path.read_text())), cached=True)
-            log.info("weights auto -> %s (cached in %s: %s)", choice.weights, path, choice.why)
-            return choice
-        except (ValueError, TypeError) as e:
-            log.warning("format cache %s is unreadable (%s): measuring again", path, e)
+    cached = None if refresh else read_cached(path, FormatChoice, "format")
+    if cached is not None:
+        log.info("weights auto -> %s (cached in %s: %s)", cached.weights, path, cached.why)
+        return cached
     t0 = time.perf_counter()
     choice = replace(measure(ckpt, candidates), measured_at=time.time())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(choice), indent=2))
-    os.replace(tmp, path)
+    write_cached(path, choice)
     log.info(
         "weights auto -> %s (measured in %.1f s on layers %s: %s)",
         choice.weights,

@@ -18,19 +18,17 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import logging
 import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from edgeinspect.config import VisionSettings
-from edgeinspect.models.autoformat import cache_dir
+from edgeinspect.models.autoformat import cache_dir, cpu_model, fastest_within, read_cached, write_cached
 from edgeinspect.models.checkpoint import Checkpoint
 from edgeinspect.models.quant import cpu_flags
 
@@ -63,8 +61,6 @@ def candidates(cfg: VisionSettings) -> list[str]:
 
 
 def _cache_key(ckpt: Checkpoint, cfg: VisionSettings, names: list[str]) -> str:
-    from edgeinspect.models.autoformat import _cpu_model
-
     ort = importlib.util.find_spec("onnxruntime")
     ort_version = ""
     if ort is not None:
@@ -72,7 +68,7 @@ def _cache_key(ckpt: Checkpoint, cfg: VisionSettings, names: list[str]) -> str:
 
         ort_version = onnxruntime.__version__
     h = hashlib.sha256()
-    parts = (_cpu_model(), " ".join(sorted(cpu_flags())), torch.__version__, ort_version, str(cfg.threads))
+    parts = (cpu_model(), " ".join(sorted(cpu_flags())), torch.__version__, ort_version, str(cfg.threads))
     for part in (*parts, ckpt.fingerprint, ",".join(names), str(cfg.hef_path or ""), str(MEASURE_VERSION)):
         h.update(part.encode() + b"\0")
     return "vision-" + h.hexdigest()[:20]
@@ -80,13 +76,9 @@ def _cache_key(ckpt: Checkpoint, cfg: VisionSettings, names: list[str]) -> str:
 
 def decide(ms: dict[str, float], cosines: dict[str, float]) -> BackendChoice:
     """The fastest candidate whose worst visual token meets the bound (torch fp32, the reference, always does)."""
-    eligible = [n for n in ms if n == "torch-fp32" or cosines.get(n, 0.0) >= MIN_TOKEN_COSINE]
-    best = min(eligible, key=lambda n: ms[n])
-    refused = [f"{n} (token cosine {cosines[n]:.4f} < {MIN_TOKEN_COSINE})" for n in ms if n not in eligible]
-    timing = ", ".join(f"{n} {ms[n]:.3g}" for n in sorted(ms, key=ms.get))
-    why = f"fastest within the accuracy bound; ms per image: {timing}"
-    if refused:
-        why += f"; refused: {', '.join(refused)}"
+    best, eligible, why = fastest_within(
+        ms, cosines, MIN_TOKEN_COSINE, "torch-fp32", "ms per image", "token cosine", ".3g"
+    )
     return BackendChoice(best, why, ms, cosines, eligible)
 
 
@@ -127,26 +119,15 @@ def measure(
 def choose_backend(ckpt: Checkpoint, cfg: VisionSettings, loaders: dict[str, Callable[[], object]]):
     """(backend, choice): the cached choice loaded alone, else every candidate measured and the winner kept."""
     path = cache_dir() / f"{_cache_key(ckpt, cfg, list(loaders))}.json"
-    if path.is_file():
-        try:
-            choice = replace(BackendChoice(**json.loads(path.read_text())), cached=True)
-            if choice.backend in loaders:
-                log.info("vision backend auto -> %s (cached in %s: %s)", choice.backend, path, choice.why)
-                return loaders[choice.backend](), choice
-        except (ValueError, TypeError) as exc:
-            log.warning("vision backend cache %s is unreadable (%s): measuring again", path, exc)
+    cached = read_cached(path, BackendChoice, "vision backend")
+    if cached is not None and cached.backend in loaders:
+        log.info("vision backend auto -> %s (cached in %s: %s)", cached.backend, path, cached.why)
+        return loaders[cached.backend](), cached
     t0 = time.perf_counter()
     choice, backends = measure(ckpt, cfg, loaders)
     for name, b in backends.items():
         if name != choice.backend:
             b.close()  # type: ignore[attr-defined]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(choice), indent=2))
-    os.replace(tmp, path)
+    write_cached(path, choice)
     log.info("vision backend auto -> %s (measured in %.1f s: %s)", choice.backend, time.perf_counter() - t0, choice.why)
     return backends[choice.backend], choice
-
-
-def cache_path_for(ckpt: Checkpoint, cfg: VisionSettings, names: list[str]) -> Path:
-    return cache_dir() / f"{_cache_key(ckpt, cfg, names)}.json"
