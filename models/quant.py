@@ -166,6 +166,8 @@ class Int8Linear(nn.Module):
     def _fbgemm(self, x: torch.Tensor) -> torch.Tensor:
         """[R, K] -> [R, N]. 8-bit activations (no reduce_range: the weights' pair bound prevents saturation)."""
         rows = x.shape[0]
+        if (rows > 1 or self.two_pass) and native_rows():
+            return self._fbgemm_native(x)
         norm = None
         if rows > 1:  # fbgemm's scale is per tensor: rows scaled to absmax 1 make it per row (token)
             norm = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)  # [R, 1]
@@ -174,6 +176,15 @@ class Int8Linear(nn.Module):
         if y is None:
             y = torch.ops.quantized.linear_dynamic(x, self.packed, False)
         return y if norm is None else y * norm
+
+    def _fbgemm_native(self, x: torch.Tensor) -> torch.Tensor:
+        """The same steps as below in two fused passes (models/kernels/int8_rows.c): at prompt sizes the torch
+        ops around the GEMM cost as much as the GEMM (a 974-row down_proj: 124 ms, of which fbgemm 67)."""
+        from edgeinspect.models import kernels
+
+        rows, norm, gain = kernels.int8_rows_prep(x, self.two_pass)
+        y = torch.ops.quantized.linear_dynamic(rows, self.packed, False)
+        return kernels.int8_rows_finish(y, norm, gain)
 
     def _fbgemm_two_pass(self, x: torch.Tensor) -> torch.Tensor | None:
         """x @ W.T with activations in ~16 bits: fbgemm runs [x; residual * g] as one call ([2R, K]).
@@ -199,6 +210,14 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}, two_pass={self.two_pass}"
+
+
+@functools.cache
+def native_rows() -> bool:
+    """Whether the fused activation kernel (models/kernels/int8_rows.c) is built here (else torch ops do it)."""
+    from edgeinspect.models import kernels  # kernels imports this module
+
+    return kernels.rows_library() is not None
 
 
 def quantize_linears(module: nn.Module, kernel: str | None = None) -> int:

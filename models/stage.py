@@ -9,6 +9,8 @@ per-step mask building.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -216,6 +218,28 @@ class Session:
         return self.kv.nbytes
 
 
+# Rows per block when a packed stage runs a long prompt's linears and MLP (row-wise work; attention is not
+# blocked). A whole 974-token prompt makes [974, 11264] fp32 intermediates (44 MB): each is a fresh mmap that
+# page-faults in, and the elementwise ops around the GEMMs stream it from memory. 256-row blocks stay in the heap
+# (see keep_freed_memory) and mostly in cache, and fbgemm is as fast at 256 rows as at 974 (bench/README.md,
+# "Prefill"). fp32 stages never block: their GEMM's row count is part of matching generate() bit for bit.
+PROMPT_BLOCK = 256
+
+
+@functools.cache
+def keep_freed_memory() -> None:
+    """Lets glibc's malloc reuse freed blocks up to 32 MiB (its largest mmap threshold) and keep up to 1 GiB of
+    freed heap instead of unmapping it: a prompt's activations are allocated and freed layer after layer, and with
+    the defaults each large one comes back as fresh pages to fault in. Process-wide; no-op off glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+        libc.mallopt(m_mmap_threshold, 32 << 20)
+        libc.mallopt(m_trim_threshold, 1 << 30)
+    except (OSError, AttributeError):
+        pass
+
+
 class StageExecutor:
     """Runs steps for many sessions over one StageModule. Not thread-safe: one step at a time.
 
@@ -242,6 +266,9 @@ class StageExecutor:
         self.row_exact = exact_default if row_exact is None else row_exact
         packed = module.weights != "fp32" and self.dtype == torch.float32
         self.native = native and packed and kernels.available()
+        self.prompt_block = PROMPT_BLOCK if module.weights != "fp32" else 0
+        if packed:
+            keep_freed_memory()
         self.kv_dtype = torch.float16 if self.native else self.dtype
         cfg = module.config
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -392,10 +419,14 @@ class StageExecutor:
         return fused
 
     def _rows(self, fn, h: torch.Tensor, spans) -> torch.Tensor:
-        """fn over all rows at once, or per session's rows when row-exact."""
-        if not self.row_exact or len(spans) == 1:
+        """fn over all rows at once, or per session's rows when row-exact; packed stages take long prompts in
+        blocks of PROMPT_BLOCK rows (see there)."""
+        if self.row_exact and len(spans) > 1:
+            return torch.cat([fn(h[o : o + t]) for o, (_, t) in zip(_offsets(spans), spans, strict=True)])
+        block = self.prompt_block
+        if self.row_exact or not block or h.shape[0] <= 2 * block:
             return fn(h)
-        return torch.cat([fn(h[o : o + t]) for o, (_, t) in zip(_offsets(spans), spans, strict=True)])
+        return torch.cat([fn(h[i : i + block]) for i in range(0, h.shape[0], block)])
 
     def _attend(self, attn, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int) -> torch.Tensor:
         """q [H, t, hd] over keys/values [H_kv, past + t, hd] -> [t, H*hd]; SDPA exactly as transformers calls it."""

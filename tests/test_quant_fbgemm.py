@@ -96,3 +96,59 @@ def test_int8_stage_runs_two_pass_only_on_the_listed_projections(tiny_checkpoint
     flags = {name.rsplit(".", 1)[-1]: m.two_pass for name, m in module.named_modules() if isinstance(m, Int8Linear)}
     assert flags["down_proj"] and flags["down_proj"] == ("down_proj" in TWO_PASS_LINEARS)
     assert not flags["o_proj"] and not flags["qkv_proj"] and not flags["lm_head"]
+
+
+@pytest.mark.parametrize("two_pass", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 700])
+def test_the_fused_activation_kernel_gives_what_the_torch_steps_give(monkeypatch, rows, two_pass):
+    # models/kernels/int8_rows.c replaces ~12 torch ops around fbgemm (per-row scaling, the residual pass): the
+    # same grid, so the same result up to float rounding; and as close to the float linear.
+    from edgeinspect.models import kernels, quant
+
+    if kernels.rows_library() is None:
+        pytest.skip("no C compiler here: Int8Linear runs the torch steps only")
+    lin = _linear(96, 320)
+    q8 = Int8Linear.from_linear(lin, "fbgemm", two_pass=two_pass)
+    x = torch.randn(rows, 320) * torch.logspace(-2, 1, rows)[:, None]  # rows of very different scales
+    x[:, :4] *= 30.0  # a heavy tail, as down_proj's inputs have
+    native = q8(x)
+    monkeypatch.setattr(quant, "native_rows", lambda: False)
+    steps = q8(x)
+    assert native.shape == steps.shape == (rows, 96)
+    assert torch.allclose(native, steps, rtol=1e-4, atol=1e-4 * float(steps.abs().max()))
+    exact = x.double() @ q8.dequantized().double().T
+
+    def rel_err(y: torch.Tensor) -> float:  # in float64: fp32 cosines cannot resolve two-pass errors
+        return float((y.double() - exact).norm() / exact.norm())
+
+    assert rel_err(native) <= 1.05 * rel_err(steps) + 1e-7
+    if two_pass:  # the residual rows really were used: one pass is measurably worse
+        q1 = Int8Linear.from_linear(lin, "fbgemm", two_pass=False)
+        assert rel_err(native) < 0.5 * rel_err(q1(x))
+
+
+def test_a_long_prompt_in_row_blocks_gives_exactly_what_one_piece_gives(tiny_checkpoint):
+    # Packed stages run a long prompt's linears and MLP in PROMPT_BLOCK-row blocks (intermediates stay small).
+    # With rows scaled to absmax 1 each row's int8 grid is its own and fbgemm sums in int32: bit for bit the same.
+    from edgeinspect.models.stage import PROMPT_BLOCK, StageExecutor, StepInput
+
+    ckpt = open_checkpoint(tiny_checkpoint)
+    ids = torch.randint(10, 400, (2 * PROMPT_BLOCK + 77,))
+    ex = StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers - 1, ckpt.num_layers), "int8"))
+    seen: list[int] = []
+    ex.module.layers[0].mlp.gate_up_proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0].shape[0]))
+
+    def hidden(block: int) -> torch.Tensor:
+        ex.prompt_block = block
+        ex.open("s", capacity=len(ids))
+        try:
+            return ex.step([("s", StepInput(position=0, input_ids=ids, logits=False))])[0].hidden
+        finally:
+            ex.release("s")
+
+    blocked = hidden(PROMPT_BLOCK)
+    assert seen == [PROMPT_BLOCK, PROMPT_BLOCK, 77]  # the blocked path really ran
+    seen.clear()
+    one_piece = hidden(0)
+    assert seen == [len(ids)]
+    assert torch.equal(blocked, one_piece)

@@ -11,6 +11,9 @@ With several concurrent sessions this attention is what bounds batching (bench/R
 int4_gemm.c is the int4-weight x int8-activation matmul of models/int4.py (q4_0 grid, VNNI dot products; a
 plain-C path where the CPU has no AVX512-VNNI, correct but slow, which `weights: auto` then measures as such).
 
+int8_rows.c is the activation side of the fbgemm int8 linear (models/quant.py) fused into one pass in and one
+out: per-row scaling and the residual second pass, which as torch ops cost a prompt as much as the GEMM itself.
+
 Each source is compiled with the system C compiler (`$CC`, else `cc`) at -O3 -march=native -fopenmp into a cache
 folder ($EDGEINSPECT_KERNEL_DIR, default ~/.cache/edgeinspect/kernels), under a name keyed by the source, the
 flags, the compiler and this CPU's flags, so a shared folder never hands one CPU another's build. The library
@@ -42,6 +45,8 @@ SOURCE = Path(__file__).with_name("decode_attention.c")
 ABI_VERSION = 2  # ei_abi_version() of the source this wrapper is written against
 INT4_SOURCE = Path(__file__).with_name("int4_gemm.c")
 INT4_ABI_VERSION = 1
+ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
+ROWS_ABI_VERSION = 1
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 ARCH_FLAGS = ("-march=native",)
 COMPILE_TIMEOUT_S = 120
@@ -140,6 +145,52 @@ def _bind_int4(lib: ctypes.CDLL) -> ctypes.CDLL:
 def int4_library() -> ctypes.CDLL | None:
     """The compiled int4 x int8 matmul (models/int4.py); None where it cannot be built (int4 then dequantizes)."""
     return _load(INT4_SOURCE, _bind_int4, "int4 matmul")
+
+
+def _bind_rows(lib: ctypes.CDLL) -> ctypes.CDLL:
+    i32, i64, ptr, f32 = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    lib.ei_rows_prep.argtypes = [i32, i32, ptr, i64, ptr, ptr, i32, i32]
+    lib.ei_rows_prep.restype = ctypes.c_double
+    lib.ei_rows_finish.argtypes = [i32, i32, ptr, i64, ptr, ptr, f32, i32]
+    lib.ei_rows_finish.restype = None
+    lib.ei_rows_abi_version.restype = i32
+    if lib.ei_rows_abi_version() != ROWS_ABI_VERSION:
+        raise OSError(f"int8 rows kernel ABI {lib.ei_rows_abi_version()} != {ROWS_ABI_VERSION}")
+    return lib
+
+
+@functools.cache
+def rows_library() -> ctypes.CDLL | None:
+    """The fused activation prep/finish of the fbgemm int8 linear (int8_rows.c); None where it cannot be built
+    (Int8Linear then runs the same steps as torch ops)."""
+    return _load(ROWS_SOURCE, _bind_rows, "int8 activation")
+
+
+def int8_rows_prep(x: torch.Tensor, two_pass: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """x [R, K] fp32 (rows may be strided) -> (rows [R or 2R, K] for fbgemm, norm [R], gain or 0: one pass)."""
+    lib = rows_library()
+    if x.dtype != torch.float32 or x.stride(1) != 1:
+        x = x.float().contiguous()
+    r, k = x.shape
+    out = torch.empty(2 * r if two_pass else r, k)
+    norm = torch.empty(r)
+    threads = torch.get_num_threads()
+    gain = lib.ei_rows_prep(r, k, x.data_ptr(), x.stride(0), out.data_ptr(), norm.data_ptr(), int(two_pass), threads)
+    return (out if gain else out[:r]), norm, gain
+
+
+def int8_rows_finish(y: torch.Tensor, norm: torch.Tensor, gain: float) -> torch.Tensor:
+    """fbgemm's output [R or 2R, N] -> [R, N]: the residual rows folded back in, each row scaled by its norm."""
+    lib = rows_library()
+    r, n = norm.shape[0], y.shape[1]
+    if not y.is_contiguous():
+        y = y.contiguous()
+    out = y[:r]  # in place: row r is read (with row R + r) before it is written; a fresh [R, N] would page-fault
+    lib.ei_rows_finish(
+        r, n, y.data_ptr(), y.stride(0), out.data_ptr(), norm.data_ptr(), 1.0 / gain if gain else 0.0,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out
 
 
 def int4_fast() -> bool:
