@@ -4,9 +4,10 @@ A decode step reads every weight once, so its time is the weight bytes over memo
 with one fp16 scale per 32 (18 bytes per 32 weights, 0.56 bytes per weight vs int8's 1.0) cut that read almost in
 half. Two matmul kernels read it: our own (models/kernels/int4_gemm.c: activations quantized per group of 32 to
 int8, VNNI dot products, one FMA per group) and torch's `_weight_int4pack_mm_for_cpu` (bf16 activations; the
-same grid with zero points 0). Which is faster depends on the CPU (measured here, one thread, min over rounds on
-the 1.3B shapes: torch's 20-30% faster than ours on this AVX512-BF16 Xeon; bench/perf_int4_kernel.py), so
-default_kernel() times both once per process and takes the faster.
+same grid with zero points 0). Which is faster depends on the CPU (on this AVX512-BF16 Xeon, 1.3B shapes, 2
+threads, min over interleaved rounds: ours 2.21 ms per layer's linears, torch's within 5% of it, fbgemm int8
+2.86; ours was 20-30% slower than torch's before it read four weight rows per pass with prefetch;
+bench/perf_int4_kernel.py), so default_kernel() times both once per process and takes the faster.
 
 Prompt chunks are compute-bound, not read-bound: there 4 bits buy nothing and our kernel has no GEMM blocking, so
 each Int4Linear also keeps the fbgemm int8 form of the same weight (models/quant.py, quantized from the original
@@ -137,6 +138,8 @@ class Int4Linear(nn.Module):
         if not fits(linear):
             raise ValueError(f"int4 needs an input width divisible by {BLOCK}, got {self.in_features}")
         self.kernel = kernel or default_kernel()
+        if self.kernel == "torch" and self.out_features % 16:  # torch's packing wants N divisible by 16
+            self.kernel = "ours" if "ours" in available_kernels() else "dequant"
         q, self.scales = quantize_q4(w)  # scales [N, K/32] fp16
         self.packed = pack_q4(q)  # [N, K/2] uint8 (ours; also what dequantized() reads)
         self.torch_packed = self.torch_scales = None
