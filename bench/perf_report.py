@@ -68,7 +68,6 @@ INT4_VS_Q4_0_TARGET = 0.9  # our int4 decode step over llama.cpp q4_0's at the s
 MIN_COSINE = 0.99  # logits cosine a format must keep to count
 MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS = 20 << 20, 40_000_000  # the vision node's limits (far above this image)
 SID = "report"
-PROBE_BYTES = 512 << 20  # read-bandwidth probe before each read-bound decode step (decode_at_read_bound)
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -168,16 +167,17 @@ def ours_report(parts: dict, executor: StageExecutor, image_bytes: bytes, contex
     }
 
 
-def decode_at_read_bound(executor: StageExecutor, depth: int, weight_bytes: int, steps: int = 16) -> dict:
+def decode_at_read_bound(executor: StageExecutor, depth: int, weight_bytes: int, steps: int = 32) -> dict:
     """Decode steps at the report's depth, each right after a read-bandwidth probe.
 
     The box's memory speed moves with other tenants by +-30% within seconds here (decode steps of one report ranged
     86-186 ms), so one bandwidth figure from the start of a 20-minute run does not bound a step taken later. Each
-    probe sums PROBE_BYTES (far beyond the caches) with the same threads just before its step; the step's read
-    bound is its weight bytes at that speed. The KV cache holds `depth` positions (its values do not change the
-    work). x_read_bound is the median of the per-step ratios.
+    probe sums as many bytes as the step's weights (far beyond the caches, and about as long as the step) with the
+    same threads just before its step; the step's read bound is its weight bytes at that speed. The KV cache holds
+    `depth` positions (its values do not change the work). x_read_bound is the median of the per-step ratios.
     """
-    probe = torch.ones(PROBE_BYTES // 4)
+    probe_bytes = weight_bytes // 4 * 4
+    probe = torch.ones(probe_bytes // 4)
     probe.sum()  # resident before the first probe
     m = executor.module
     layers, heads, hd = len(m.layers), executor.kv_heads, executor.head_dim
@@ -191,7 +191,7 @@ def decode_at_read_bound(executor: StageExecutor, depth: int, weight_bytes: int,
             t1 = time.perf_counter()
             executor.step([(SID, StepInput(position=depth + i, input_ids=torch.tensor([5])))])
             t2 = time.perf_counter()
-            bw = PROBE_BYTES / (t1 - t0)
+            bw = probe_bytes / (t1 - t0)
             gbs.append(bw / 1e9)
             step_ms.append((t2 - t1) * 1e3)
             ratios.append((t2 - t1) / (weight_bytes / bw))

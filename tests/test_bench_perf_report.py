@@ -36,6 +36,6 @@ def test_perf_report_writes_baseline_ours_phases_and_the_ratio_target(tiny_check
     assert "loadavg_end" in data["machine"] and "read_bandwidth_gbs_2_threads" in data["machine"]
     # decode against a bandwidth probe taken just before each step, at the report's depth (not fp32: the reference)
     bound = data["candidates"]["bf16"]["at_read_bound"]
-    assert bound["depth"] == data["baseline"]["prompt_tokens"] and bound["steps"] == 16
+    assert bound["depth"] == data["baseline"]["prompt_tokens"] and bound["steps"] == 32
     assert bound["x_read_bound"] > 0 and bound["probe_gbs_median"] > 0
     assert "at_read_bound" not in data["candidates"]["fp32"]
