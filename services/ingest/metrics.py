@@ -50,7 +50,8 @@ class IngestMetrics:
         )
         self.frames_dropped = Counter(
             "edgeinspect_ingest_frames_dropped",
-            "sampled frames never inspected: superseded by a newer one while busy, or delivery failed",
+            "sampled frames never inspected: superseded by a newer one while busy, delivery failed, or stopped "
+            "(waiting or in flight when the role stopped)",
             ["camera", "reason"],
             registry=r,
         )

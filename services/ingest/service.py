@@ -130,6 +130,9 @@ class Ingestor:
                 task.cancel()
             await asyncio.gather(*dispatchers, *deliveries, return_exceptions=True)
             await asyncio.to_thread(self._join_readers)
+            for cid, slot in slots.items():  # readers are joined: a frame still waiting here was never inspected
+                if slot.take() is not None:
+                    self.metrics.frames_dropped.labels(camera=cid, reason="stopped").inc()
             if trigger is not None:
                 trigger.close()
         result.states = {cid: r.state for cid, r in self.readers.items()}
@@ -247,7 +250,8 @@ class Ingestor:
                 max_new_tokens=cam.max_new_tokens,
             )
             report = await self._send(cam, job)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the role stops: this frame was read and sampled, so it is counted
+            self.metrics.frames_dropped.labels(camera=cam.id, reason="stopped").inc()
             raise
         except Exception as exc:  # one frame's failure must not end the camera: count it, forget it, go on
             code, text = status_for(exc).name, failure_text(exc)
