@@ -5,8 +5,9 @@ with one fp16 scale per 32 (18 bytes per 32 weights, 0.56 bytes per weight vs in
 half. Two matmul kernels read it: our own (models/kernels/int4_gemm.c: activations quantized per group of 32 to
 int8, VNNI dot products, one FMA per group) and torch's `_weight_int4pack_mm_for_cpu` (bf16 activations; the
 same grid with zero points 0). Which is faster depends on the CPU (on this AVX512-BF16 Xeon, 1.3B shapes, 2
-threads, min over interleaved rounds: ours 2.21 ms per layer's linears, torch's within 5% of it, fbgemm int8
-2.86; ours was 20-30% slower than torch's before it read four weight rows per pass with prefetch;
+threads, min over interleaved rounds: ours 2.00 ms per layer's linears, torch's ~10% slower, fbgemm int8 2.69;
+ours was 20-30% slower than torch's before it read four weight rows per pass with prefetch and unpacked each block
+with a broadcast load instead of a 256 -> 512-bit insert;
 bench/perf_int4_kernel.py), so default_kernel() times both once per process and takes the faster.
 
 Prompt chunks are compute-bound, not read-bound: there 4 bits buy nothing and our kernel has no GEMM blocking, so

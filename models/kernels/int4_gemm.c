@@ -54,6 +54,15 @@ static void quantize_rows(int R, int K, const float *x, int64_t x_row, int8_t *x
 #include <immintrin.h>
 #define EI_INT4_SIMD 1
 
+/* One block's 64 weights as bytes in [0, 15]: [32 low nibbles | 32 high nibbles]. The 32 bytes are broadcast to both
+ * halves by the load itself and the upper half shifted by 4, so no 256 -> 512-bit insert competes for the shuffle
+ * port with the scale permute. */
+static inline __m512i unpack_block(const uint8_t *p) {
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_and_si512(_mm512_srlv_epi16(both, shift), _mm512_set1_epi8(0x0F));
+}
+
 /* Output rows [n0, n1) for x rows [r0, r0 + nr), nr <= ROWS. */
 static void rows_simd(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, const uint16_t *wd,
                       const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
@@ -92,7 +101,6 @@ static void rows_simd(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, 
 static void row1_simd(int n0, int n1, int r, int K, const uint8_t *qw, const uint16_t *wd, const int8_t *xq,
                       const float *xd, const int32_t *xs, float *y, int64_t y_row) {
     const int blocks = K / BLOCK, groups = K / GROUP;
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
     const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     int n = n0;
     for (; n + 4 <= n1; n += 4) {
@@ -107,10 +115,7 @@ static void row1_simd(int n0, int n1, int r, int K, const uint8_t *qw, const uin
                 /* the next four rows' bytes, one 64-byte line per two blocks: keeps DRAM reads in flight */
                 if (!(b & 1) && n + 4 + j < n1)
                     _mm_prefetch((const char *)(wrow + 4 * (int64_t)(K / 2) + (int64_t)b * 32), _MM_HINT_T0);
-                __m256i packed = _mm256_loadu_si256((const __m256i *)(wrow + (int64_t)b * 32));
-                __m256i lo = _mm256_and_si256(packed, low4);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
-                __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                __m512i w = unpack_block(wrow + (int64_t)b * 32);
                 uint32_t two;
                 memcpy(&two, wd + (int64_t)(n + j) * groups + 2 * b, 4);
                 __m512 wscale =
