@@ -23,7 +23,9 @@ class Subscriber:
         self.messages: list[tuple[str, dict, bool]] = []  # (topic, payload, retained)
         self._lock = threading.Lock()
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False)
+        self.subscribed = threading.Event()  # the broker acknowledged the subscription (SUBACK)
         self.client.on_connect = lambda c, _u, _f, _rc, _p: c.subscribe(topic, qos=1)
+        self.client.on_subscribe = lambda *_: self.subscribed.set()
         self.client.on_message = self._on_message
         self.client.reconnect_delay_set(0.1, 0.5)
         self.client.connect("127.0.0.1", port, keepalive=10)
@@ -36,6 +38,11 @@ class Subscriber:
             body = {"raw": msg.payload.decode(errors="replace")}
         with self._lock:
             self.messages.append((msg.topic, body, bool(msg.retain)))
+
+    def wait_subscribed(self, timeout_s: float = 10.0) -> None:
+        """Until the broker holds the subscription: only then does it queue messages for this session."""
+        if not self.subscribed.wait(timeout_s):
+            raise AssertionError(f"the broker did not acknowledge the subscription within {timeout_s}s")
 
     def bodies(self) -> list[dict]:
         with self._lock:

@@ -139,7 +139,7 @@ def inspect(stack, n: int = 1) -> list[str]:
 def test_one_inspection_publishes_exactly_one_result_with_its_report_id(stack, broker):
     sub = Subscriber(broker.port, RESULTS, "test-one")
     try:
-        time.sleep(0.3)  # subscribed before the report exists
+        sub.wait_subscribed()  # subscribed before the report exists
         (report_id,) = inspect(stack)
         sub.wait_for(lambda s: report_id in s.unique_ids(), 30, "the result message")
         time.sleep(1.0)  # a second message would arrive by now
@@ -165,7 +165,7 @@ def test_one_inspection_publishes_exactly_one_result_with_its_report_id(stack, b
 def test_results_made_while_the_broker_is_down_arrive_after_it_returns_in_order(stack, broker):
     sub = Subscriber(broker.port, RESULTS, "test-outage")  # persistent session: the broker keeps its queue
     try:
-        time.sleep(0.3)
+        sub.wait_subscribed()  # a subscription the broker never acknowledged would not be queued for
         broker.stop()
         ids = inspect(stack, 3)  # the inspections never wait for the broker
         time.sleep(1.0)  # the gateway has tried (and failed) to publish by now
