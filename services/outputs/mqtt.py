@@ -3,6 +3,7 @@ retained online/offline status that the broker flips to offline (the Last Will) 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -15,6 +16,7 @@ from edgeinspect.errors import InvalidInput
 from edgeinspect.services.outputs.config import MqttConfig
 
 logger = logging.getLogger(__name__)
+CLOSE_TIMEOUT_S = 2.0  # closing a broken connection (best effort)
 PUBLISH_TIMEOUT_S = 5.0  # no PUBACK by then: the connection is treated as broken and the result sent again
 _TOPIC_UNSAFE = str.maketrans({"/": "_", "+": "_", "#": "_"})
 
@@ -89,8 +91,8 @@ class MqttOutput:
     async def _drop_connection(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            try:
-                await client.__aexit__(None, None, None)
+            try:  # bounded: closing a connection the broker dropped must never stall the delivery loop
+                await asyncio.wait_for(client.__aexit__(None, None, None), CLOSE_TIMEOUT_S)
             except Exception as exc:  # the connection is already broken; closing it is best effort
                 logger.debug("mqtt output: closing a broken connection: %s", exc)
 
