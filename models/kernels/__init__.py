@@ -91,15 +91,21 @@ def _library_path(cc: str, flags: tuple[str, ...], source: Path = SOURCE) -> Pat
     return kernel_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
 
 
+def _abi_checked(lib: ctypes.CDLL, version_fn: str, expected: int, what: str) -> ctypes.CDLL:
+    """`lib` if its version function reports the ABI this wrapper is written against (a stale build raises)."""
+    fn = getattr(lib, version_fn)
+    fn.restype = ctypes.c_int
+    if fn() != expected:
+        raise OSError(f"{what} ABI {fn()} != {expected}")
+    return lib
+
+
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
     fn = lib.ei_decode_attention_f16
     fn.argtypes = [i32, i32, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, i32, i32, i32, ctypes.c_float, i32]
     fn.restype = i32
-    lib.ei_abi_version.restype = i32
-    if lib.ei_abi_version() != ABI_VERSION:
-        raise OSError(f"kernel ABI {lib.ei_abi_version()} != {ABI_VERSION}")
-    return lib
+    return _abi_checked(lib, "ei_abi_version", ABI_VERSION, "kernel")
 
 
 def _load(source: Path, bind, what: str) -> ctypes.CDLL | None:
@@ -138,10 +144,7 @@ def _bind_int4(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ei_int4_gemm.argtypes = [i32, i32, i32, ptr, i64, ptr, ptr, ptr, i64, i32]
     lib.ei_int4_gemm.restype = i32
     lib.ei_int4_simd.restype = i32
-    lib.ei_int4_abi_version.restype = i32
-    if lib.ei_int4_abi_version() != INT4_ABI_VERSION:
-        raise OSError(f"int4 kernel ABI {lib.ei_int4_abi_version()} != {INT4_ABI_VERSION}")
-    return lib
+    return _abi_checked(lib, "ei_int4_abi_version", INT4_ABI_VERSION, "int4 kernel")
 
 
 @functools.cache
@@ -156,10 +159,7 @@ def _bind_rows(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ei_rows_prep.restype = ctypes.c_double
     lib.ei_rows_finish.argtypes = [i32, i32, ptr, i64, ptr, ptr, f32, i32]
     lib.ei_rows_finish.restype = None
-    lib.ei_rows_abi_version.restype = i32
-    if lib.ei_rows_abi_version() != ROWS_ABI_VERSION:
-        raise OSError(f"int8 rows kernel ABI {lib.ei_rows_abi_version()} != {ROWS_ABI_VERSION}")
-    return lib
+    return _abi_checked(lib, "ei_rows_abi_version", ROWS_ABI_VERSION, "int8 rows kernel")
 
 
 @functools.cache
