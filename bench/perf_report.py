@@ -181,7 +181,7 @@ def decode_at_read_bound(executor: StageExecutor, depth: int, weight_bytes: int,
     probe.sum()  # resident before the first probe
     m = executor.module
     layers, heads, hd = len(m.layers), executor.kv_heads, executor.head_dim
-    kv = (torch.randn(layers, 2, heads, depth, hd) * 0.1).to(executor.kv_dtype)
+    kv = executor.kv_rows(torch.randn(layers, 2, heads, depth, hd) * 0.1)
     executor.open_from(SID, kv, spare=steps + 1)
     ratios, step_ms, gbs = [], [], []
     try:

@@ -32,6 +32,11 @@ class WeightsDtype(StrEnum):
     auto = "auto"
 
 
+class KVCacheFormat(StrEnum):
+    int8 = "int8"  # int8 rows with a per-row fp32 scale: ~0.52x fp16's bytes, decode attention reads half
+    fp16 = "fp16"
+
+
 class WireCodec(StrEnum):
     fp32 = "fp32"
     fp16 = "fp16"
@@ -188,7 +193,11 @@ class StageSettings(RoleSettings):
     threads: int = Field(0, description="intra-op threads (0 = library default)")
     native_kernels: bool = Field(
         True,
-        description="int8/bf16-as-fp16 stages: fp16 KV cache + compiled decode attention (needs a C compiler)",
+        description="int8/int4/bf16-as-fp16 stages: compact KV cache + compiled decode attention (needs a C compiler)",
+    )
+    kv_cache: KVCacheFormat = Field(
+        KVCacheFormat.int8,
+        description="the compact KV cache of native_kernels stages: int8 rows (half of fp16's bytes) or fp16",
     )
 
 

@@ -119,7 +119,7 @@ def measure(ckpt: Checkpoint, candidates: tuple[str, ...]) -> FormatChoice:
     load = [round(x, 2) for x in os.getloadavg()]
 
     def step(ex: StageExecutor) -> torch.Tensor:
-        sess = ex.install("autoformat", [(k.to(ex.kv_dtype), v.to(ex.kv_dtype)) for k, v in kv], spare=1)
+        sess = ex.install("autoformat", kv, spare=1)  # stored in each stage's cache format
         try:
             return ex.step([("autoformat", StepInput(position=sess.length, hidden=hidden))])[0].hidden
         finally:
@@ -136,7 +136,7 @@ def measure(ckpt: Checkpoint, candidates: tuple[str, ...]) -> FormatChoice:
     for r in range(TIMED_ROUNDS + 1):
         for fmt, ex in executors.items():
             steps = WARMUP_STEPS if r == 0 else STEPS_PER_ROUND
-            pos = ex.install("autoformat", [(k.to(ex.kv_dtype), v.to(ex.kv_dtype)) for k, v in kv], spare=steps).length
+            pos = ex.install("autoformat", kv, spare=steps).length
             try:
                 for _ in range(steps):
                     t0 = time.perf_counter()

@@ -4,6 +4,11 @@ without bf16 instructions.
 An int8 stage keeps activations, norms, attention and the KV cache in fp32 and replaces every nn.Linear of its
 layers (and the lm_head) by Int8Linear. The kernel is picked once per process by what this CPU runs fast:
 
+- "vnni" (CPUs with AVX512-VNNI, where the native kernels build): int8 weights kept row-major, activations
+  quantized per row to int8 (+ a residual pass for TWO_PASS_LINEARS). Decode rows run our GEMV
+  (models/kernels/int8_vnni.c), which reads the weights at the box's memory speed where fbgemm's packed GEMV
+  reads them ~25% slower; prompts run torch._int_mm (oneDNN) over the same bytes, ~15% faster than fbgemm's GEMM
+  at 256 rows. One copy of the weights serves both (bench/README.md, "Decode").
 - "fbgemm": torch's dynamic-quantized linear (int8 weights prepacked per channel, uint8 activations). Measured here
   (AVX2, no VNNI) it is ~3x faster than fp32 at one row and barely slower at 4 rows, where fp32 GEMM falls off a
   cliff. fbgemm quantizes activations per tensor; we give it rows scaled to absmax 1 (so the scale is per token)
@@ -32,7 +37,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("fbgemm", "int8pack", "dequant")
+KERNELS = ("vnni", "fbgemm", "int8pack", "dequant")
 # Linears whose activations get a second, residual pass with the fbgemm kernel. down_proj reads silu(gate) * up,
 # heavy-tailed: one 8-bit pass there costs 4x the error of its int8 weights (1-cos 4e-4 vs 8e-5 per linear at
 # 1.3B dims); elsewhere inputs are post-norm or attention outputs, where one pass costs about what the weights do.
@@ -97,7 +102,25 @@ def int8pack_available() -> bool:
         return False
 
 
+@functools.cache
+def vnni_available() -> bool:
+    """Whether the vnni kernel runs its SIMD path here (AVX512-VNNI, a C compiler, torch._int_mm on CPU)."""
+    if not {"avx512_vnni", "avx512bw"} <= cpu_flags():
+        return False
+    from edgeinspect.models import kernels  # kernels imports this module
+
+    if not kernels.q8_fast():
+        return False
+    try:
+        torch._int_mm(torch.ones(17, 64, dtype=torch.int8), torch.ones(64, 8, dtype=torch.int8))
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
 def default_kernel() -> str:
+    if vnni_available():
+        return "vnni"
     if fbgemm_available():
         return "fbgemm"
     if int8pack_available():
@@ -124,13 +147,15 @@ class Int8Linear(nn.Module):
             raise ValueError(f"unknown int8 kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
         self.in_features, self.out_features = q.shape[1], q.shape[0]
         self.kernel = kernel
-        self.two_pass = two_pass and kernel == "fbgemm"  # the other kernels keep activations in 16/32 bits
+        self.two_pass = two_pass and kernel in ("fbgemm", "vnni")  # the others keep activations in 16/32 bits
         self.bias = None if bias is None else bias.float()
         self.scales = scales.float()  # [N]
         # Only the form the kernel reads is kept: fbgemm holds its own packed copy of the int8 weight.
         self.packed = _fbgemm_pack(q, self.scales) if kernel == "fbgemm" else None
-        self.qweight = None if kernel == "fbgemm" else q
+        self.qweight = None if kernel == "fbgemm" else q.contiguous()
         self.scales_bf16 = self.scales.bfloat16() if kernel == "int8pack" else None
+        # vnni reads activations as unsigned (q + 128): each output takes 128 * its weight row's sum off again
+        self.row_sums = q.sum(dim=1, dtype=torch.int32) if kernel == "vnni" else None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kernel: str | None = None, two_pass: bool = False) -> Int8Linear:
@@ -153,7 +178,11 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).float()  # [R, K]
-        if self.kernel == "fbgemm":
+        if self.kernel == "vnni":
+            from edgeinspect.models import kernels
+
+            y = kernels.q8_linear(x2, self.qweight, self.scales, self.row_sums, self.two_pass)
+        elif self.kernel == "fbgemm":
             y = self._fbgemm(x2)
         elif self.kernel == "int8pack":
             y = torch.ops.aten._weight_int8pack_mm(x2.bfloat16(), self.qweight, self.scales_bf16).float()

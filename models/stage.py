@@ -35,7 +35,7 @@ from edgeinspect.models.checkpoint import (
     load_dtype,
 )
 from edgeinspect.models.int4 import int4_linears
-from edgeinspect.models.kv import KVBuffer
+from edgeinspect.models.kv import SCALE_BYTES, KVBuffer, quantize_rows, row_width
 from edgeinspect.models.quant import (
     Int8Linear,
     fuse_projections,
@@ -218,6 +218,9 @@ class Session:
         return self.kv.nbytes
 
 
+# The compact KV caches of native (packed-weight) stages, by their `kv_cache` name.
+KV_CACHE_FORMATS = {"int8": torch.int8, "fp16": torch.float16}
+
 # Rows per block when a packed stage runs a long prompt's linears and MLP (row-wise work; attention is not
 # blocked). A whole 974-token prompt makes [974, 11264] fp32 intermediates (44 MB): each is a fresh mmap that
 # page-faults in, and the elementwise ops around the GEMMs stream it from memory. 256-row blocks stay in the heap
@@ -254,13 +257,16 @@ class StageExecutor:
     depends on its row count, so only then does a batched fp32 step reproduce generate() to the last bits. On this
     CPU fp32 GEMM gains nothing from more rows anyway (bf16 and int8 do).
 
-    `native` (default on) lets packed-weight stages (int8, and bf16 run as fp16 on CPUs without bf16) keep their KV
-    cache in fp16 and run decode attention in the compiled kernel (models/kernels): half the cache bytes per step
-    and per session, read at memory speed. Prompt chunks still attend with SDPA (over an fp32 copy of the cache).
-    fp32 stages never use it: SDPA's summation order is what generate() does.
+    `native` (default on) lets packed-weight stages (int8, int4, and bf16 run as fp16 on CPUs without bf16) keep a
+    compact KV cache and run decode attention in the compiled kernel (models/kernels), read at memory speed:
+    `kv_cache` "int8" (default: rows of int8 with a per-row scale, models/kv.py, ~0.52x fp16's bytes) or "fp16".
+    Prompt chunks still attend with SDPA (over an fp32 copy of the cache). fp32 stages never use it: SDPA's
+    summation order is what generate() does.
     """
 
-    def __init__(self, module: StageModule, row_exact: bool | None = None, native: bool = True):
+    def __init__(self, module: StageModule, row_exact: bool | None = None, native: bool = True, kv_cache: str = "int8"):
+        if kv_cache not in KV_CACHE_FORMATS:
+            raise InvalidInput(f"kv_cache must be one of {', '.join(KV_CACHE_FORMATS)}, not {kv_cache!r}")
         self.module = module
         self.range = module.range
         self.dtype = next(module.layers.parameters()).dtype  # norms keep the compute dtype even in int8 stages
@@ -271,9 +277,11 @@ class StageExecutor:
         self.prompt_block = PROMPT_BLOCK if module.weights != "fp32" else 0
         if packed:
             keep_freed_memory()
-        self.kv_dtype = torch.float16 if self.native else self.dtype
         cfg = module.config
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        if kv_cache == "int8" and self.head_dim % SCALE_BYTES:  # the row's scale must stay 4-byte aligned
+            kv_cache = "fp16"
+        self.kv_dtype = KV_CACHE_FORMATS[kv_cache] if self.native else self.dtype
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.sessions: dict[str, Session] = {}
 
@@ -292,23 +300,28 @@ class StageExecutor:
         return sum(s.nbytes for s in list(self.sessions.values()))
 
     def kv_bytes_per_position(self) -> int:
-        return 2 * len(self.module.layers) * self.kv_heads * self.head_dim * self.kv_dtype.itemsize
+        row_bytes = row_width(self.head_dim, self.kv_dtype) * self.kv_dtype.itemsize
+        return 2 * len(self.module.layers) * self.kv_heads * row_bytes
+
+    def kv_rows(self, kv: torch.Tensor) -> torch.Tensor:
+        """Float keys/values [L, 2, H_kv, length, hd] as this stage's cache stores them (for open_from)."""
+        return quantize_rows(kv) if self.kv_dtype == torch.int8 else kv.to(self.kv_dtype)
 
     def install(self, session_id: str, kv: list[tuple[torch.Tensor, torch.Tensor]], spare: int = 0) -> Session:
         """A session holding given keys/values (benchmarks): kv per model layer, each [1, H_kv, length, hd]."""
         length = kv[0][0].shape[2]
         sess = self.open(session_id, capacity=length + spare)
         for j, i in enumerate(range(self.range.start, self.range.end)):
-            sess.kv.write(j, kv[i][0][0].to(self.kv_dtype), kv[i][1][0].to(self.kv_dtype), 0)
+            sess.kv.write(j, kv[i][0][0], kv[i][1][0], 0)  # stored in the cache's own format
         sess.kv.length = length
         return sess
 
     def snapshot(self, session_id: str, length: int) -> torch.Tensor:
-        """A copy of positions [0, length) of a session's keys/values: [L, 2, H_kv, length, hd]."""
+        """A copy of positions [0, length) of a session's stored keys/values: [L, 2, H_kv, length, row]."""
         return self.sessions[session_id].kv.data[:, :, :, :length].clone()
 
     def open_from(self, session_id: str, kv: torch.Tensor, now: float = 0.0, spare: int = 0) -> Session:
-        """A new session holding the given prefix keys/values ([L, 2, H_kv, length, hd], copied)."""
+        """A new session holding the given prefix keys/values (stored rows as snapshot() returns, copied)."""
         length = kv.shape[3]
         sess = self.open(session_id, now, capacity=length + spare)
         sess.kv.data[:, :, :, :length] = kv
@@ -403,8 +416,14 @@ class StageExecutor:
         for i, (s, o, (past, t)) in enumerate(zip(sessions, offsets, spans, strict=True)):
             if outs[i] is not None:
                 continue
-            s.kv.write(j, k[o : o + t].transpose(0, 1), v[o : o + t].transpose(0, 1), past)
-            keys, values = s.kv.view(j, past + t)  # [H_kv, past + t, hd]
+            new_k, new_v = k[o : o + t].transpose(0, 1), v[o : o + t].transpose(0, 1)  # [H_kv, t, hd]
+            s.kv.write(j, new_k, new_v, past)
+            if s.kv.dtype == self.dtype:
+                keys, values = s.kv.view(j, past + t)  # [H_kv, past + t, hd]
+            else:  # a compact cache: the chunk attends over its own rows as computed, the past as stored
+                keys, values = s.kv.view(j, past)
+                keys = torch.cat([keys.to(self.dtype), new_k], dim=1) if past else new_k
+                values = torch.cat([values.to(self.dtype), new_v], dim=1) if past else new_v
             outs[i] = self._attend(attn, q[o : o + t].transpose(0, 1), keys, values, past)  # [t, H*hd]
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from edgeinspect.models.checkpoint import open_checkpoint
-from edgeinspect.models.kv import GROW_ALIGN, KVBuffer
+from edgeinspect.models.kv import GROW_ALIGN, KVBuffer, dequantize_rows, quantize_rows
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 
 
@@ -62,3 +62,18 @@ def test_kv_bytes_count_capacity_per_session(tiny_checkpoint):
     assert ex.kv_bytes() == 2 * GROW_ALIGN * per_pos
     ex.release("a")
     assert ex.kv_bytes() == GROW_ALIGN * per_pos
+
+
+def test_int8_rows_keep_each_value_within_half_a_step_of_its_row():
+    x = torch.randn(3, 5, 64) * torch.logspace(-3, 2, 5)[None, :, None]  # rows of very different ranges
+    x[1, 2] = 0.0  # a zero row: scale 0, dequantized exactly
+    rows = quantize_rows(x)
+    assert rows.dtype == torch.int8 and rows.shape == (3, 5, 68)
+    scale = x.abs().amax(dim=-1, keepdim=True) / 127
+    back = dequantize_rows(rows)
+    assert torch.all((back - x).abs() <= scale / 2 * (1 + 1e-5))
+    assert torch.equal(back[1, 2], torch.zeros(64))
+    kv = KVBuffer(n_layers=1, kv_heads=3, head_dim=64, dtype=torch.int8, capacity=5)
+    kv.write(0, x, x, 0)
+    assert kv.nbytes == 2 * 3 * kv.capacity * 68
+    assert torch.equal(kv.view(0, 5)[0], back)

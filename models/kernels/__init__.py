@@ -9,6 +9,9 @@ costing more; one call per layer stores the new row of every session in the step
 Keys are scored four at a time, exp is vectorized and the weighted values stay in registers: at the report's 974
 positions that took the 196 MB pass from 12.5 to 11.4 ms (~17 GB/s, this box's read speed; min of 20 interleaved
 rounds against the previous build).
+The same pass over int8 rows (models/kv.py: int8 values + a per-row fp32 scale, the default `kv_cache` of packed
+stages) reads 0.52x the bytes; with AVX-512 loads and software prefetch it took the 974-position pass from ~15
+to ~6.5-9.5 ms (fp16 rows then int8 rows, same process, min of 10; the spread is this box's memory speed).
 With several concurrent sessions this attention is what bounds batching (bench/README.md, perf_batching).
 
 int4_gemm.c is the int4-weight x int8-activation matmul of models/int4.py (q4_0 grid, VNNI dot products; a
@@ -45,11 +48,16 @@ from edgeinspect.models.quant import cpu_flags
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
-ABI_VERSION = 2  # ei_abi_version() of the source this wrapper is written against
+ABI_VERSION = 3  # ei_abi_version() of the source this wrapper is written against
 INT4_SOURCE = Path(__file__).with_name("int4_gemm.c")
 INT4_ABI_VERSION = 1
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
 ROWS_ABI_VERSION = 1
+Q8_SOURCE = Path(__file__).with_name("int8_vnni.c")
+Q8_ABI_VERSION = 1
+# Activation rows (both passes counted) up to which the vnni linear runs its own GEMV; above, torch._int_mm
+# (oneDNN), which is the faster at prompt sizes but reads weights at half of memory speed for a single row.
+Q8_GEMV_ROWS = 16
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 ARCH_FLAGS = ("-march=native",)
 COMPILE_TIMEOUT_S = 120
@@ -102,9 +110,9 @@ def _abi_checked(lib: ctypes.CDLL, version_fn: str, expected: int, what: str) ->
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    fn = lib.ei_decode_attention_f16
-    fn.argtypes = [i32, i32, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, i32, i32, i32, ctypes.c_float, i32]
-    fn.restype = i32
+    for fn in (lib.ei_decode_attention_f16, lib.ei_decode_attention_q8):
+        fn.argtypes = [i32, i32, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, i32, i32, i32, ctypes.c_float, i32]
+        fn.restype = i32
     return _abi_checked(lib, "ei_abi_version", ABI_VERSION, "kernel")
 
 
@@ -196,6 +204,56 @@ def int8_rows_finish(y: torch.Tensor, norm: torch.Tensor, gain: float) -> torch.
     return out
 
 
+def _bind_q8(lib: ctypes.CDLL) -> ctypes.CDLL:
+    i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    lib.ei_q8_prep.argtypes = [i32, i32, ptr, i64, i32, ptr, ptr, i32]
+    lib.ei_q8_prep.restype = None
+    lib.ei_q8_gemv.argtypes = [i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32]
+    lib.ei_q8_gemv.restype = None
+    lib.ei_q8_finish.argtypes = [i32, i32, i32, ptr, ptr, ptr, ptr, i32]
+    lib.ei_q8_finish.restype = None
+    lib.ei_q8_simd.restype = i32
+    return _abi_checked(lib, "ei_q8_abi_version", Q8_ABI_VERSION, "int8 vnni kernel")
+
+
+@functools.cache
+def q8_library() -> ctypes.CDLL | None:
+    """The compiled int8 x int8 linear of the "vnni" kernel (int8_vnni.c); None where it cannot be built."""
+    return _load(Q8_SOURCE, _bind_q8, "int8 vnni linear")
+
+
+def q8_fast() -> bool:
+    """Whether the vnni linear runs its AVX512-VNNI path here (elsewhere plain C: correct, slow)."""
+    lib = q8_library()
+    return lib is not None and bool(lib.ei_q8_simd())
+
+
+def q8_linear(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, row_sums: torch.Tensor, two_pass: bool
+) -> torch.Tensor:
+    """x [R, K] fp32 (rows may be strided) @ (weight [N, K] int8 * scales [N]).T -> [R, N] fp32, activations
+    quantized per row to int8 (two passes: + the residual). Few rows: our GEMV; more: torch._int_mm."""
+    lib = q8_library()
+    if x.dtype != torch.float32 or x.stride(1) != 1:
+        x = x.float().contiguous()
+    (r, k), n = x.shape, weight.shape[0]
+    passes = 2 if two_pass else 1
+    xq = torch.empty(passes * r, k, dtype=torch.int8)
+    xs = torch.empty(passes * r)
+    threads = torch.get_num_threads()
+    lib.ei_q8_prep(r, k, x.data_ptr(), x.stride(0), int(two_pass), xq.data_ptr(), xs.data_ptr(), threads)
+    y = torch.empty(r, n)
+    if passes * r <= Q8_GEMV_ROWS:
+        lib.ei_q8_gemv(
+            r, n, k, int(two_pass), xq.data_ptr(), xs.data_ptr(), weight.data_ptr(), scales.data_ptr(),
+            row_sums.data_ptr(), y.data_ptr(), threads,
+        )  # fmt: skip
+        return y
+    acc = torch._int_mm(xq, weight.t())  # [passes * R, N] int32
+    lib.ei_q8_finish(r, n, int(two_pass), acc.data_ptr(), xs.data_ptr(), scales.data_ptr(), y.data_ptr(), threads)
+    return y
+
+
 def int4_fast() -> bool:
     """Whether the int4 kernel runs its VNNI path here (elsewhere it is a correct but slow plain-C loop)."""
     lib = int4_library()
@@ -237,11 +295,14 @@ class DecodeAttention:
         lib = library()
         if lib is None:
             raise RuntimeError("native kernels are not available here")
+        dtype = buffers[0].dtype
         for kv, past in zip(buffers, pasts, strict=True):
-            if kv.dtype != torch.float16 or not kv.data.is_contiguous() or past >= kv.capacity:
-                raise ValueError("decode attention needs contiguous fp16 KV buffers with room for one more row")
+            if kv.dtype != dtype or dtype not in (torch.float16, torch.int8):
+                raise ValueError("decode attention needs KV buffers all fp16 or all int8 rows")
+            if not kv.data.is_contiguous() or past >= kv.capacity:
+                raise ValueError("decode attention needs contiguous KV buffers with room for one more row")
         n = len(buffers)
-        self.fn = lib.ei_decode_attention_f16
+        self.fn = lib.ei_decode_attention_q8 if dtype == torch.int8 else lib.ei_decode_attention_f16
         self.n, self.kv_heads, self.head_dim = n, buffers[0].shape[2], buffers[0].shape[3]
         self.caches = (ctypes.c_void_p * n)(*(kv.data.data_ptr() for kv in buffers))
         self.capacities = (ctypes.c_int64 * n)(*(kv.capacity for kv in buffers))

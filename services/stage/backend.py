@@ -80,7 +80,11 @@ class StageBackend:
         self.range = LayerRange(cfg.layer_start, cfg.layer_end, self.ckpt.num_layers)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.executor = StageExecutor(load_stage(self.ckpt, self.range, cfg.weights.value), native=cfg.native_kernels)
+        self.executor = StageExecutor(
+            load_stage(self.ckpt, self.range, cfg.weights.value),
+            native=cfg.native_kernels,
+            kv_cache=cfg.kv_cache.value,
+        )
         self.hidden_size = self.ckpt.text_config.hidden_size
         self.vision_hidden = self.ckpt.config.vision_config.hidden_size
         self.identity = Identity(

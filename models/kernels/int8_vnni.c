@@ -1,0 +1,129 @@
+/* The "vnni" int8 linear of models/quant.py: y[R, N] = x[R, K] @ (W[N, K] * ws[N])^T, int8 weights row-major.
+ *
+ * Built and loaded at run time by models/kernels/__init__.py (ctypes), like decode_attention.c.
+ *
+ * ei_q8_prep quantizes each activation row symmetrically to int8 (s = absmax / 127, round half to even of x * 1/s);
+ * with two_pass, rows R..2R-1 hold each row's rounding residual on a grid 254x finer (|residual| <= s / 2), so
+ * the two passes together carry ~15 bits. Decode rows then go to ei_q8_gemv: VNNI's vpdpbusd multiplies unsigned
+ * bytes by signed ones in int32, so the activations are read as unsigned (q + 128, one xor per load) and
+ * 128 * rowsum(W) is taken off after. Weights are read from memory once per block of 4 output rows for all
+ * activation rows (the block stays in L1/L2 across rows), with software prefetch: a plain row-major pass reads
+ * them at close to the box's memory speed, where fbgemm's packed GEMV reads them slower. Long prompts go to
+ * torch._int_mm (oneDNN) over the same weights instead, and ei_q8_finish applies the scales to its int32 output.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define NBLOCK 4 /* output rows per weight block */
+/* Bytes ahead each weight row is prefetched: 1 KiB measured best of 512 / 1024 / 2048 here (a whole next block
+ * prefetched at once was ~10% slower). */
+#define PREFETCH 1024
+
+void ei_q8_prep(int R, int K, const float *x, int64_t x_row, int two_pass, int8_t *xq, float *xs, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (R > 1)
+    for (int r = 0; r < R; r++) {
+        const float *src = x + r * x_row;
+        int8_t *q1 = xq + (int64_t)r * K, *q2 = xq + (int64_t)(R + r) * K;
+        float amax = 0.f;
+        for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(src[k]));
+        float s1 = amax / 127.f, inv1 = s1 > 0.f ? 1.f / s1 : 0.f;
+        float s2 = s1 / 254.f, inv2 = s2 > 0.f ? 1.f / s2 : 0.f;
+        for (int k = 0; k < K; k++) {
+            float v = nearbyintf(src[k] * inv1);
+            v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
+            q1[k] = (int8_t)v;
+            if (two_pass) {
+                float w = nearbyintf((src[k] - v * s1) * inv2);
+                q2[k] = (int8_t)(w > 127.f ? 127.f : w < -127.f ? -127.f : w);
+            }
+        }
+        xs[r] = s1;
+        if (two_pass) xs[R + r] = s2;
+    }
+}
+
+/* y[r, n] = ws[n] * sum over passes p of xs[p * R + r] * (int32 dot of activation row p * R + r with weight row n) */
+void ei_q8_finish(int R, int N, int two_pass, const int32_t *acc, const float *xs, const float *ws, float *y,
+                  int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int r = 0; r < R; r++) {
+        const int32_t *a1 = acc + (int64_t)r * N, *a2 = acc + (int64_t)(R + r) * N;
+        float *out = y + (int64_t)r * N, s1 = xs[r], s2 = two_pass ? xs[R + r] : 0.f;
+        if (two_pass)
+            for (int n = 0; n < N; n++) out[n] = ws[n] * (s1 * (float)a1[n] + s2 * (float)a2[n]);
+        else
+            for (int n = 0; n < N; n++) out[n] = ws[n] * s1 * (float)a1[n];
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define EI_Q8_SIMD 1
+
+/* int32 dots of activation row xr (K int8) with weight rows w0..w0 + 3K: four sums. */
+static inline void dot4(const int8_t *xr, const int8_t *w0, int K, int32_t out[NBLOCK]) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, flip = _mm512_set1_epi8((char)0x80);
+    int k = 0;
+    for (; k + 64 <= K; k += 64) {
+        for (int i = 0; i < NBLOCK; i++) _mm_prefetch((const char *)(w0 + (int64_t)i * K + k + PREFETCH), _MM_HINT_T0);
+        __m512i xv = _mm512_xor_si512(_mm512_loadu_si512(xr + k), flip); /* q + 128 as unsigned */
+        a0 = _mm512_dpbusd_epi32(a0, xv, _mm512_loadu_si512(w0 + k));
+        a1 = _mm512_dpbusd_epi32(a1, xv, _mm512_loadu_si512(w0 + K + k));
+        a2 = _mm512_dpbusd_epi32(a2, xv, _mm512_loadu_si512(w0 + 2 * K + k));
+        a3 = _mm512_dpbusd_epi32(a3, xv, _mm512_loadu_si512(w0 + 3 * K + k));
+    }
+    out[0] = _mm512_reduce_add_epi32(a0);
+    out[1] = _mm512_reduce_add_epi32(a1);
+    out[2] = _mm512_reduce_add_epi32(a2);
+    out[3] = _mm512_reduce_add_epi32(a3);
+    for (; k < K; k++) /* the tail, in the same unsigned form as the vector part */
+        for (int i = 0; i < NBLOCK; i++) out[i] += ((int32_t)xr[k] + 128) * (int32_t)w0[(int64_t)i * K + k];
+}
+
+#else
+#define EI_Q8_SIMD 0
+static inline void dot4(const int8_t *xr, const int8_t *w0, int K, int32_t out[NBLOCK]) {
+    for (int i = 0; i < NBLOCK; i++) {
+        int32_t s = 0;
+        for (int k = 0; k < K; k++) s += ((int32_t)xr[k] + 128) * (int32_t)w0[(int64_t)i * K + k];
+        out[i] = s;
+    }
+}
+#endif
+
+void ei_q8_gemv(int R, int N, int K, int two_pass, const int8_t *xq, const float *xs, const int8_t *w,
+                const float *ws, const int32_t *wsum, float *y, int threads) {
+    int rows = two_pass ? 2 * R : R, blocks = (N + NBLOCK - 1) / NBLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        int n0 = b * NBLOCK, nb = N - n0 < NBLOCK ? N - n0 : NBLOCK;
+        if (nb < NBLOCK) { /* the last, partial block (N not a multiple of 4): plain loops */
+            const int8_t *w_tail = w + (int64_t)n0 * K;
+            for (int r = 0; r < rows; r++)
+                for (int i = 0; i < nb; i++) {
+                    int32_t s = 0;
+                    for (int k = 0; k < K; k++) s += ((int32_t)xq[(int64_t)r * K + k] + 128) * w_tail[(int64_t)i * K + k];
+                    float v = xs[r] * (float)(s - 128 * wsum[n0 + i]);
+                    float *o = y + (int64_t)(r % R) * N + n0 + i;
+                    *o = !two_pass ? ws[n0 + i] * v : r < R ? v : ws[n0 + i] * (*o + v);
+                }
+            continue;
+        }
+        const int8_t *w0 = w + (int64_t)n0 * K;
+        for (int r = 0; r < rows; r++) {
+            int32_t d[NBLOCK];
+            dot4(xq + (int64_t)r * K, w0, K, d);
+            float *o = y + (int64_t)(r % R) * N + n0;
+            for (int i = 0; i < NBLOCK; i++) {
+                float v = xs[r] * (float)(d[i] - 128 * wsum[n0 + i]);
+                /* one pass: scaled; two: pass 1 is kept unscaled until its residual row adds to it */
+                o[i] = !two_pass ? ws[n0 + i] * v : r < R ? v : ws[n0 + i] * (o[i] + v);
+            }
+        }
+    }
+}
+
+int ei_q8_simd(void) { return EI_Q8_SIMD; }
+
+int ei_q8_abi_version(void) { return 1; }
