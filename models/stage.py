@@ -283,6 +283,8 @@ class StageExecutor:
             kv_cache = "fp16"
         self.kv_dtype = KV_CACHE_FORMATS[kv_cache] if self.native else self.dtype
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        # pure decode steps of native stages run the layer's elementwise steps natively (_decode_layer)
+        self.fused_decode = self.native and getattr(cfg, "hidden_act", "") == "silu" and module.weights != "fp32"
         self.sessions: dict[str, Session] = {}
 
     def open(self, session_id: str, now: float = 0.0, capacity: int = 0) -> Session:
@@ -386,6 +388,8 @@ class StageExecutor:
         """LlamaDecoderLayer.forward with the layer's own modules, its cache write replaced by KVBuffer.write."""
         attn = layer.self_attn
         r = x.shape[0]
+        if self.fused_decode and decode[0] is not None and len(decode[1]) == len(spans):
+            return self._decode_layer(j, layer, x, rope, decode[0])
         h = layer.input_layernorm(x)  # [R, D]
         if hasattr(attn, "qkv_proj"):  # fused at load (packed formats)
             q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -400,6 +404,21 @@ class StageExecutor:
         a = self._attention(j, attn, q, k, v, sessions, spans, decode)  # [R, H*hd]
         x = x + self._rows(attn.o_proj, a, spans)
         return x + self._rows(self._mlp(layer.mlp), layer.post_attention_layernorm(x), spans)
+
+    def _decode_layer(self, j: int, layer, x: torch.Tensor, rope, native) -> torch.Tensor:
+        """_layer for a pure decode step of a native stage: the same steps, the elementwise ones (norms, rotary,
+        silu * up, residual adds) in the native kernels instead of ~40 small torch ops per layer."""
+        attn, mlp = layer.self_attn, layer.mlp
+        r = x.shape[0]
+        h = kernels.rmsnorm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+        qkv = attn.qkv_proj(h)  # [R, (H + 2 H_kv) * hd]
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q, k, v = (t.view(r, -1, self.head_dim) for t in qkv.split([q_width, kv_width, kv_width], dim=-1))
+        kernels.rope_(q, k, *rope)
+        a = native(j, q, k, v, attn.scaling)  # [R, H*hd]
+        norm = layer.post_attention_layernorm
+        x, h = kernels.rmsnorm(x, norm.weight, norm.variance_epsilon, add=attn.o_proj(a))
+        return x + mlp.down_proj(kernels.silu_mul(mlp.gate_up_proj(h)))
 
     def _attention(self, j: int, attn, q, k, v, sessions: list[Session], spans, decode) -> torch.Tensor:
         """q [R, H, hd], k/v [R, H_kv, hd] -> [R, H*hd]: the one-row sessions in `decode` (a DecodeAttention and

@@ -166,3 +166,32 @@ def test_an_int8_cache_prompt_in_chunks_attends_over_the_stored_past(tiny_checkp
     assert pos == 37 and not torch.equal(out.logits, whole)  # the stored past really was read back
     # 16-value rows in this tiny chaotic model (fp16 rows: 0.9997); 1.3B figures: bench/perf_accuracy.py
     assert cosine_similarity(out.logits, whole, dim=0) > 0.99
+
+
+@needs_kernels
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_native_decode_layers_compute_what_the_torch_ops_do(tiny_checkpoint, weights, monkeypatch):
+    calls = []
+    rope = kernels.rope_
+    monkeypatch.setattr(kernels, "rope_", lambda *a: calls.append(1) or rope(*a))
+    ckpt = open_checkpoint(tiny_checkpoint)
+    module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), weights)
+    fused, ops = StageExecutor(module), StageExecutor(module)
+    ops.fused_decode = False  # the same stage with norms, rotary, silu * up and adds as torch ops
+    assert fused.fused_decode
+    ids = torch.randint(10, 500, (20,), generator=torch.Generator().manual_seed(2))
+    outs = {}
+    for name, ex in (("fused", fused), ("ops", ops)):
+        rows = [ex.step([("a", StepInput(0, input_ids=ids)), ("b", StepInput(0, input_ids=ids[:5]))])[0].logits]
+        for pos, token in enumerate((3, 77, 410), start=20):  # two sessions decoding in one pass
+            a, _ = ex.step(
+                [
+                    ("a", StepInput(pos, input_ids=torch.tensor([token]))),
+                    ("b", StepInput(pos - 15, input_ids=torch.tensor([token]))),
+                ]
+            )
+            rows.append(a.logits)
+        outs[name] = torch.stack(rows)
+    assert torch.equal(outs["fused"][0], outs["ops"][0])  # prompts never take the native path
+    assert len(calls) == 3 * ckpt.num_layers  # decode steps did (once per layer and step), for fused only
+    torch.testing.assert_close(outs["fused"], outs["ops"], rtol=1e-4, atol=1e-4)

@@ -48,7 +48,7 @@ from edgeinspect.models.quant import cpu_flags
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
-ABI_VERSION = 3  # ei_abi_version() of the source this wrapper is written against
+ABI_VERSION = 4  # ei_abi_version() of the source this wrapper is written against
 INT4_SOURCE = Path(__file__).with_name("int4_gemm.c")
 INT4_ABI_VERSION = 1
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
@@ -113,6 +113,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     for fn in (lib.ei_decode_attention_f16, lib.ei_decode_attention_q8):
         fn.argtypes = [i32, i32, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, i32, i32, i32, ctypes.c_float, i32]
         fn.restype = i32
+    lib.ei_add_rmsnorm.argtypes = [i32, i32, ptr, i64, ptr, i64, ptr, ptr, ctypes.c_float, ptr]
+    lib.ei_rope.argtypes = [i32, i32, i32, i32, ptr, i64, ptr, i64, ptr, ptr]
+    lib.ei_silu_mul.argtypes = [i32, i32, ptr, i64, ptr]
+    for fn in (lib.ei_add_rmsnorm, lib.ei_rope, lib.ei_silu_mul):
+        fn.restype = None
     return _abi_checked(lib, "ei_abi_version", ABI_VERSION, "kernel")
 
 
@@ -283,6 +288,37 @@ def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> to
 
 def available() -> bool:
     return library() is not None
+
+
+# The elementwise steps of a decode layer (decode_attention.c), for a few fp32 rows whose last dim is contiguous.
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, add: torch.Tensor | None = None):
+    """LlamaRMSNorm(x) [R, D] in fp32; with `add`, (x + add, its norm) with no torch op in between."""
+    r, d = x.shape
+    out = torch.empty(r, d)
+    total = torch.empty(r, d) if add is not None else None
+    library().ei_add_rmsnorm(
+        r, d, x.data_ptr(), x.stride(0), None if add is None else add.data_ptr(), 0 if add is None else add.stride(0),
+        None if total is None else total.data_ptr(), weight.data_ptr(), eps, out.data_ptr(),
+    )  # fmt: skip
+    return out if add is None else (total, out)
+
+
+def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """apply_rotary_pos_emb in place: q [R, H, hd], k [R, H_kv, hd] (heads contiguous), cos/sin [R, hd]."""
+    r, heads, hd = q.shape
+    library().ei_rope(
+        r, heads, k.shape[1], hd, q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), cos.data_ptr(), sin.data_ptr()
+    )
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[R, 2I] (gate | up) -> silu(gate) * up [R, I]."""
+    r, width = gate_up.shape
+    out = torch.empty(r, width // 2)
+    library().ei_silu_mul(r, width // 2, gate_up.data_ptr(), gate_up.stride(0), out.data_ptr())
+    return out
 
 
 class DecodeAttention:

@@ -412,4 +412,68 @@ int ei_decode_attention_q8(int batch, int layer, const float *q, int64_t q_row, 
                   head_dim, scale, threads);
 }
 
-int ei_abi_version(void) { return 3; }
+/* The elementwise work between a decode layer's matmuls, one call each instead of a dozen torch ops (each op's
+ * dispatch costs about what its arithmetic on one 2048-wide row does). Rows are R short rows; plain loops the
+ * compiler vectorizes. */
+
+/* out[r] = w * x[r] / sqrt(mean(x[r]^2) + eps), as LlamaRMSNorm in fp32; with add != NULL, x[r] + add[r] is
+ * written to sum[r] first and normalized. */
+void ei_add_rmsnorm(int R, int D, const float *x, int64_t x_row, const float *add, int64_t add_row, float *sum,
+                    const float *w, float eps, float *out) {
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + r * x_row;
+        float *src = (float *)xr;
+        if (add) {
+            const float *ar = add + r * add_row;
+            src = sum + (int64_t)r * D;
+            for (int d = 0; d < D; d++) src[d] = xr[d] + ar[d];
+        }
+        float ss = 0.f;
+        for (int d = 0; d < D; d++) ss += src[d] * src[d];
+        float inv = 1.f / sqrtf(ss / (float)D + eps);
+        float *o = out + (int64_t)r * D;
+        for (int d = 0; d < D; d++) o[d] = w[d] * (src[d] * inv);
+    }
+}
+
+/* Rotary embedding in place on q [R, heads, hd] and k [R, kv_heads, hd] (rows q_row / k_row floats apart, heads
+ * contiguous), as transformers' apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, cos/sin [R, hd]. */
+void ei_rope(int R, int heads, int kv_heads, int hd, float *q, int64_t q_row, float *k, int64_t k_row,
+             const float *cos, const float *sin) {
+    int half = hd / 2;
+    for (int r = 0; r < R; r++) {
+        const float *c = cos + (int64_t)r * hd, *s = sin + (int64_t)r * hd;
+        for (int which = 0; which < 2; which++) {
+            int n = which ? kv_heads : heads;
+            float *base = which ? k + r * k_row : q + r * q_row;
+            for (int h = 0; h < n; h++) {
+                float *x = base + (int64_t)h * hd;
+                for (int d = 0; d < half; d++) {
+                    float a = x[d], b = x[d + half];
+                    x[d] = a * c[d] - b * s[d];
+                    x[d + half] = b * c[d + half] + a * s[d + half];
+                }
+            }
+        }
+    }
+}
+
+/* out[r, i] = silu(gu[r, i]) * gu[r, I + i]: the fused gate/up projection's two halves. */
+void ei_silu_mul(int R, int I, const float *gu, int64_t gu_row, float *out) {
+    for (int r = 0; r < R; r++) {
+        const float *g = gu + r * gu_row, *u = g + I;
+        float *o = out + (int64_t)r * I;
+        int i = 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+        for (; i + 8 <= I; i += 8) { /* exp8 of -g clamped to 87: e^87 still fits a float, g / (1 + it) -> 0 */
+            __m256 gv = _mm256_loadu_ps(g + i);
+            __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(87.f)));
+            __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    }
+}
+
+int ei_abi_version(void) { return 4; }
