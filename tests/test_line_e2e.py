@@ -167,6 +167,8 @@ def test_results_made_while_the_broker_is_down_arrive_after_it_returns_in_order(
     try:
         sub.wait_subscribed()  # a subscription the broker never acknowledged would not be queued for
         broker.stop()
+        # the session (and so its queue) survives the restart only through this file (see MosquittoBroker)
+        assert (broker.workdir / "mosquitto.db").is_file()
         ids = inspect(stack, 3)  # the inspections never wait for the broker
         time.sleep(1.0)  # the gateway has tried (and failed) to publish by now
         assert not any(b.get("report_id") in ids for b in sub.bodies())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -27,9 +28,14 @@ class MosquittoBroker:
         self.port = port or free_port()
         self.url = f"mqtt://127.0.0.1:{self.port}"
         self.conf = self.workdir / "mosquitto.conf"
+        # Started as root, mosquitto drops to the "mosquitto" user, which cannot write into this (root-owned)
+        # folder: no log and, worse, no persistence file, so a restart lost every session and its queue (the
+        # broker-outage test then raced the gateway's republish against the subscriber's resubscribe).
+        stay_root = "user root\n" if hasattr(os, "geteuid") and os.geteuid() == 0 else ""
         self.conf.write_text(
             f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
             f"persistence_location {self.workdir}/\nautosave_interval 1\nlog_dest file {self.workdir}/broker.log\n"
+            f"{stay_root}"
         )
         self.proc: subprocess.Popen | None = None
 
