@@ -5,9 +5,11 @@ pass) + the lm_head, 1.45 GB in int8, far beyond any cache. Each round reads a p
 sum, same threads), then runs one decode step's linears with each kernel, interleaved, so the box's moving memory
 speed (+-30% from minute to minute here) falls on all alike; each figure is bytes / time, and the ratios are per
 round. A second part times the prompt path at 256-row blocks (what a packed stage's prefill runs): fbgemm's GEMM
-against torch._int_mm (oneDNN) on the vnni kernel's row-major weights.
+against torch._int_mm (oneDNN) on the vnni kernel's row-major weights. A third times decode attention over the
+report's 974 cached positions x 24 layers (16 heads x 128) with the KV cache in fp16 rows and in int8 rows
+(models/kv.py), interleaved.
 
-    .venv/bin/python bench/perf_int8_kernel.py [--rounds 12] [--threads 2] [--layers 24]
+    .venv/bin/python bench/perf_int8_kernel.py [--rounds 12] [--threads 2] [--layers 24] [--depth 974]
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import torch
 from common import load_average, machine_info, skip, write_json
 from torch import nn
 
+from edgeinspect.models import kernels as native
+from edgeinspect.models.kv import KVBuffer
 from edgeinspect.models.quant import TWO_PASS_LINEARS, Int8Linear, fbgemm_available, vnni_available
 
 SHAPES = {"qkv_proj": (6144, 2048), "o_proj": (2048, 2048), "gate_up_proj": (11264, 2048), "down_proj": (2048, 5632)}
@@ -42,11 +46,44 @@ def build(layers: int, kernels: list[str]) -> dict[str, list[tuple[Int8Linear, t
     return out
 
 
+def attention_by_cache(depth: int, rounds: int, layers: int = 24, heads: int = 16, head_dim: int = 128) -> dict:
+    """One decode step's attention (all layers) over `depth` positions, fp16 rows vs int8 rows, interleaved."""
+    g = torch.Generator().manual_seed(2)
+    caches = {}
+    for name, dtype in (("fp16", torch.float16), ("int8", torch.int8)):
+        kv = KVBuffer(layers, heads, head_dim, dtype, capacity=depth + rounds + 2)
+        for layer in range(layers):
+            kv.write(layer, *(torch.randn(heads, depth, head_dim, generator=g) * 0.3 for _ in range(2)), 0)
+        kv.length = depth
+        caches[name] = kv
+    q, k, v = (torch.randn(1, heads, head_dim, generator=g) for _ in range(3))
+    times: dict[str, list[float]] = {name: [] for name in caches}
+    for _ in range(rounds + 1):
+        for name, kv in caches.items():
+            step = native.DecodeAttention([kv], [depth])  # rewrites row `depth` each round: the same work
+            t0 = time.perf_counter()
+            for layer in range(layers):
+                step(layer, q, k, v, head_dim**-0.5)
+            times[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, t in times.items():
+        out[name] = {
+            "min_ms": round(min(t[1:]) * 1e3, 2),
+            "median_ms": round(statistics.median(t[1:]) * 1e3, 2),
+            "cache_mb": round(
+                caches[name].data[:, :, :, : depth + 1].numel() * caches[name].data.element_size() / 1e6, 1
+            ),
+        }
+    out["int8_vs_fp16_median"] = round(out["int8"]["median_ms"] / out["fp16"]["median_ms"], 3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--depth", type=int, default=974, help="cached positions for the attention part")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     kernels = [k for k, ok in (("vnni", vnni_available()), ("fbgemm", fbgemm_available())) if ok]
@@ -101,6 +138,8 @@ def main() -> None:
         prompt[name] = {kn: {"min_ms": round(t * 1e3, 3), "gflops": round(flop / t / 1e9)} for kn, t in best.items()}
         print(name, prompt[name], flush=True)
     layer_ms = {kn: round(sum(prompt[s][kn]["min_ms"] for s in prompt), 3) for kn in kernels}
+    attention = attention_by_cache(args.depth, args.rounds)
+    print(f"decode attention, {args.depth} positions x 24 layers: {attention}", flush=True)
     payload = {
         "benchmark": "perf_int8_kernel",
         "machine": machine | {"loadavg_end": load_average()},
@@ -113,6 +152,7 @@ def main() -> None:
             "ratios_median_per_round": per_round,
         },
         "prompt_block": {"rows": PROMPT_ROWS, "per_shape": prompt, "layer_min_ms": layer_ms},
+        "decode_attention": attention,
     }
     print(f"decode step GB/s (median): {med}; per round: {per_round}")
     print(f"prompt block of {PROMPT_ROWS} rows, one layer (min): {layer_ms}")

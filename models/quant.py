@@ -6,9 +6,9 @@ layers (and the lm_head) by Int8Linear. The kernel is picked once per process by
 
 - "vnni" (CPUs with AVX512-VNNI, where the native kernels build): int8 weights kept row-major, activations
   quantized per row to int8 (+ a residual pass for TWO_PASS_LINEARS). Decode rows run our GEMV
-  (models/kernels/int8_vnni.c), which reads the weights at the box's memory speed where fbgemm's packed GEMV
-  reads them ~25% slower; prompts run torch._int_mm (oneDNN) over the same bytes, ~15% faster than fbgemm's GEMM
-  at 256 rows. One copy of the weights serves both (bench/README.md, "Decode").
+  (models/kernels/int8_vnni.c): a 1.3B step's linears at 0.82x the speed of a plain read of the same bytes, where
+  fbgemm's packed GEMV reaches 0.75x (1.1x faster); prompts run torch._int_mm (oneDNN) over the same bytes, 1.14x
+  fbgemm's GEMM on a 256-row layer block. One copy of the weights serves both (bench/perf_int8_kernel.py).
 - "fbgemm": torch's dynamic-quantized linear (int8 weights prepacked per channel, uint8 activations). Measured here
   (AVX2, no VNNI) it is ~3x faster than fp32 at one row and barely slower at 4 rows, where fp32 GEMM falls off a
   cliff. fbgemm quantizes activations per tensor; we give it rows scaled to absmax 1 (so the scale is per token)

@@ -20,6 +20,11 @@ plain-C path where the CPU has no AVX512-VNNI, correct but slow, which `weights:
 int8_rows.c is the activation side of the fbgemm int8 linear (models/quant.py) fused into one pass in and one
 out: per-row scaling and the residual second pass, which as torch ops cost a prompt as much as the GEMM itself.
 
+int8_vnni.c is the "vnni" int8 linear (models/quant.py): per-row int8 activations and our VNNI GEMV for decode
+rows over row-major int8 weights (torch._int_mm runs prompts over the same weights). decode_attention.c also holds
+the elementwise steps of a native decode layer (RMSNorm with its residual add, rotary embedding, silu * up), so a
+decode step does not pay ~40 torch op dispatches per layer.
+
 Each source is compiled with the system C compiler (`$CC`, else `cc`) at -O3 -march=native -fopenmp into a cache
 folder ($EDGEINSPECT_KERNEL_DIR, default ~/.cache/edgeinspect/kernels), under a name keyed by the source, the
 flags, the compiler and this CPU's flags, so a shared folder never hands one CPU another's build. The library
