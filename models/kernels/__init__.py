@@ -300,6 +300,9 @@ def available() -> bool:
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, add: torch.Tensor | None = None):
     """LlamaRMSNorm(x) [R, D] in fp32; with `add`, (x + add, its norm) with no torch op in between."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    if add is not None and add.stride(-1) != 1:
+        add = add.contiguous()
     r, d = x.shape
     out = torch.empty(r, d)
     total = torch.empty(r, d) if add is not None else None
