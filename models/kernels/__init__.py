@@ -59,7 +59,7 @@ INT4_ABI_VERSION = 1
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
 ROWS_ABI_VERSION = 1
 Q8_SOURCE = Path(__file__).with_name("int8_vnni.c")
-Q8_ABI_VERSION = 1
+Q8_ABI_VERSION = 2
 # Activation rows (both passes counted) up to which the vnni linear runs its own GEMV; above, torch._int_mm
 # (oneDNN), which is the faster at prompt sizes but reads weights at half of memory speed for a single row.
 Q8_GEMV_ROWS = 16
@@ -220,6 +220,8 @@ def _bind_q8(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ei_q8_prep.restype = None
     lib.ei_q8_gemv.argtypes = [i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32]
     lib.ei_q8_gemv.restype = None
+    lib.ei_q8_gemv_rows.argtypes = [i32, i32, i32, i32, ptr, i64, ptr, ptr, ptr, ptr, i32]
+    lib.ei_q8_gemv_rows.restype = i32
     lib.ei_q8_finish.argtypes = [i32, i32, i32, ptr, ptr, ptr, ptr, i32]
     lib.ei_q8_finish.restype = None
     lib.ei_q8_simd.restype = i32
@@ -248,17 +250,19 @@ def q8_linear(
         x = x.float().contiguous()
     (r, k), n = x.shape, weight.shape[0]
     passes = 2 if two_pass else 1
-    xq = torch.empty(passes * r, k, dtype=torch.int8)
-    xs = torch.empty(passes * r)
     threads = torch.get_num_threads()
-    lib.ei_q8_prep(r, k, x.data_ptr(), x.stride(0), int(two_pass), xq.data_ptr(), xs.data_ptr(), threads)
     y = torch.empty(r, n)
-    if passes * r <= Q8_GEMV_ROWS:
-        lib.ei_q8_gemv(
-            r, n, k, int(two_pass), xq.data_ptr(), xs.data_ptr(), weight.data_ptr(), scales.data_ptr(),
+    if passes * r <= Q8_GEMV_ROWS:  # one call: quantize + GEMV (each torch op or ctypes call here costs ~1% of it)
+        rc = lib.ei_q8_gemv_rows(
+            r, n, k, int(two_pass), x.data_ptr(), x.stride(0), weight.data_ptr(), scales.data_ptr(),
             row_sums.data_ptr(), y.data_ptr(), threads,
         )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("int8 linear could not allocate its activation buffer")
         return y
+    xq = torch.empty(passes * r, k, dtype=torch.int8)
+    xs = torch.empty(passes * r)
+    lib.ei_q8_prep(r, k, x.data_ptr(), x.stride(0), int(two_pass), xq.data_ptr(), xs.data_ptr(), threads)
     acc = torch._int_mm(xq, weight.t())  # [passes * R, N] int32
     lib.ei_q8_finish(r, n, int(two_pass), acc.data_ptr(), xs.data_ptr(), scales.data_ptr(), y.data_ptr(), threads)
     return y

@@ -13,6 +13,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define NBLOCK 4 /* output rows per weight block */
@@ -20,27 +21,56 @@
  * prefetched at once was ~10% slower). */
 #define PREFETCH 1024
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
+/* One row: q1 = round-half-even(x * 1/s1), s1 = absmax / 127; with two_pass also q2 = round-half-even((x - q1 s1)
+ * * 1/s2), s2 = s1 / 254 (the residual as one fused multiply-add, in both code paths, so they agree exactly). */
+static void quantize_row(int K, const float *src, int two_pass, int8_t *q1, int8_t *q2, float *s1_out, float *s2_out) {
+    int k = 0;
+    float amax = 0.f;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    __m512 m = _mm512_setzero_ps();
+    for (; k + 16 <= K; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(src + k)));
+    amax = _mm512_reduce_max_ps(m);
+#endif
+    for (; k < K; k++) amax = fmaxf(amax, fabsf(src[k]));
+    float s1 = amax / 127.f, inv1 = s1 > 0.f ? 1.f / s1 : 0.f;
+    float s2 = s1 / 254.f, inv2 = s2 > 0.f ? 1.f / s2 : 0.f;
+    k = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    const __m512 lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f);
+    const int rnd = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (; k + 16 <= K; k += 16) {
+        __m512 x = _mm512_loadu_ps(src + k);
+        __m512 v = _mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(inv1)), rnd)));
+        _mm_storeu_si128((__m128i *)(q1 + k), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+        if (two_pass) {
+            __m512 r = _mm512_fnmadd_ps(v, _mm512_set1_ps(s1), x); /* x - v * s1 */
+            __m512 w = _mm512_roundscale_ps(_mm512_mul_ps(r, _mm512_set1_ps(inv2)), rnd);
+            w = _mm512_min_ps(hi, _mm512_max_ps(lo, w));
+            _mm_storeu_si128((__m128i *)(q2 + k), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(w)));
+        }
+    }
+#endif
+    for (; k < K; k++) {
+        float v = nearbyintf(src[k] * inv1);
+        v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
+        q1[k] = (int8_t)v;
+        if (two_pass) {
+            float w = nearbyintf(fmaf(-v, s1, src[k]) * inv2);
+            q2[k] = (int8_t)(w > 127.f ? 127.f : w < -127.f ? -127.f : w);
+        }
+    }
+    *s1_out = s1;
+    if (two_pass) *s2_out = s2;
+}
+
 void ei_q8_prep(int R, int K, const float *x, int64_t x_row, int two_pass, int8_t *xq, float *xs, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (R > 1)
-    for (int r = 0; r < R; r++) {
-        const float *src = x + r * x_row;
-        int8_t *q1 = xq + (int64_t)r * K, *q2 = xq + (int64_t)(R + r) * K;
-        float amax = 0.f;
-        for (int k = 0; k < K; k++) amax = fmaxf(amax, fabsf(src[k]));
-        float s1 = amax / 127.f, inv1 = s1 > 0.f ? 1.f / s1 : 0.f;
-        float s2 = s1 / 254.f, inv2 = s2 > 0.f ? 1.f / s2 : 0.f;
-        for (int k = 0; k < K; k++) {
-            float v = nearbyintf(src[k] * inv1);
-            v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
-            q1[k] = (int8_t)v;
-            if (two_pass) {
-                float w = nearbyintf((src[k] - v * s1) * inv2);
-                q2[k] = (int8_t)(w > 127.f ? 127.f : w < -127.f ? -127.f : w);
-            }
-        }
-        xs[r] = s1;
-        if (two_pass) xs[R + r] = s2;
-    }
+    for (int r = 0; r < R; r++)
+        quantize_row(K, x + r * x_row, two_pass, xq + (int64_t)r * K, xq + (int64_t)(R + r) * K, xs + r, xs + R + r);
 }
 
 /* y[r, n] = ws[n] * sum over passes p of xs[p * R + r] * (int32 dot of activation row p * R + r with weight row n) */
@@ -124,6 +154,23 @@ void ei_q8_gemv(int R, int N, int K, int two_pass, const int8_t *xq, const float
     }
 }
 
+/* ei_q8_prep + ei_q8_gemv in one call for decode rows (<= 16 with the residual rows): x [R, K] fp32 in, y out. */
+int ei_q8_gemv_rows(int R, int N, int K, int two_pass, const float *x, int64_t x_row, const int8_t *w, const float *ws,
+                    const int32_t *wsum, float *y, int threads) {
+    int rows = two_pass ? 2 * R : R;
+    int8_t *xq = malloc((size_t)rows * K);
+    if (!xq) return -1;
+    float xs[32];
+    if (rows > 32) {
+        free(xq);
+        return -2;
+    }
+    ei_q8_prep(R, K, x, x_row, two_pass, xq, xs, 1);
+    ei_q8_gemv(R, N, K, two_pass, xq, xs, w, ws, wsum, y, threads);
+    free(xq);
+    return 0;
+}
+
 int ei_q8_simd(void) { return EI_Q8_SIMD; }
 
-int ei_q8_abi_version(void) { return 1; }
+int ei_q8_abi_version(void) { return 2; }
