@@ -260,8 +260,9 @@ class StageExecutor:
     `native` (default on) lets packed-weight stages (int8, int4, and bf16 run as fp16 on CPUs without bf16) keep a
     compact KV cache and run decode attention in the compiled kernel (models/kernels), read at memory speed:
     `kv_cache` "int8" (default: rows of int8 with a per-row scale, models/kv.py, ~0.52x fp16's bytes) or "fp16".
-    Prompt chunks still attend with SDPA (over an fp32 copy of the cache). fp32 stages never use it: SDPA's
-    summation order is what generate() does.
+    Prompt chunks still attend with SDPA, over their own keys/values as computed and an fp32 copy of the stored
+    past. Pure decode steps also run each layer's norms, rotary and silu * up natively (_decode_layer). fp32 stages
+    never use any of it: SDPA's summation order and torch's ops are what generate() does.
     """
 
     def __init__(self, module: StageModule, row_exact: bool | None = None, native: bool = True, kv_cache: str = "int8"):
