@@ -40,6 +40,11 @@ def quantize_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([q, scale.view(torch.int8)], dim=-1)
 
 
+def encode_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Float keys/values [..., hd] as a cache of `dtype` stores them: int8 rows, or a plain cast."""
+    return quantize_rows(x) if dtype == torch.int8 else x.to(dtype)
+
+
 def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
     """[..., hd + 4] int8 rows (may be strided) -> [..., hd] fp32."""
     hd = rows.shape[-1] - SCALE_BYTES
@@ -65,7 +70,7 @@ class KVBuffer:
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Float keys/values [..., head_dim] as this buffer stores them."""
-        return quantize_rows(x) if self.quantized else x.to(self.dtype)
+        return encode_rows(x, self.dtype)
 
     @property
     def capacity(self) -> int:

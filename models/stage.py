@@ -35,7 +35,7 @@ from edgeinspect.models.checkpoint import (
     load_dtype,
 )
 from edgeinspect.models.int4 import int4_linears
-from edgeinspect.models.kv import SCALE_BYTES, KVBuffer, quantize_rows, row_width
+from edgeinspect.models.kv import SCALE_BYTES, KVBuffer, encode_rows, row_width
 from edgeinspect.models.quant import (
     Int8Linear,
     fuse_projections,
@@ -308,7 +308,7 @@ class StageExecutor:
 
     def kv_rows(self, kv: torch.Tensor) -> torch.Tensor:
         """Float keys/values [L, 2, H_kv, length, hd] as this stage's cache stores them (for open_from)."""
-        return quantize_rows(kv) if self.kv_dtype == torch.int8 else kv.to(self.kv_dtype)
+        return encode_rows(kv, self.kv_dtype)
 
     def install(self, session_id: str, kv: list[tuple[torch.Tensor, torch.Tensor]], spare: int = 0) -> Session:
         """A session holding given keys/values (benchmarks): kv per model layer, each [1, H_kv, length, hd]."""

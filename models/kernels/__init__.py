@@ -218,8 +218,6 @@ def _bind_q8(lib: ctypes.CDLL) -> ctypes.CDLL:
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
     lib.ei_q8_prep.argtypes = [i32, i32, ptr, i64, i32, ptr, ptr, i32]
     lib.ei_q8_prep.restype = None
-    lib.ei_q8_gemv.argtypes = [i32, i32, i32, i32, ptr, ptr, ptr, ptr, ptr, ptr, i32]
-    lib.ei_q8_gemv.restype = None
     lib.ei_q8_gemv_rows.argtypes = [i32, i32, i32, i32, ptr, i64, ptr, ptr, ptr, ptr, i32]
     lib.ei_q8_gemv_rows.restype = i32
     lib.ei_q8_finish.argtypes = [i32, i32, i32, ptr, ptr, ptr, ptr, i32]

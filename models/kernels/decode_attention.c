@@ -89,6 +89,17 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(r, _mm256_castsi256_ps(e));
 }
 
+/* p[0..3] = (the sums of a0..a3) * row_scales * scale (row_scales 1 for fp16 rows: exact); returns their max. */
+static inline float store_scores4(float *p, __m256 a0, __m256 a1, __m256 a2, __m256 a3, __m128 row_scales,
+                                  float scale) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3)); /* [a0 a1 a2 a3] -> four sums */
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s4 = _mm_mul_ps(_mm_mul_ps(s4, row_scales), _mm_set1_ps(scale));
+    _mm_storeu_ps(p, s4);
+    __m128 mx = _mm_max_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_max_ss(mx, _mm_shuffle_ps(mx, mx, 1)));
+}
+
 /* p[t] = q . k[t] * scale for t < n, four keys at a time (their horizontal sums share one reduction); returns
  * the largest. */
 static inline float scores(float *p, const float *q, const uint16_t *k, int n, int head_dim, float scale) {
@@ -105,15 +116,7 @@ static inline float scores(float *p, const float *q, const uint16_t *k, int n, i
                 a2 = _mm256_fmadd_ps(qv, load8(k0 + 2 * head_dim + d), a2);
                 a3 = _mm256_fmadd_ps(qv, load8(k0 + 3 * head_dim + d), a3);
             }
-            /* [a0 a1 a2 a3] -> one vector of their four sums */
-            __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
-            __m256 h = _mm256_hadd_ps(h01, h23);
-            __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            s4 = _mm_mul_ps(s4, _mm_set1_ps(scale));
-            _mm_storeu_ps(p + t, s4);
-            __m128 mx = _mm_max_ps(s4, _mm_movehl_ps(s4, s4));
-            mx = _mm_max_ss(mx, _mm_shuffle_ps(mx, mx, 1));
-            float m4 = _mm_cvtss_f32(mx);
+            float m4 = store_scores4(p + t, a0, a1, a2, a3, _mm_set1_ps(1.f), scale);
             m = m4 > m ? m4 : m;
         }
     }
@@ -219,16 +222,9 @@ static inline float scores_q8(float *p, const float *q, const int8_t *k, int n, 
                 a2 = _mm256_fmadd_ps(qv, load8q(k0 + 2 * row + d), a2);
                 a3 = _mm256_fmadd_ps(qv, load8q(k0 + 3 * row + d), a3);
             }
-            __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
-            __m256 h = _mm256_hadd_ps(h01, h23);
-            __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
             __m128 rs = _mm_set_ps(row_scale(k0 + 3 * row, head_dim), row_scale(k0 + 2 * row, head_dim),
                                    row_scale(k0 + row, head_dim), row_scale(k0, head_dim));
-            s4 = _mm_mul_ps(_mm_mul_ps(s4, rs), _mm_set1_ps(scale));
-            _mm_storeu_ps(p + t, s4);
-            __m128 mx = _mm_max_ps(s4, _mm_movehl_ps(s4, s4));
-            mx = _mm_max_ss(mx, _mm_shuffle_ps(mx, mx, 1));
-            float m4 = _mm_cvtss_f32(mx);
+            float m4 = store_scores4(p + t, a0, a1, a2, a3, rs, scale);
             m = m4 > m ? m4 : m;
         }
     }
@@ -421,12 +417,12 @@ int ei_decode_attention_q8(int batch, int layer, const float *q, int64_t q_row, 
 void ei_add_rmsnorm(int R, int D, const float *x, int64_t x_row, const float *add, int64_t add_row, float *sum,
                     const float *w, float eps, float *out) {
     for (int r = 0; r < R; r++) {
-        const float *xr = x + r * x_row;
-        float *src = (float *)xr;
+        const float *src = x + r * x_row;
         if (add) {
             const float *ar = add + r * add_row;
-            src = sum + (int64_t)r * D;
-            for (int d = 0; d < D; d++) src[d] = xr[d] + ar[d];
+            float *dst = sum + (int64_t)r * D;
+            for (int d = 0; d < D; d++) dst[d] = src[d] + ar[d];
+            src = dst;
         }
         float ss = 0.f;
         for (int d = 0; d < D; d++) ss += src[d] * src[d];

@@ -158,13 +158,10 @@ void ei_q8_gemv(int R, int N, int K, int two_pass, const int8_t *xq, const float
 int ei_q8_gemv_rows(int R, int N, int K, int two_pass, const float *x, int64_t x_row, const int8_t *w, const float *ws,
                     const int32_t *wsum, float *y, int threads) {
     int rows = two_pass ? 2 * R : R;
+    float xs[32];
+    if (rows > 32) return -2;
     int8_t *xq = malloc((size_t)rows * K);
     if (!xq) return -1;
-    float xs[32];
-    if (rows > 32) {
-        free(xq);
-        return -2;
-    }
     ei_q8_prep(R, K, x, x_row, two_pass, xq, xs, 1);
     ei_q8_gemv(R, N, K, two_pass, xq, xs, w, ws, wsum, y, threads);
     free(xq);
