@@ -120,9 +120,9 @@ def _call(address: str, method: str, request, token: str | None, timeout: float 
         return getattr(stub, method).with_call(request, metadata=md, timeout=timeout)
 
 
-def _inspect_request(image: bytes | None = None) -> inspection_pb2.InspectRequest:
+def _inspect_request(image: bytes | None = None, max_new_tokens: int = 4) -> inspection_pb2.InspectRequest:
     return inspection_pb2.InspectRequest(
-        image=asset_path("part_ok.jpg").read_bytes() if image is None else image, max_new_tokens=4
+        image=asset_path("part_ok.jpg").read_bytes() if image is None else image, max_new_tokens=max_new_tokens
     )
 
 
@@ -236,7 +236,10 @@ ERROR_CASES = {
         g.address, "GetReport", inspection_pb2.GetReportRequest(report_id="r-x"), _token("ops")
     ),
     "UNAVAILABLE": lambda g, o: _call(o.address, "Inspect", _inspect_request(), None),
-    "DEADLINE_EXCEEDED": lambda g, o: _call(g.address, "Inspect", _inspect_request(), _token("ops"), timeout=0.05),
+    # a deadline far below the work asked for (four gRPC hops, 64 tokens): a fast box finished 4 tokens in 50 ms
+    "DEADLINE_EXCEEDED": lambda g, o: _call(
+        g.address, "Inspect", _inspect_request(max_new_tokens=64), _token("ops"), timeout=0.01
+    ),
     "UNIMPLEMENTED": lambda g, o: grpc.insecure_channel(g.address).unary_unary(
         "/edgeinspect.v1.InspectionService/Nope"
     )(b"", timeout=10),
