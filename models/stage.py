@@ -261,7 +261,8 @@ class StageExecutor:
     compact KV cache and run decode attention in the compiled kernel (models/kernels), read at memory speed:
     `kv_cache` "int8" (default: rows of int8 with a per-row scale, models/kv.py, ~0.52x fp16's bytes) or "fp16".
     Prompt chunks still attend with SDPA, over their own keys/values as computed and an fp32 copy of the stored
-    past. Pure decode steps also run each layer's norms, rotary and silu * up natively (_decode_layer). fp32 stages
+    past. Pure decode steps also run each layer's norms, rotary and silu * up natively (_decode_layer); on vnni int8
+    stages each whole layer is one native call (kernels.DecodeLayers, the same steps bit for bit). fp32 stages
     never use any of it: SDPA's summation order and torch's ops are what generate() does.
     """
 
@@ -286,6 +287,10 @@ class StageExecutor:
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         # pure decode steps of native stages run the layer's elementwise steps natively (_decode_layer)
         self.fused_decode = self.native and getattr(cfg, "hidden_act", "") == "silu" and module.weights != "fp32"
+        # ... and where every layer's projections are vnni int8, each whole layer in one native call
+        self.decode_layers = None
+        if self.fused_decode and kernels.DecodeLayers.fits(module.layers):
+            self.decode_layers = kernels.DecodeLayers(module.layers, self.heads, self.kv_heads, self.head_dim)
         self.sessions: dict[str, Session] = {}
 
     def open(self, session_id: str, now: float = 0.0, capacity: int = 0) -> Session:
@@ -364,8 +369,12 @@ class StageExecutor:
         decode = None
         if one_row:
             decode = kernels.DecodeAttention([sessions[i].kv for i in one_row], [spans[i][0] for i in one_row])
-        for j, layer in enumerate(self.module.layers):
-            x = self._layer(j, layer, x, rope, sessions, spans, (decode, one_row))
+        whole = self.decode_layers is not None and decode is not None and len(one_row) == len(spans)
+        if whole and len(spans) <= kernels.DecodeLayers.MAX_ROWS:  # a pure decode step of a vnni int8 stage
+            x = self.decode_layers(x, *rope, decode)
+        else:
+            for j, layer in enumerate(self.module.layers):
+                x = self._layer(j, layer, x, rope, sessions, spans, (decode, one_row))
         outs = []
         for s, (past, t) in zip(sessions, spans, strict=True):
             s.kv.length = past + t

@@ -38,4 +38,6 @@ def test_perf_report_writes_baseline_ours_phases_and_the_ratio_target(tiny_check
     bound = data["candidates"]["bf16"]["at_read_bound"]
     assert bound["depth"] == data["baseline"]["prompt_tokens"] and bound["steps"] == 32
     assert bound["x_read_bound"] > 0 and bound["probe_gbs_median"] > 0
+    # the bound counts the cache the step reads at that depth, so it is the tighter of the two ratios' bounds
+    assert bound["kv_bytes_at_depth"] > 0 and bound["x_weight_read_bound"] > bound["x_read_bound"]
     assert "at_read_bound" not in data["candidates"]["fp32"]

@@ -178,6 +178,7 @@ def test_native_decode_layers_compute_what_the_torch_ops_do(tiny_checkpoint, wei
     module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), weights)
     fused, ops = StageExecutor(module), StageExecutor(module)
     ops.fused_decode = False  # the same stage with norms, rotary, silu * up and adds as torch ops
+    ops.decode_layers = fused.decode_layers = None  # the per-layer Python path (whole C layers: the test below)
     assert fused.fused_decode
     ids = torch.randint(10, 500, (20,), generator=torch.Generator().manual_seed(2))
     outs = {}
@@ -195,3 +196,30 @@ def test_native_decode_layers_compute_what_the_torch_ops_do(tiny_checkpoint, wei
     assert torch.equal(outs["fused"][0], outs["ops"][0])  # prompts never take the native path
     assert len(calls) == 3 * ckpt.num_layers  # decode steps did (once per layer and step), for fused only
     torch.testing.assert_close(outs["fused"], outs["ops"], rtol=1e-4, atol=1e-4)
+
+
+@needs_kernels
+def test_whole_native_decode_layers_give_the_python_paths_bits(tiny_checkpoint):
+    ckpt = open_checkpoint(tiny_checkpoint)
+    module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8")
+    whole, python = StageExecutor(module), StageExecutor(module)
+    if whole.decode_layers is None:
+        pytest.skip("no vnni int8 kernel on this CPU: stages run _decode_layer")
+    python.decode_layers = None
+    calls = []
+    layers = whole.decode_layers
+    whole.decode_layers = lambda *a: calls.append(a[0].shape[0]) or layers(*a)
+    ids = torch.randint(10, 500, (20,), generator=torch.Generator().manual_seed(3))
+    many = kernels.DecodeLayers.MAX_ROWS + 1  # a step of more sessions than the C layer takes runs the Python path
+    outs = {}
+    for name, ex in (("whole", whole), ("python", python)):
+        rows = []
+        for n in (2, many):
+            sids = [f"{name}{n}-{i}" for i in range(n)]
+            ex.step([(sid, StepInput(0, input_ids=ids[: 5 + i])) for i, sid in enumerate(sids)])
+            for token in (3, 77, 410):
+                steps = [(sid, StepInput(ex.sessions[sid].length, input_ids=torch.tensor([token]))) for sid in sids]
+                rows += [out.logits for out in ex.step(steps)]
+        outs[name] = torch.stack(rows)
+    assert calls == [2, 2, 2]  # the two-session steps ran as whole native layers, the wider ones did not
+    assert torch.equal(outs["whole"], outs["python"])  # the same functions in the same order: the same bits
