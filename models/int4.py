@@ -4,11 +4,11 @@ A decode step reads every weight once, so its time is the weight bytes over memo
 with one fp16 scale per 32 (18 bytes per 32 weights, 0.56 bytes per weight vs int8's 1.0) cut that read almost in
 half. Two matmul kernels read it: our own (models/kernels/int4_gemm.c: activations quantized per group of 32 to
 int8, VNNI dot products, one FMA per group) and torch's `_weight_int4pack_mm_for_cpu` (bf16 activations; the
-same grid with zero points 0). Which is faster depends on the CPU (on this AVX512-BF16 Xeon, 1.3B shapes, 2
-threads, min over interleaved rounds: ours 2.00 ms per layer's linears, torch's ~10% slower, fbgemm int8 2.69;
-ours was 20-30% slower than torch's before it read four weight rows per pass with prefetch and unpacked each block
-with a broadcast load instead of a 256 -> 512-bit insert;
-bench/perf_int4_kernel.py), so default_kernel() times both once per process and takes the faster.
+same grid with zero points 0). Which is faster depends on the CPU (on an AVX512-BF16 Xeon, 1.3B shapes, 2
+threads, min over interleaved rounds: ours 2.00 ms per layer's linears, torch's ~10% slower, fbgemm int8 2.69,
+with decode rows reading four weight rows side by side; on a Zen 5 EPYC that order read at 0.69x of a plain sum's
+speed and one row after another, what the kernel does now, at 0.79-0.84x; bench/perf_int4_kernel.py), so
+default_kernel() times both once per process and takes the faster.
 
 Prompt chunks are compute-bound, not read-bound: there 4 bits buy nothing and our kernel has no GEMM blocking, so
 each Int4Linear also keeps the fbgemm int8 form of the same weight (models/quant.py, quantized from the original
