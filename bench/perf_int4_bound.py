@@ -14,7 +14,7 @@ target on this checkpoint; the bits it would need are log2(1 / rho).
 Same prompt as bench/perf_accuracy.py's 1.3B case (text prompt, fp32's greedy tokens fed back); the cosine is
 the minimum over the decode steps.
 
-    .venv/bin/python bench/perf_int4_bound.py --checkpoint /work/ckpt-1.3b [--tokens 6] [--bisect 5]
+    .venv/bin/python bench/perf_int4_bound.py --checkpoint /work/ckpt-1.3b [--tokens 6] [--bisect 5] [--out F]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, target, write_json
+from common import load_average, machine_info, skip, target, write_json
 from perf_accuracy import BIG, COSINE_TARGET, text_case
 from torch import nn
 
@@ -71,7 +71,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=6, help="greedy tokens (as perf_accuracy's --big-tokens)")
     ap.add_argument("--bisect", type=int, default=5, help="bisection steps on log(rho)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="JSON to write (default bench/results/perf_int4_bound.json)")
     args = ap.parse_args()
+    if not (args.checkpoint / "config.json").is_file():
+        skip(f"no checkpoint at {args.checkpoint} (edgeinspect model make-tiny DIR --preset deepseek-vl-1.3b)")
 
     case = text_case(args.checkpoint)
     ckpt, ids, visual = case
@@ -154,7 +157,7 @@ def main() -> None:
         "machine": machine_info(bandwidth=False),
         "targets": {"q4_0_round_trip.min_cosine": target(cos_q4, COSINE_TARGET)},
     }
-    print(f"-> {write_json('perf_int4_bound', result)}")
+    print(f"-> {write_json('perf_int4_bound', result, args.out)}")
     print(
         f"the target is met at rho {rho_needed:.4f} and missed at {hi:.4f} (so it needs"
         f" {result['bits_per_weight_needed'][0]}-{result['bits_per_weight_needed'][1]} bits per weight by the Gaussian"
