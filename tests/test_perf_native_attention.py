@@ -199,10 +199,11 @@ def test_native_decode_layers_compute_what_the_torch_ops_do(tiny_checkpoint, wei
 
 
 @needs_kernels
-def test_whole_native_decode_layers_give_the_python_paths_bits(tiny_checkpoint):
+@pytest.mark.parametrize("kv_cache", ["int8", "fp16"])
+def test_whole_native_decode_layers_give_the_python_paths_bits(tiny_checkpoint, kv_cache):
     ckpt = open_checkpoint(tiny_checkpoint)
     module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8")
-    whole, python = StageExecutor(module), StageExecutor(module)
+    whole, python = StageExecutor(module, kv_cache=kv_cache), StageExecutor(module, kv_cache=kv_cache)
     if whole.decode_layers is None:
         pytest.skip("no vnni int8 kernel on this CPU: stages run _decode_layer")
     python.decode_layers = None
