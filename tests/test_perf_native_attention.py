@@ -199,10 +199,13 @@ def test_native_decode_layers_compute_what_the_torch_ops_do(tiny_checkpoint, wei
 
 
 @needs_kernels
-@pytest.mark.parametrize("kv_cache", ["int8", "fp16"])
-def test_whole_native_decode_layers_give_the_python_paths_bits(tiny_checkpoint, kv_cache):
+@pytest.mark.parametrize(("weights", "kv_cache"), [("int8", "int8"), ("int8", "fp16"), ("int4", "int8")])
+def test_whole_native_decode_layers_give_the_python_paths_bits(tiny_checkpoint, weights, kv_cache, monkeypatch):
+    from edgeinspect.models import int4
+
+    monkeypatch.setattr(int4, "default_kernel", lambda: "ours")  # the int4 kernel the C layer calls (not torch's)
     ckpt = open_checkpoint(tiny_checkpoint)
-    module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8")
+    module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), weights)
     whole, python = StageExecutor(module, kv_cache=kv_cache), StageExecutor(module, kv_cache=kv_cache)
     if whole.decode_layers is None:
         pytest.skip("no vnni int8 kernel on this CPU: stages run _decode_layer")

@@ -62,7 +62,7 @@ INT4_ABI_VERSION = 1
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
 ROWS_ABI_VERSION = 1
 Q8_SOURCE = Path(__file__).with_name("int8_vnni.c")
-Q8_ABI_VERSION = 3
+Q8_ABI_VERSION = 4
 # Activation rows (both passes counted) up to which the vnni linear runs its own GEMV; above, torch._int_mm
 # (oneDNN), which is the faster at prompt sizes but reads weights at half of memory speed for a single row.
 Q8_GEMV_ROWS = 16
@@ -341,11 +341,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class Q8Weight(ctypes.Structure):
-    """int8_vnni.c's ei_q8_weight: one vnni Int8Linear's tensors."""
+    """int8_vnni.c's ei_q8_weight: one vnni Int8Linear's tensors, or an Int4Linear's with `int4` the address of
+    int4_gemm.c's ei_int4_gemm."""
 
     _fields_ = [
         ("w", ctypes.c_void_p), ("ws", ctypes.c_void_p), ("wsum", ctypes.c_void_p),
-        ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("two_pass", ctypes.c_int32),
+        ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("two_pass", ctypes.c_int32), ("int4", ctypes.c_void_p),
     ]  # fmt: skip
 
 
@@ -369,13 +370,16 @@ class Q8Layer(ctypes.Structure):
 
 class DecodeLayers:
     """A stage's decode layers as one native call each (int8_vnni.c ei_q8_decode_layer), for stages whose four
-    projections per layer are fused vnni Int8Linears: the same steps and functions as StageExecutor._decode_layer,
+    projections per layer are fused vnni Int8Linears or Int4Linears on our kernel (int4 stages: down_proj int8):
+    the same steps and functions as StageExecutor._decode_layer,
     so the same bits, without its ~20 Python calls per layer. Rows: one per session, at most MAX_ROWS (beyond
     that q8_linear's own GEMV/_int_mm choice applies, and the Python path runs)."""
 
     MAX_ROWS = Q8_GEMV_ROWS // 2  # down_proj's two passes
 
     def __init__(self, layers, heads: int, kv_heads: int, head_dim: int):
+        from edgeinspect.models.int4 import Int4Linear  # it imports this module
+
         self.lib, attention = q8_library(), library()
         self.keep = list(layers)  # the structs point into these modules' tensors
         self.layers = (Q8Layer * len(self.keep))()
@@ -383,8 +387,13 @@ class DecodeLayers:
             attn, mlp = layer.self_attn, layer.mlp
             parts = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
             for name, lin in parts.items():
-                w = (lin.qweight.data_ptr(), lin.scales.data_ptr(), lin.row_sums.data_ptr())
-                setattr(self.layers[j], name, Q8Weight(*w, lin.out_features, lin.in_features, int(lin.two_pass)))
+                if isinstance(lin, Int4Linear):  # its decode rows: ei_int4_gemm, as its forward calls it
+                    w = (lin.packed.data_ptr(), lin.scales.data_ptr(), None, lin.out_features, lin.in_features, 0)
+                    gemm = ctypes.cast(int4_library().ei_int4_gemm, ctypes.c_void_p).value
+                    setattr(self.layers[j], name, Q8Weight(*w, gemm))
+                else:
+                    w = (lin.qweight.data_ptr(), lin.scales.data_ptr(), lin.row_sums.data_ptr())
+                    setattr(self.layers[j], name, Q8Weight(*w, lin.out_features, lin.in_features, int(lin.two_pass)))
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             self.layers[j].norm1, self.layers[j].norm2 = n1.weight.data_ptr(), n2.weight.data_ptr()
             self.layers[j].eps1, self.layers[j].eps2 = n1.variance_epsilon, n2.variance_epsilon
@@ -403,15 +412,22 @@ class DecodeLayers:
 
     @staticmethod
     def fits(layers) -> bool:
-        """Whether every layer's projections are fused, bias-free vnni Int8Linears (what the C layer reads)."""
-        from edgeinspect.models.quant import Int8Linear  # quant imports this module
+        """Whether every layer's projections are fused and bias-free, each a vnni Int8Linear or an Int4Linear on
+        our int4 kernel (what the C layer reads)."""
+        from edgeinspect.models.int4 import Int4Linear  # both import this module
+        from edgeinspect.models.quant import Int8Linear
+
+        def readable(m) -> bool:
+            if isinstance(m, Int4Linear):
+                return m.kernel == "ours" and m.bias is None and int4_library() is not None
+            return isinstance(m, Int8Linear) and m.kernel == "vnni" and m.bias is None
 
         if q8_library() is None or library() is None:
             return False
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
             lins = [getattr(attn, "qkv_proj", None), attn.o_proj, getattr(mlp, "gate_up_proj", None), mlp.down_proj]
-            if not all(isinstance(m, Int8Linear) and m.kernel == "vnni" and m.bias is None for m in lins):
+            if not all(readable(m) for m in lins):
                 return False
         return True
 

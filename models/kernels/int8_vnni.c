@@ -178,15 +178,18 @@ int ei_q8_gemv_rows(int R, int N, int K, int two_pass, const float *x, int64_t x
 }
 
 /* A whole decode layer in one call, for a step whose R rows are each one session's new row (R <= 8: every linear
- * takes the GEMV path, as q8_linear would). It runs StageExecutor._decode_layer's steps in the same order with the
+ * takes the GEMV path, as q8_linear and Int4Linear would); linears vnni int8 or int4 (ei_q8_weight). It runs StageExecutor._decode_layer's steps in the same order with the
  * same functions, so its output is bit for bit that of the Python path, without ~20 Python calls per layer (~2 ms
  * of a 1.3B step). The norms, rotary, attention and silu * up are decode_attention.c's, a separately built
  * library: the caller passes them in as function pointers. */
+/* One linear of the layer: vnni int8 (w int8 [N, K], ws float [N], wsum) as this file reads it, or, where int4 is
+ * set, int4_gemm.c's ei_int4_gemm over its q4_0 weights (w packed [N, K/2], ws fp16 [N, K/32]; wsum unused). */
 typedef struct {
-    const int8_t *w;
-    const float *ws;
+    const void *w;
+    const void *ws;
     const int32_t *wsum;
     int32_t n, k, two_pass;
+    int (*int4)(int, int, int, const float *, int64_t, const void *, const void *, float *, int64_t, int);
 } ei_q8_weight;
 
 typedef struct {
@@ -212,6 +215,7 @@ int64_t ei_q8_layer_scratch(const ei_q8_layer *L, int R) {
 }
 
 static int gemv(const ei_q8_weight *W, int R, const float *x, float *y, int threads) {
+    if (W->int4) return W->int4(R, W->n, W->k, x, W->k, W->w, W->ws, y, W->n, threads);
     return ei_q8_gemv_rows(R, W->n, W->k, W->two_pass, x, W->k, W->w, W->ws, W->wsum, y, threads);
 }
 
@@ -242,4 +246,4 @@ int ei_q8_decode_layer(const ei_q8_layer *L, const ei_layer_ops *ops, int R, flo
 
 int ei_q8_simd(void) { return EI_Q8_SIMD; }
 
-int ei_q8_abi_version(void) { return 3; }
+int ei_q8_abi_version(void) { return 4; }
