@@ -262,7 +262,7 @@ class StageExecutor:
     `kv_cache` "int8" (default: rows of int8 with a per-row scale, models/kv.py, ~0.52x fp16's bytes) or "fp16".
     Prompt chunks still attend with SDPA, over their own keys/values as computed and an fp32 copy of the stored
     past. Pure decode steps also run each layer's norms, rotary and silu * up natively (_decode_layer); on vnni int8
-    stages each whole layer is one native call (kernels.DecodeLayers, the same steps bit for bit). fp32 stages
+    and int4 stages each whole layer is one native call (kernels.DecodeLayers, the same steps bit for bit). fp32 stages
     never use any of it: SDPA's summation order and torch's ops are what generate() does.
     """
 
@@ -287,7 +287,7 @@ class StageExecutor:
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         # pure decode steps of native stages run the layer's elementwise steps natively (_decode_layer)
         self.fused_decode = self.native and getattr(cfg, "hidden_act", "") == "silu" and module.weights != "fp32"
-        # ... and where every layer's projections are vnni int8, each whole layer in one native call
+        # ... and where every layer's projections are vnni int8 or our int4, each whole layer in one native call
         self.decode_layers = None
         if self.fused_decode and kernels.DecodeLayers.fits(module.layers):
             self.decode_layers = kernels.DecodeLayers(module.layers, self.heads, self.kv_heads, self.head_dim)

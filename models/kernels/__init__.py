@@ -23,10 +23,10 @@ out: per-row scaling and the residual second pass, which as torch ops cost a pro
 int8_vnni.c is the "vnni" int8 linear (models/quant.py): per-row int8 activations and our VNNI GEMV for decode
 rows over row-major int8 weights (torch._int_mm runs prompts over the same weights). decode_attention.c also holds
 the elementwise steps of a native decode layer (RMSNorm with its residual add, rotary embedding, silu * up), so a
-decode step does not pay ~40 torch op dispatches per layer; on vnni int8 stages int8_vnni.c's ei_q8_decode_layer
-runs a whole layer in one call (DecodeLayers: the same functions in the same order, so the same bits), taking the
-attention library's functions as pointers (measured at 1.3B, depth 974, on a Zen 5 EPYC, interleaved: a step 40.0
-vs 43.1 ms with a Python call per step of the layer).
+decode step does not pay ~40 torch op dispatches per layer; on vnni int8 (and int4) stages int8_vnni.c's
+ei_q8_decode_layer runs a whole layer in one call (DecodeLayers: the same functions in the same order, so the same
+bits), taking the other libraries' functions as pointers (1.3B, depth 974, a Zen 5 EPYC, interleaved: an int8 step
+40.0 vs 43.1 ms with a Python call per step of the layer; int4 37.5 vs 43.1).
 
 Each source is compiled with the system C compiler (`$CC`, else `cc`) at -O3 -march=native -fopenmp into a cache
 folder ($EDGEINSPECT_KERNEL_DIR, default ~/.cache/edgeinspect/kernels), under a name keyed by the source, the
