@@ -35,7 +35,7 @@ from edgeinspect.models.stage import StepInput
 BITS_Q4_0 = 4 + 16 / 32  # 4-bit values + one fp16 scale per 32
 
 
-def int4_linears(layers: nn.Module) -> list[tuple[str, nn.Linear]]:
+def quantized_to_int4(layers: nn.Module) -> list[tuple[str, nn.Linear]]:
     """The decoder layers' linears an int4 stage quantizes to int4 (models/int4.py: all but INT8_LINEARS; the
     lm_head, outside the layers, stays int8 too)."""
     return [
@@ -81,7 +81,7 @@ def main() -> None:
     print(f"fp32 reference: {len(ids)} prompt tokens, {args.tokens} new", flush=True)
     ref = reference(ckpt, ids, visual, args.tokens)
     ex = whole_model(ckpt, "fp32")
-    linears = int4_linears(ex.module.layers)
+    linears = quantized_to_int4(ex.module.layers)
     originals = [m.weight.detach().clone() for _, m in linears]
     n_weights = sum(w.numel() for w in originals)
     print(f"{len(linears)} linears, {n_weights / 1e9:.2f} G weights perturbed", flush=True)

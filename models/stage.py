@@ -369,9 +369,9 @@ class StageExecutor:
         decode = None
         if one_row:
             decode = kernels.DecodeAttention([sessions[i].kv for i in one_row], [spans[i][0] for i in one_row])
-        whole = self.decode_layers is not None and decode is not None and len(one_row) == len(spans)
-        if whole and len(spans) <= kernels.DecodeLayers.MAX_ROWS:  # a pure decode step of a vnni int8 stage
-            x = self.decode_layers(x, *rope, decode)
+        pure_decode = decode is not None and len(one_row) == len(spans)
+        if self.decode_layers is not None and pure_decode and len(spans) <= kernels.DecodeLayers.MAX_ROWS:
+            x = self.decode_layers(x, *rope, decode)  # every layer in one native call each
         else:
             for j, layer in enumerate(self.module.layers):
                 x = self._layer(j, layer, x, rope, sessions, spans, (decode, one_row))

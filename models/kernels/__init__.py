@@ -383,17 +383,19 @@ class DecodeLayers:
         self.lib, attention = q8_library(), library()
         self.keep = list(layers)  # the structs point into these modules' tensors
         self.layers = (Q8Layer * len(self.keep))()
+        int4 = int4_library()
+        int4_gemm = ctypes.cast(int4.ei_int4_gemm, ctypes.c_void_p).value if int4 is not None else None
         for j, layer in enumerate(self.keep):
             attn, mlp = layer.self_attn, layer.mlp
             parts = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
             for name, lin in parts.items():
+                shape = (lin.out_features, lin.in_features)
                 if isinstance(lin, Int4Linear):  # its decode rows: ei_int4_gemm, as its forward calls it
-                    w = (lin.packed.data_ptr(), lin.scales.data_ptr(), None, lin.out_features, lin.in_features, 0)
-                    gemm = ctypes.cast(int4_library().ei_int4_gemm, ctypes.c_void_p).value
-                    setattr(self.layers[j], name, Q8Weight(*w, gemm))
+                    weight = Q8Weight(lin.packed.data_ptr(), lin.scales.data_ptr(), None, *shape, 0, int4_gemm)
                 else:
-                    w = (lin.qweight.data_ptr(), lin.scales.data_ptr(), lin.row_sums.data_ptr())
-                    setattr(self.layers[j], name, Q8Weight(*w, lin.out_features, lin.in_features, int(lin.two_pass)))
+                    tensors = (lin.qweight.data_ptr(), lin.scales.data_ptr(), lin.row_sums.data_ptr())
+                    weight = Q8Weight(*tensors, *shape, int(lin.two_pass))
+                setattr(self.layers[j], name, weight)
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             self.layers[j].norm1, self.layers[j].norm2 = n1.weight.data_ptr(), n2.weight.data_ptr()
             self.layers[j].eps1, self.layers[j].eps2 = n1.variance_epsilon, n2.variance_epsilon
@@ -436,7 +438,7 @@ class DecodeLayers:
         r = x.shape[0]
         if r != attention.n or r > self.MAX_ROWS:
             raise ValueError(f"native decode layers take 1..{self.MAX_ROWS} rows, one per session; got {r}")
-        x = x.float().contiguous().clone()  # updated in place by every layer
+        x = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)  # updated in place by every layer
         cos, sin = cos.float().contiguous(), sin.float().contiguous()
         scratch = torch.empty(self.lib.ei_q8_layer_scratch(self.layers[0], r))
         ops, threads = ctypes.byref(self.ops[attention.dtype]), torch.get_num_threads()

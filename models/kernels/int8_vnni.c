@@ -177,11 +177,6 @@ int ei_q8_gemv_rows(int R, int N, int K, int two_pass, const float *x, int64_t x
     return 0;
 }
 
-/* A whole decode layer in one call, for a step whose R rows are each one session's new row (R <= 8: every linear
- * takes the GEMV path, as q8_linear and Int4Linear would); linears vnni int8 or int4 (ei_q8_weight). It runs StageExecutor._decode_layer's steps in the same order with the
- * same functions, so its output is bit for bit that of the Python path, without ~20 Python calls per layer (~2 ms
- * of a 1.3B step). The norms, rotary, attention and silu * up are decode_attention.c's, a separately built
- * library: the caller passes them in as function pointers. */
 /* One linear of the layer: vnni int8 (w int8 [N, K], ws float [N], wsum) as this file reads it, or, where int4 is
  * set, int4_gemm.c's ei_int4_gemm over its q4_0 weights (w packed [N, K/2], ws fp16 [N, K/32]; wsum unused). */
 typedef struct {
@@ -192,6 +187,7 @@ typedef struct {
     int (*int4)(int, int, int, const float *, int64_t, const void *, const void *, float *, int64_t, int);
 } ei_q8_weight;
 
+/* The steps of decode_attention.c a layer needs, as pointers (that library is built on its own). */
 typedef struct {
     int (*attention)(int, int, const float *, int64_t, const float *, int64_t, const float *, int64_t,
                      void *const *, const int64_t *, const int *, float *, int, int, int, float, int);
@@ -219,7 +215,12 @@ static int gemv(const ei_q8_weight *W, int R, const float *x, float *y, int thre
     return ei_q8_gemv_rows(R, W->n, W->k, W->two_pass, x, W->k, W->w, W->ws, W->wsum, y, threads);
 }
 
-/* x [R, D] fp32 contiguous, updated in place; cos/sin [R, head_dim]; caches/capacity/past as the attention takes
+/* A whole decode layer in one call, for a step whose R rows are each one session's new row (R <= 8: every linear
+ * takes the GEMV path, as q8_linear and Int4Linear would), its linears vnni int8 or int4 (ei_q8_weight). It runs
+ * StageExecutor._decode_layer's steps in the same order with the same functions, so its output is bit for bit that
+ * of the Python path, without ~20 Python calls per layer (~2 ms of a 1.3B step). The norms, rotary, attention and
+ * silu * up are decode_attention.c's, a separately built library: the caller passes them in as function pointers.
+ * x [R, D] fp32 contiguous, updated in place; cos/sin [R, head_dim]; caches/capacity/past as the attention takes
  * them (one session per row). Returns 0, or the first failing step's code. */
 int ei_q8_decode_layer(const ei_q8_layer *L, const ei_layer_ops *ops, int R, float *x, const float *cos,
                        const float *sin, void *const *cache, const int64_t *capacity, const int *past, float *scratch,
