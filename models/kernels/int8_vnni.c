@@ -7,12 +7,15 @@
  * the two passes together carry ~15 bits. Decode rows then go to ei_q8_gemv: VNNI's vpdpbusd multiplies unsigned
  * bytes by signed ones in int32, so the activations are read as unsigned (q + 128, one xor per load) and
  * 128 * rowsum(W) is taken off after. Weights are read from memory once per block of 4 output rows for all
- * activation rows (the block stays in L1/L2 across rows), each row to its end before the next: one sequential
- * stream per thread, with software prefetch 2 KiB ahead. On a Zen 5 EPYC (1.3B shapes, 1.44 GB, 2 threads, median
- * of 11 rounds against a plain AVX-512 sum of the same bytes) that reads at 0.98-0.99x the sum's speed, where the
- * block's four rows read side by side (four streams per thread, the previous form, 0.98x on an AVX512 Xeon) got
- * 0.69-0.84x, and fbgemm's packed GEMV reads slower still. Long prompts go to
- * torch._int_mm (oneDNN) over the same weights instead, and ei_q8_finish applies the scales to its int32 output.
+ * activation rows, two activation rows per read of a weight row (a two-pass row and its residual, as in the down
+ * projection, cost one pass over the block, not two), each row to its end before the next: one sequential
+ * stream per thread, with software prefetch 2 KiB ahead. On a Zen 5 EPYC (1.3B shapes, 1.44 GB, 2 threads, against
+ * a four-accumulator AVX-512 sum of as many bytes just before each round) that takes 1.00-1.02x the sum's time
+ * while memory reads at 40-50 GB/s and 1.2-1.3x when it reads at 60-75 GB/s (two streams per thread, prefetch
+ * distances 0-8 KiB, hints, dynamic chunks: none closed that); the block's four rows read side by side (four
+ * streams per thread, the previous form) were slower at every speed, fbgemm's packed GEMV slower still. Long
+ * prompts go to torch._int_mm (oneDNN) over the same weights instead, and ei_q8_finish applies the scales to its
+ * int32 output.
  */
 #include <math.h>
 #include <stdint.h>
@@ -115,18 +118,61 @@ static inline int32_t dot1(const int8_t *xr, const int8_t *w, int K) {
     return s;
 }
 
-/* int32 dots of activation row xr with the block's weight rows w0..w0 + 3K, one row after another. */
-static inline void dot4(const int8_t *xr, const int8_t *w0, int K, int32_t out[NBLOCK]) {
-    for (int i = 0; i < NBLOCK; i++) out[i] = dot1(xr, w0 + (int64_t)i * K, K);
+/* dot1 for two activation rows xa, xb over one read of the weight row: their int32 dots in sa, sb. */
+static inline void dot2(const int8_t *xa, const int8_t *xb, const int8_t *w, int K, int32_t *sa, int32_t *sb) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    int k = 0;
+#define EI_DOT2_STEP(acc_a, acc_b, off)                                                                  \
+    do {                                                                                                  \
+        __m512i wv = _mm512_loadu_si512(w + k + (off));                                                  \
+        acc_a = _mm512_dpbusd_epi32(acc_a, _mm512_xor_si512(_mm512_loadu_si512(xa + k + (off)), flip), wv); \
+        acc_b = _mm512_dpbusd_epi32(acc_b, _mm512_xor_si512(_mm512_loadu_si512(xb + k + (off)), flip), wv); \
+    } while (0)
+    for (; k + 256 <= K; k += 256) {
+        for (int c = 0; c < 256; c += 64) _mm_prefetch((const char *)(w + k + c + PREFETCH), _MM_HINT_T0);
+        EI_DOT2_STEP(a0, b0, 0);
+        EI_DOT2_STEP(a1, b1, 64);
+        EI_DOT2_STEP(a2, b2, 128);
+        EI_DOT2_STEP(a3, b3, 192);
+    }
+    for (; k + 64 <= K; k += 64) EI_DOT2_STEP(a0, b0, 0);
+#undef EI_DOT2_STEP
+    int32_t s = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)));
+    int32_t t = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(b0, b1), _mm512_add_epi32(b2, b3)));
+    for (; k < K; k++) {
+        s += ((int32_t)xa[k] + 128) * (int32_t)w[k];
+        t += ((int32_t)xb[k] + 128) * (int32_t)w[k];
+    }
+    *sa = s;
+    *sb = t;
+}
+
+/* int32 dots of activation row xr with the block's weight rows w0..w0 + 3K, one row after another; with xr2, also
+ * of that row, over the same reads (a two-pass row and its residual, or two sessions: the block is read once). */
+static inline void dot4(const int8_t *xr, const int8_t *xr2, const int8_t *w0, int K, int32_t out[NBLOCK],
+                        int32_t out2[NBLOCK]) {
+    for (int i = 0; i < NBLOCK; i++) {
+        if (xr2)
+            dot2(xr, xr2, w0 + (int64_t)i * K, K, out + i, out2 + i);
+        else
+            out[i] = dot1(xr, w0 + (int64_t)i * K, K);
+    }
 }
 
 #else
 #define EI_Q8_SIMD 0
-static inline void dot4(const int8_t *xr, const int8_t *w0, int K, int32_t out[NBLOCK]) {
+static inline int32_t dot1(const int8_t *xr, const int8_t *w, int K) {
+    int32_t s = 0;
+    for (int k = 0; k < K; k++) s += ((int32_t)xr[k] + 128) * (int32_t)w[k];
+    return s;
+}
+
+static inline void dot4(const int8_t *xr, const int8_t *xr2, const int8_t *w0, int K, int32_t out[NBLOCK],
+                        int32_t out2[NBLOCK]) {
     for (int i = 0; i < NBLOCK; i++) {
-        int32_t s = 0;
-        for (int k = 0; k < K; k++) s += ((int32_t)xr[k] + 128) * (int32_t)w0[(int64_t)i * K + k];
-        out[i] = s;
+        out[i] = dot1(xr, w0 + (int64_t)i * K, K);
+        if (xr2) out2[i] = dot1(xr2, w0 + (int64_t)i * K, K);
     }
 }
 #endif
@@ -150,14 +196,17 @@ void ei_q8_gemv(int R, int N, int K, int two_pass, const int8_t *xq, const float
             continue;
         }
         const int8_t *w0 = w + (int64_t)n0 * K;
-        for (int r = 0; r < rows; r++) {
-            int32_t d[NBLOCK];
-            dot4(xq + (int64_t)r * K, w0, K, d);
-            float *o = y + (int64_t)(r % R) * N + n0;
-            for (int i = 0; i < NBLOCK; i++) {
-                float v = xs[r] * (float)(d[i] - 128 * wsum[n0 + i]);
-                /* one pass: scaled; two: pass 1 is kept unscaled until its residual row adds to it */
-                o[i] = !two_pass ? ws[n0 + i] * v : r < R ? v : ws[n0 + i] * (o[i] + v);
+        for (int r = 0; r < rows; r += 2) { /* rows in pairs: each pair reads the block once */
+            int32_t d[2][NBLOCK];
+            int pair = r + 1 < rows;
+            dot4(xq + (int64_t)r * K, pair ? xq + (int64_t)(r + 1) * K : NULL, w0, K, d[0], d[1]);
+            for (int p = 0; p <= pair; p++) { /* row r, then r + 1: the order one row at a time had */
+                float *o = y + (int64_t)((r + p) % R) * N + n0;
+                for (int i = 0; i < NBLOCK; i++) {
+                    float v = xs[r + p] * (float)(d[p][i] - 128 * wsum[n0 + i]);
+                    /* one pass: scaled; two: pass 1 is kept unscaled until its residual row adds to it */
+                    o[i] = !two_pass ? ws[n0 + i] * v : r + p < R ? v : ws[n0 + i] * (o[i] + v);
+                }
             }
         }
     }
