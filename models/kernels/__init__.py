@@ -28,6 +28,12 @@ ei_q8_decode_layer runs a whole layer in one call (DecodeLayers: the same functi
 bits), taking the other libraries' functions as pointers (1.3B, depth 974, a Zen 5 EPYC, interleaved: an int8 step
 40.0 vs 43.1 ms with a Python call per step of the layer; int4 37.5 vs 43.1).
 
+prompt_attention.c is the causal attention of prompt chunks in packed stages, with bf16 dot products (AVX512-BF16)
+and an fp32 softmax: q, k, v and the probabilities rounded to bf16 are finer than the int8 KV rows decode attends
+over later (974 positions x 16 heads x 128 on a Zen 5 EPYC: 8.9 ms a layer against SDPA fp32's 34-48 ms; a
+974-token 1.3B prefill 3.43 -> 2.69 s; first-token logits cosine vs fp32 0.9946 with SDPA, 0.9943 with it). Where
+the CPU has no AVX512-BF16 it declines and SDPA runs.
+
 Each source is compiled with the system C compiler (`$CC`, else `cc`) at -O3 -march=native -fopenmp into a cache
 folder ($EDGEINSPECT_KERNEL_DIR, default ~/.cache/edgeinspect/kernels), under a name keyed by the source, the
 flags, the compiler and this CPU's flags, so a shared folder never hands one CPU another's build. The library
@@ -63,6 +69,8 @@ ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
 ROWS_ABI_VERSION = 1
 Q8_SOURCE = Path(__file__).with_name("int8_vnni.c")
 Q8_ABI_VERSION = 4
+PROMPT_SOURCE = Path(__file__).with_name("prompt_attention.c")
+PROMPT_ABI_VERSION = 1
 # Activation rows (both passes counted) up to which the vnni linear runs its own GEMV; above, torch._int_mm
 # (oneDNN), which is the faster at prompt sizes but reads weights at half of memory speed for a single row.
 Q8_GEMV_ROWS = 16
@@ -300,6 +308,51 @@ def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> to
             else ValueError(f"int4 matmul needs K divisible by 64, got {k}")
         )
     return y
+
+
+def _bind_prompt(lib: ctypes.CDLL) -> ctypes.CDLL:
+    i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    lib.ei_prompt_attention.argtypes = [i32, i32, i32, i32, i32, *(ptr, i64, i64) * 3, ptr, i64, ctypes.c_float, i32]
+    lib.ei_prompt_attention.restype = i32
+    lib.ei_prompt_attention_simd.restype = i32
+    return _abi_checked(lib, "ei_prompt_attention_abi_version", PROMPT_ABI_VERSION, "prompt attention kernel")
+
+
+@functools.cache
+def prompt_library() -> ctypes.CDLL | None:
+    """The compiled bf16 prompt attention (prompt_attention.c); None where it cannot be built."""
+    return _load(PROMPT_SOURCE, _bind_prompt, "prompt attention")
+
+
+def prompt_attention_fast() -> bool:
+    """Whether prompt chunks of packed stages can attend with bf16 dot products here (AVX512-BF16)."""
+    lib = prompt_library()
+    return lib is not None and bool(lib.ei_prompt_attention_simd())
+
+
+def prompt_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, scale: float):
+    """Causal attention of a prompt chunk: q [H, t, hd] (query i at position past + i) over keys/values
+    [H_kv, past + t, hd], all fp32 with each head's hd floats contiguous -> [t, H * hd] fp32, with bf16 dot
+    products and an fp32 softmax (prompt_attention.c). None where the kernel does not take the call (no
+    AVX512-BF16, or a head_dim that is not a multiple of 16): the caller then runs SDPA."""
+    lib = prompt_library()
+    heads, t, hd = q.shape
+    kv_heads, length = keys.shape[0], keys.shape[1]
+    if (
+        lib is None
+        or length != past + t
+        or any(x.dtype != torch.float32 or x.stride(-1) != 1 for x in (q, keys, values))
+    ):
+        return None
+    out = torch.empty(t, heads * hd)
+    rc = lib.ei_prompt_attention(
+        t, past, heads, kv_heads, hd, q.data_ptr(), q.stride(1), q.stride(0), keys.data_ptr(), keys.stride(1),
+        keys.stride(0), values.data_ptr(), values.stride(1), values.stride(0), out.data_ptr(), out.stride(0), scale,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc == -1:
+        raise MemoryError("prompt attention could not allocate its buffers")
+    return out if rc == 0 else None
 
 
 def available() -> bool:
