@@ -222,11 +222,13 @@ class Session:
 KV_CACHE_FORMATS = {"int8": torch.int8, "fp16": torch.float16}
 
 # Rows per block when a packed stage runs a long prompt's linears and MLP (row-wise work; attention is not
-# blocked). A whole 974-token prompt makes [974, 11264] fp32 intermediates (44 MB): each is a fresh mmap that
-# page-faults in, and the elementwise ops around the GEMMs stream it from memory. 256-row blocks stay in the heap
-# (see keep_freed_memory) and mostly in cache, and fbgemm is as fast at 256 rows as at 974 (bench/README.md,
-# "Prefill"). fp32 stages never block: their GEMM's row count is part of matching generate() bit for bit.
-PROMPT_BLOCK = 256
+# blocked). A whole 4,000-token prompt would make [4000, 11264] fp32 intermediates (180 MB) at 1.3B: fresh mmaps
+# that page-fault in, streamed from memory by the elementwise ops around the GEMMs. Blocks of up to 512 rows
+# (a prompt of up to 1,024 rows runs whole) stay in the heap (see keep_freed_memory); fbgemm is as fast at 256 rows
+# as at 974 (bench/README.md, "Prefill"), while oneDNN's int8 GEMM (the vnni kernel's prompts) gains from more
+# rows: a 974-token 1.3B prefill took 2.75 s in 256-row blocks, 2.60 in 336, 2.58 whole (Zen 5 EPYC, median of 3).
+# fp32 stages never block: their GEMM's row count is part of matching generate() bit for bit.
+PROMPT_BLOCK = 512
 
 
 @functools.cache
