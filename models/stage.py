@@ -411,14 +411,19 @@ class StageExecutor:
             q, k, v = self._rows(attn.qkv_proj, h, spans).split([q_width, kv_width, kv_width], dim=-1)
         else:
             q, k, v = (self._rows(p, h, spans) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        q = q.reshape(r, self.heads, self.head_dim)  # [R, H, hd]
-        k = k.reshape(r, self.kv_heads, self.head_dim)  # [R, H_kv, hd]
-        v = v.reshape(r, self.kv_heads, self.head_dim)
-        cos, sin = rope
-        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
+        q, k, v = (t.reshape(r, -1, self.head_dim) for t in (q, k, v))  # [R, H, hd], [R, H_kv, hd] (views)
+        if self.fused_decode:  # in place, one pass (974 rows at 1.3B: 0.4 ms a layer, apply_rotary_pos_emb 3.7)
+            kernels.rope_(q, k, *rope)
+        else:
+            q, k = apply_rotary_pos_emb(q, k, *rope, unsqueeze_dim=1)
         a = self._attention(j, attn, q, k, v, sessions, spans, decode)  # [R, H*hd]
-        x = x + self._rows(attn.o_proj, a, spans)
-        return x + self._rows(self._mlp(layer.mlp), layer.post_attention_layernorm(x), spans)
+        norm = layer.post_attention_layernorm
+        if self.fused_decode:  # the residual add and the norm in one pass
+            x, h = kernels.rmsnorm(x, norm.weight, norm.variance_epsilon, add=self._rows(attn.o_proj, a, spans))
+        else:
+            x = x + self._rows(attn.o_proj, a, spans)
+            h = norm(x)
+        return x + self._rows(self._mlp(layer.mlp), h, spans)
 
     def _decode_layer(self, j: int, layer, x: torch.Tensor, rope, native) -> torch.Tensor:
         """_layer for a pure decode step of a native stage: the same steps, the elementwise ones (norms, rotary,
