@@ -48,6 +48,25 @@ def test_decode_rows_and_prompt_rows_compute_the_same_int8_arithmetic(n, k, rows
     assert err < (1e-7 if two_pass else 1e-4)
 
 
+@pytest.mark.parametrize("two_pass", [False, True])
+def test_a_prompt_whose_output_would_leave_the_heap_runs_in_row_blocks_with_the_same_bits(two_pass, monkeypatch):
+    g = torch.Generator().manual_seed(7)
+    lin = nn.Linear(256, 96, bias=False).requires_grad_(False)
+    nn.init.normal_(lin.weight, std=0.02, generator=g)
+    layer = Int8Linear.from_linear(lin, "vnni", two_pass=two_pass)
+    x = torch.randn(300, 512, generator=g)[:, ::2]  # strided rows: each block reads them in place
+    whole = layer(x)
+    calls = []
+    int_mm = torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(a.shape[0]) or int_mm(a, b))
+    monkeypatch.setattr(kernels, "Q8_OUTPUT_BYTES", 96 * 4 * 64)  # 64 rows of int32 output (two passes: 32 rows)
+    blocked = layer(x)
+    rows = 32 if two_pass else 64
+    passes = 2 if two_pass else 1
+    assert calls == [passes * rows] * (300 // rows) + [passes * (300 % rows)]
+    assert torch.equal(blocked, whole)  # per-row quantization and exact int32 sums: blocks change nothing
+
+
 def test_a_zero_row_gives_zero_and_strided_rows_are_read_in_place():
     lin = nn.Linear(128, 16, bias=False).requires_grad_(False)
     layer = Int8Linear.from_linear(lin, "vnni", two_pass=True)

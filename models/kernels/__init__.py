@@ -74,6 +74,9 @@ PROMPT_ABI_VERSION = 1
 # Activation rows (both passes counted) up to which the vnni linear runs its own GEMV; above, torch._int_mm
 # (oneDNN), which is the faster at prompt sizes but reads weights at half of memory speed for a single row.
 Q8_GEMV_ROWS = 16
+# Most bytes of int32 output one torch._int_mm call of a prompt makes: glibc hands a larger buffer back to the kernel
+# on free (its mmap threshold tops out at 32 MiB), so each call would fault a fresh one in.
+Q8_OUTPUT_BYTES = 32 << 20
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 ARCH_FLAGS = ("-march=native",)
 COMPILE_TIMEOUT_S = 120
@@ -275,11 +278,18 @@ def q8_linear(
         if rc != 0:
             raise MemoryError("int8 linear could not allocate its activation buffer")
         return y
-    xq = torch.empty(passes * r, k, dtype=torch.int8)
-    xs = torch.empty(passes * r)
-    lib.ei_q8_prep(r, k, x.data_ptr(), x.stride(0), int(two_pass), xq.data_ptr(), xs.data_ptr(), threads)
-    acc = torch._int_mm(xq, weight.t())  # [passes * R, N] int32
-    lib.ei_q8_finish(r, n, int(two_pass), acc.data_ptr(), xs.data_ptr(), scales.data_ptr(), y.data_ptr(), threads)
+    block = max(Q8_GEMV_ROWS, Q8_OUTPUT_BYTES // (4 * n * passes))  # rows whose int32 output stays in the heap
+    for r0 in range(0, r, block):
+        rows = min(block, r - r0)
+        xq = torch.empty(passes * rows, k, dtype=torch.int8)
+        xs = torch.empty(passes * rows)
+        xr = x[r0 : r0 + rows]
+        lib.ei_q8_prep(rows, k, xr.data_ptr(), x.stride(0), int(two_pass), xq.data_ptr(), xs.data_ptr(), threads)
+        acc = torch._int_mm(xq, weight.t())  # [passes * rows, N] int32
+        out = y[r0 : r0 + rows]
+        lib.ei_q8_finish(
+            rows, n, int(two_pass), acc.data_ptr(), xs.data_ptr(), scales.data_ptr(), out.data_ptr(), threads
+        )
     return y
 
 
