@@ -235,7 +235,7 @@ PROMPT_BLOCK = 512
 def keep_freed_memory() -> None:
     """Lets glibc's malloc reuse freed blocks up to 32 MiB (its largest mmap threshold) and keep up to 256 MiB of
     freed heap instead of unmapping it: a prompt's activations are allocated and freed layer after layer, and with
-    the defaults each large one comes back as fresh pages to fault in. 256 MiB is several times a 256-row block's
+    the defaults each large one comes back as fresh pages to fault in. 256 MiB holds a 1,024-row prompt block's
     working set at 1.3B and bounds what an idle stage keeps; buffers over 32 MiB (most KV caches) stay mmapped.
     Process-wide; no-op off glibc."""
     try:
