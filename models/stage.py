@@ -223,10 +223,11 @@ KV_CACHE_FORMATS = {"int8": torch.int8, "fp16": torch.float16}
 
 # Rows per block when a packed stage runs a long prompt's linears and MLP (row-wise work; attention is not
 # blocked). A whole 4,000-token prompt would make [4000, 11264] fp32 intermediates (180 MB) at 1.3B: fresh mmaps
-# that page-fault in, streamed from memory by the elementwise ops around the GEMMs. Blocks of up to 512 rows
-# (a prompt of up to 1,024 rows runs whole) stay in the heap (see keep_freed_memory); fbgemm is as fast at 256 rows
-# as at 974 (bench/README.md, "Prefill"), while oneDNN's int8 GEMM (the vnni kernel's prompts) gains from more
-# rows: a 974-token 1.3B prefill took 2.75 s in 256-row blocks, 2.60 in 336, 2.58 whole (Zen 5 EPYC, median of 3).
+# that page-fault in, streamed from memory by the elementwise ops around the GEMMs. Blocks of 512 rows stay in the
+# heap (see keep_freed_memory). A prompt of up to 1,024 rows runs whole even so (its gate_up output, 44 MB at 974
+# rows, leaves the heap): fbgemm is as fast at 256 rows as at 974 (bench/README.md, "Prefill"), while oneDNN's int8
+# GEMM (the vnni kernel's prompts) gains from more rows: a 974-token 1.3B prefill took 2.75 s in 256-row blocks,
+# 2.60 in 336, 2.58 whole (Zen 5 EPYC, median of 3; after q8_linear's int32 row blocks: 2.40 in 2 x 487, 2.33 whole).
 # fp32 stages never block: their GEMM's row count is part of matching generate() bit for bit.
 PROMPT_BLOCK = 512
 
