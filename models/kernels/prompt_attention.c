@@ -151,11 +151,11 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
         }
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int h = 0; h < heads; h++)
-            for (int t = 0; t < TP; t++)
-                for (int d2 = 0; d2 < h2; d2++) {
-                    const float *qr = q + (int64_t)t * q_row + h * q_head;
-                    qp[((int64_t)h * TP + t) * h2 + d2] = t < T ? pair(qr[2 * d2], qr[2 * d2 + 1]) : 0;
-                }
+            for (int t = 0; t < TP; t++) { /* rows past T: zeros (qk4x4 scores four rows at a time) */
+                uint32_t *dst = qp + ((int64_t)h * TP + t) * h2;
+                const float *qr = t < T ? q + (int64_t)t * q_row + h * q_head : NULL;
+                for (int d2 = 0; d2 < h2; d2++) dst[d2] = qr ? pair(qr[2 * d2], qr[2 * d2 + 1]) : 0;
+            }
         const int blocks = (T + QB - 1) / QB, tasks = heads * blocks;
 #pragma omp parallel num_threads(threads)
         {
@@ -186,10 +186,10 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
                     const uint32_t *p0 = (const uint32_t *)(p + (int64_t)r * LK);
                     const uint32_t *p1 = two ? (const uint32_t *)(p + (int64_t)(r + 1) * LK) : NULL;
                     float *o0 = out + (int64_t)(i0 + r) * out_row + h * hd, *o1 = two ? o0 + out_row : NULL;
-                    for (int d = 0; d < hd; d += 128) {
+                    const float inv0 = 1.f / sums[r], inv1 = two ? 1.f / sums[r + 1] : 0.f;
+                    for (int d = 0; d < hd; d += 128) { /* 128 dims (8 zmm accumulators per row) at a time */
                         const int ndb = hd - d >= 128 ? 8 : (hd - d) / 16;
-                        float inv0 = 1.f / sums[r], inv1 = two ? 1.f / sums[r + 1] : 0.f;
-                        if (ndb == 8)
+                        if (ndb == 8) /* the literal lets pv2 keep its accumulators in registers */
                             pv2(p0, p1, upto / 2, vg + d, hd, 8, inv0, inv1, o0 + d, o1 ? o1 + d : NULL);
                         else
                             pv2(p0, p1, upto / 2, vg + d, hd, ndb, inv0, inv1, o0 + d, o1 ? o1 + d : NULL);
