@@ -11,7 +11,7 @@
  * projection, cost one pass over the block, not two), each row to its end before the next: one sequential
  * stream per thread, with software prefetch 2 KiB ahead. On a Zen 5 EPYC (1.3B shapes, 1.44 GB, 2 threads, against
  * a four-accumulator AVX-512 sum of as many bytes just before each round) that takes 1.00-1.02x the sum's time
- * while memory reads at 40-50 GB/s and 1.2-1.3x when it reads at 60-75 GB/s (two streams per thread, prefetch
+ * while memory reads at 40-50 GB/s and 1.15-1.3x when it reads at 60-75 GB/s (two streams per thread, prefetch
  * distances 0-8 KiB, hints, dynamic chunks: none closed that); the block's four rows read side by side (four
  * streams per thread, the previous form) were slower at every speed, fbgemm's packed GEMV slower still. Long
  * prompts go to torch._int_mm (oneDNN) over the same weights instead, and ei_q8_finish applies the scales to its
