@@ -9,11 +9,13 @@
  * 128 * rowsum(W) is taken off after. Weights are read from memory once per block of 4 output rows for all
  * activation rows, two activation rows per read of a weight row (a two-pass row and its residual, as in the down
  * projection, cost one pass over the block, not two), each row to its end before the next: one sequential
- * stream per thread, with software prefetch 2 KiB ahead. On a Zen 5 EPYC (1.3B shapes, 1.44 GB, 2 threads, against
- * a four-accumulator AVX-512 sum of as many bytes just before each round) that takes 1.00-1.02x the sum's time
- * while memory reads at 40-50 GB/s and 1.15-1.3x when it reads at 60-75 GB/s (two streams per thread, prefetch
- * distances 0-8 KiB, hints, dynamic chunks: none closed that); the block's four rows read side by side (four
- * streams per thread, the previous form) were slower at every speed, fbgemm's packed GEMV slower still. Long
+ * stream per thread, with software prefetch into L2 8 KiB ahead. On a Zen 5 EPYC (1.3B shapes, 1.44 GB, 2 threads,
+ * against a four-accumulator AVX-512 sum of as many bytes just before each round) that took 1.00-1.02x the sum's
+ * time while memory read at 40-50 GB/s and 1.15-1.3x at 60-75 GB/s (prefetch into L1 2 KiB ahead; two streams per
+ * thread, prefetch distances 0-8 KiB, hints, dynamic chunks: none closed that); the block's four rows read side by
+ * side (four streams per thread, the previous form) were slower at every speed, fbgemm's packed GEMV slower still.
+ * On a Zen 4 EPYC (memory at 28-40 GB/s) prefetching into L1 2 KiB ahead took 1.52-1.75x the sum's time and into
+ * L2 8 KiB ahead 1.05-1.10x (medians of 21-31 interleaved rounds; T2 alike, L1 at 8-32 KiB 1.45x). Long
  * prompts go to torch._int_mm (oneDNN) over the same weights instead, and ei_q8_finish applies the scales to its
  * int32 output.
  */
@@ -23,8 +25,8 @@
 #include <string.h>
 
 #define NBLOCK 4 /* output rows per weight block */
-/* Bytes ahead of the weight stream that are prefetched (2 KiB: 512 / 1024 / 2048 / 4096 measured, see the top). */
-#define PREFETCH 2048
+/* Bytes ahead of the weight stream that are prefetched, into L2 (see the top: the distance and the level). */
+#define PREFETCH 8192
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -102,7 +104,7 @@ static inline int32_t dot1(const int8_t *xr, const int8_t *w, int K) {
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
     int k = 0;
     for (; k + 256 <= K; k += 256) {
-        for (int c = 0; c < 256; c += 64) _mm_prefetch((const char *)(w + k + c + PREFETCH), _MM_HINT_T0);
+        for (int c = 0; c < 256; c += 64) _mm_prefetch((const char *)(w + k + c + PREFETCH), _MM_HINT_T1);
         a0 = _mm512_dpbusd_epi32(a0, _mm512_xor_si512(_mm512_loadu_si512(xr + k), flip), _mm512_loadu_si512(w + k));
         a1 = _mm512_dpbusd_epi32(a1, _mm512_xor_si512(_mm512_loadu_si512(xr + k + 64), flip),
                                  _mm512_loadu_si512(w + k + 64));
@@ -130,7 +132,7 @@ static inline void dot2(const int8_t *xa, const int8_t *xb, const int8_t *w, int
         acc_b = _mm512_dpbusd_epi32(acc_b, _mm512_xor_si512(_mm512_loadu_si512(xb + k + (off)), flip), wv); \
     } while (0)
     for (; k + 256 <= K; k += 256) {
-        for (int c = 0; c < 256; c += 64) _mm_prefetch((const char *)(w + k + c + PREFETCH), _MM_HINT_T0);
+        for (int c = 0; c < 256; c += 64) _mm_prefetch((const char *)(w + k + c + PREFETCH), _MM_HINT_T1);
         EI_DOT2_STEP(a0, b0, 0);
         EI_DOT2_STEP(a1, b1, 64);
         EI_DOT2_STEP(a2, b2, 128);
