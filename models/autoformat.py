@@ -46,7 +46,7 @@ MIN_UPDATE_COSINE = 0.99
 MEASURE_VERSION = 4  # bump when the method or the kernels measured change: old cache entries then no longer match
 # 2: int8 KV rows, the vnni int8 kernel and native decode layers (what each format costs moved)
 # 3: the vnni GEMV reads one weight row after another; vnni int8 layers decode in one native call
-# 4: the int8 and int4 GEMVs prefetch into L2 (on a Zen 4 EPYC int4 decode steps ~1.4x faster, int8 ~1.3x)
+# 4: the int8 and int4 GEMVs prefetch into L2 (a 1.3B report's decode steps on a Zen 4 EPYC: int4 1.6x, int8 1.4x)
 
 
 @dataclass

@@ -66,13 +66,14 @@ static inline __m512i unpack_block(const uint8_t *p) {
 }
 
 /* Output rows [n0, n1) for x rows [r0, r0 + nr), nr <= ROWS: each weight row read to its end before the next, one
- * sequential stream per thread, prefetched into L2 PREFETCH bytes ahead. A decode row (nr 1) used to read four weight rows
- * side by side, sharing the activation loads: the faster on an AVX512 Xeon, but on a Zen 5 EPYC (1.3B layer shapes
- * x 24, 0.54 GB, 2 threads, against a plain sum of the same bytes) 0.69x of the sum's speed where this loop reads at
- * 0.79-0.84x. On a Zen 4 EPYC (512-bit ops on 256-bit units; memory at 25-28 GB/s) the loop took 1.40-1.77x the
- * sum's time without software prefetch, 1.17-1.38x prefetching into L1 2 KiB ahead and 1.16x into L2 8 KiB ahead
- * (medians of 21-31 interleaved rounds; at 37 GB/s it is compute-bound: 1.51x). Tried there and slower: one 64-byte
- * load per two blocks with the activations pre-arranged to match, a second accumulator. */
+ * sequential stream per thread, prefetched into L2 PREFETCH bytes ahead. A decode row (nr 1) used to read four
+ * weight rows side by side, sharing the activation loads: the faster on an AVX512 Xeon, but on a Zen 5 EPYC (1.3B
+ * layer shapes x 24, 0.54 GB, 2 threads, against a plain sum of the same bytes) 0.69x of the sum's speed where this
+ * loop read at 0.79-0.84x (without software prefetch). On a Zen 4 EPYC (512-bit ops on 256-bit units; memory at
+ * 25-28 GB/s) the loop took 1.40-1.77x the sum's time without software prefetch, 1.17-1.38x prefetching into L1
+ * 2 KiB ahead and 1.16x into L2 8 KiB ahead (medians of 21-31 interleaved rounds; at 37 GB/s it is compute-bound:
+ * 1.51x). Tried there and slower: one 64-byte load per two blocks with the activations pre-arranged to match, a
+ * second accumulator. */
 static void rows_simd(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, const uint16_t *wd,
                       const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
     const int blocks = K / BLOCK, groups = K / GROUP;

@@ -15,7 +15,7 @@
  * thread, prefetch distances 0-8 KiB, hints, dynamic chunks: none closed that); the block's four rows read side by
  * side (four streams per thread, the previous form) were slower at every speed, fbgemm's packed GEMV slower still.
  * On a Zen 4 EPYC (memory at 28-40 GB/s) prefetching into L1 2 KiB ahead took 1.52-1.75x the sum's time and into
- * L2 8 KiB ahead 1.05-1.10x (medians of 21-31 interleaved rounds; T2 alike, L1 at 8-32 KiB 1.45x). Long
+ * L2 8 KiB ahead 1.05-1.13x (medians of 21-31 interleaved rounds; T2 alike, L1 at 8-32 KiB 1.45x). Long
  * prompts go to torch._int_mm (oneDNN) over the same weights instead, and ei_q8_finish applies the scales to its
  * int32 output.
  */
