@@ -457,7 +457,10 @@ class StageExecutor:
             if outs[i] is not None:
                 continue
             new_k, new_v = k[o : o + t].transpose(0, 1), v[o : o + t].transpose(0, 1)  # [H_kv, t, hd]
-            s.kv.write(j, new_k, new_v, past)
+            if self.native and s.kv.quantized and k.dtype == torch.float32:  # the same bytes, in one native pass
+                kernels.store_rows_q8(s.kv, j, k[o : o + t], v[o : o + t], past)
+            else:
+                s.kv.write(j, new_k, new_v, past)
             if s.kv.dtype == self.dtype:
                 keys, values = s.kv.view(j, past + t)  # [H_kv, past + t, hd]
             else:  # a compact cache: the chunk attends over its own rows as computed, the past as stored

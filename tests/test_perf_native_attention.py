@@ -154,6 +154,46 @@ def test_kernels_can_be_switched_off(monkeypatch):
 
 
 @needs_kernels
+@pytest.mark.parametrize(("kv_heads", "head_dim", "t", "at"), [(2, 24, 37, 0), (16, 128, 65, 300)])
+def test_prompt_rows_are_stored_natively_as_kvbuffer_write_stores_them(kv_heads, head_dim, t, at):
+    g = torch.Generator().manual_seed(t)
+    qkv = torch.randn(t, 3 * kv_heads * head_dim, generator=g) * 3  # k and v as strided views of one fused output
+    qkv[5] = 0  # a zero row: scale 0, values 0
+    qkv[6, : kv_heads * head_dim] = torch.arange(kv_heads * head_dim) % 7 - 3.5  # values on .5: round half to even
+    _, k, v = (x.reshape(t, kv_heads, head_dim) for x in qkv.split(kv_heads * head_dim, dim=-1))
+    ours, ref = (KVBuffer(3, kv_heads, head_dim, torch.int8, capacity=at + t + 5) for _ in range(2))
+    ours.data.zero_()
+    ref.data.zero_()
+    kernels.store_rows_q8(ours, 1, k, v, at)
+    ref.write(1, k.transpose(0, 1), v.transpose(0, 1), at)
+    assert torch.equal(ours.data, ref.data)  # the same bytes, and nothing else touched
+    with pytest.raises(ValueError, match="room"):
+        kernels.store_rows_q8(ours, 1, k, v, ours.capacity - t + 1)
+    with pytest.raises(ValueError, match="fp32 rows"):
+        kernels.store_rows_q8(ours, 1, k.half(), v, at)
+
+
+@needs_kernels
+def test_an_int8_stages_prompt_chunks_store_their_rows_natively(tiny_checkpoint, monkeypatch):
+    ckpt = open_checkpoint(tiny_checkpoint)
+    ex = StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8"))
+    ids = torch.randint(10, 500, (23,), generator=torch.Generator().manual_seed(3))
+    calls = []
+    store = kernels.store_rows_q8
+    monkeypatch.setattr(kernels, "store_rows_q8", lambda kv, j, k, v, at: calls.append(j) or store(kv, j, k, v, at))
+    native = ex.step([("a", StepInput(0, input_ids=ids))])[0].logits
+    assert calls == list(range(ckpt.num_layers))  # every layer's prompt rows, one call each
+
+    def torch_write(kv, j, k, v, at):  # what the stage did before: KVBuffer.write's torch ops
+        kv.write(j, k.transpose(0, 1), v.transpose(0, 1), at)
+
+    monkeypatch.setattr(kernels, "store_rows_q8", torch_write)
+    written = ex.step([("b", StepInput(0, input_ids=ids))])[0].logits
+    assert torch.equal(ex.sessions["a"].kv.data[:, :, :, :23], ex.sessions["b"].kv.data[:, :, :, :23])
+    assert torch.equal(native, written)
+
+
+@needs_kernels
 def test_an_int8_cache_prompt_in_chunks_attends_over_the_stored_past(tiny_checkpoint):
     ckpt = open_checkpoint(tiny_checkpoint)
     ex = StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8"))

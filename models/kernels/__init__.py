@@ -62,7 +62,7 @@ from edgeinspect.models.quant import cpu_flags
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
-ABI_VERSION = 4  # ei_abi_version() of the source this wrapper is written against
+ABI_VERSION = 5  # ei_abi_version() of the source this wrapper is written against
 INT4_SOURCE = Path(__file__).with_name("int4_gemm.c")
 INT4_ABI_VERSION = 1
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
@@ -135,6 +135,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ei_add_rmsnorm.argtypes = [i32, i32, ptr, i64, ptr, i64, ptr, ptr, ctypes.c_float, ptr]
     lib.ei_rope.argtypes = [i32, i32, i32, i32, ptr, i64, ptr, i64, ptr, ptr]
     lib.ei_silu_mul.argtypes = [i32, i32, ptr, i64, ptr]
+    lib.ei_store_rows_q8.argtypes = [i32, i32, i32, ptr, i64, ptr, i64, i32, i32, i32, i32]
+    lib.ei_store_rows_q8.restype = None
     for fn in (lib.ei_add_rmsnorm, lib.ei_rope, lib.ei_silu_mul):
         fn.restype = None
     return _abi_checked(lib, "ei_abi_version", ABI_VERSION, "kernel")
@@ -393,6 +395,22 @@ def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     library().ei_rope(
         r, heads, k.shape[1], hd, q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), cos.data_ptr(), sin.data_ptr()
     )
+
+
+def store_rows_q8(kv: KVBuffer, layer: int, keys: torch.Tensor, values: torch.Tensor, at: int) -> None:
+    """KVBuffer.write for an int8 buffer, natively: keys/values [T, H_kv, hd] fp32 (heads contiguous, rows may be
+    strided) into positions [at, at + T) of `layer`, the same bytes as quantize_rows."""
+    lib = library()
+    t, kv_heads, head_dim = keys.shape
+    if lib is None or not kv.quantized or not kv.data.is_contiguous() or at + t > kv.capacity:
+        raise ValueError("store_rows_q8 needs the native kernels and a contiguous int8 KV buffer with room")
+    for which, rows in enumerate((keys, values)):
+        if rows.dtype != torch.float32 or rows.shape != (t, *kv.shape[2:]) or rows.stride()[1:] != (head_dim, 1):
+            raise ValueError(f"store_rows_q8: want [{t}, {kv.shape[2]}, {kv.shape[3]}] fp32 rows, got {rows.shape}")
+        lib.ei_store_rows_q8(
+            t, layer, which, rows.data_ptr(), rows.stride(0), kv.data.data_ptr(), kv.capacity, at, kv_heads,
+            head_dim, torch.get_num_threads(),
+        )  # fmt: skip
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

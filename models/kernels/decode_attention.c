@@ -408,6 +408,18 @@ int ei_decode_attention_q8(int batch, int layer, const float *q, int64_t q_row, 
                   head_dim, scale, threads);
 }
 
+/* A prompt chunk's keys or values (which 0 / 1) into a session's int8 cache: src [T, kv_heads, head_dim] fp32, rows
+ * src_row floats apart (heads contiguous), stored at positions [at, at + T) of `layer` as quantize_rows() stores them
+ * (KVBuffer.write's bytes, without its six full-size torch passes); T x kv_heads rows over the threads. */
+void ei_store_rows_q8(int T, int layer, int which, const float *src, int64_t src_row, void *cache, int64_t capacity,
+                      int at, int kv_heads, int head_dim, int threads) {
+#pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
+    for (int g = 0; g < kv_heads; g++)
+        for (int t = 0; t < T; t++)
+            quantize_row((int8_t *)cache + row_index(layer, which, g, at + t, kv_heads, capacity, head_dim + 4),
+                         src + t * src_row + (int64_t)g * head_dim, head_dim);
+}
+
 /* The elementwise work between a decode layer's matmuls, one call each instead of a dozen torch ops (each op's
  * dispatch costs about what its arithmetic on one 2048-wide row does). Rows are R short rows; plain loops the
  * compiler vectorizes. */
@@ -472,4 +484,4 @@ void ei_silu_mul(int R, int I, const float *gu, int64_t gu_row, float *out) {
     }
 }
 
-int ei_abi_version(void) { return 4; }
+int ei_abi_version(void) { return 5; }
