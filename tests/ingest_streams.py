@@ -168,6 +168,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_listening(port: int, timeout: float) -> None:
+    """Until something accepts TCP connections on 127.0.0.1:port (a server process that binds after a while)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nothing listened on port {port} within {timeout}s") from None
+            time.sleep(0.1)
+
+
 def have(binary: str) -> bool:
     return shutil.which(binary) is not None
 

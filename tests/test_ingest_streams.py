@@ -22,6 +22,7 @@ from ingest_streams import (
     start_process,
     stop_process,
     video_jpegs,
+    wait_listening,
 )
 from prometheus_client import CollectorRegistry
 
@@ -130,12 +131,22 @@ async def test_rtsp_transport_is_chosen_per_camera(tmp_path):
         ["rtsp-server-perl", "-c", str(client_port), "-s", str(source_port), "--client_listen_address",
          "127.0.0.1", "--source_listen_address", "127.0.0.1", "--rtp_start_port", str(rtp_port), "-l", "1"]
     )  # fmt: skip
-    time.sleep(1.0)
-    push = start_process(
-        ["ffmpeg", "-hide_banner", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i",
-         str(asset_path("conveyor.mp4")), "-c:v", "mpeg4", "-f", "rtsp", f"rtsp://127.0.0.1:{source_port}/line"]
-    )  # fmt: skip
+    push_args = ["ffmpeg", "-hide_banner", "-loglevel", "error", "-re", "-stream_loop", "-1", "-i",
+                 str(asset_path("conveyor.mp4")), "-c:v", "mpeg4", "-f", "rtsp",
+                 f"rtsp://127.0.0.1:{source_port}/line"]  # fmt: skip
+    pushes: list = []
     try:
+        # A loaded box can take seconds to start the perl server, and ffmpeg gives up for good when its first
+        # publish fails (the stream then stays "404 Not Found"): wait for the ports, and restart a push that exited.
+        wait_listening(source_port, 30)
+        wait_listening(client_port, 30)
+        pushes.append(start_process(push_args))
+
+        def pushing() -> bool:
+            if pushes[-1].poll() is not None:
+                pushes.append(start_process(push_args))
+            return True
+
         await asyncio.sleep(1.5)
         url = f"rtsp://127.0.0.1:{client_port}/line"
         cams = [
@@ -147,12 +158,17 @@ async def test_rtsp_transport_is_chosen_per_camera(tmp_path):
         ingestor = Ingestor(settings_for(cams, tmp_path), sink, metrics)
         await run_until(
             ingestor,
-            lambda: len(sink.reports) >= 1 and m(metrics, "source_errors_total", camera="rtsp-tcp", kind="open_failed"),
+            lambda: (
+                pushing()
+                and len(sink.reports) >= 1
+                and m(metrics, "source_errors_total", camera="rtsp-tcp", kind="open_failed")
+            ),
             90,  # the ffmpeg push may take a while to publish on a loaded box; the UDP camera keeps reconnecting
             "a report over RTSP/UDP and a failed RTSP/TCP open",
         )
     finally:
-        stop_process(push)
+        for push in pushes:
+            stop_process(push)
         stop_process(server)
     assert m(metrics, "frames_read_total", camera="rtsp-udp") > 0
     assert m(metrics, "frames_read_total", camera="rtsp-tcp") == 0
