@@ -367,14 +367,15 @@ class StageBackend:
 
     async def release(self, session_ids: list[str]) -> int:
         loop = asyncio.get_running_loop()
-        n = await loop.run_in_executor(self._pool, self._release_sync, session_ids)
-        for sid in session_ids:  # on the loop, where admission reads them
-            self._reserved.pop(sid, None)
-        return n
+        return await loop.run_in_executor(self._pool, self._release_sync, session_ids)
 
     def _release_sync(self, session_ids: list[str]) -> int:
         n = 0
         for sid in session_ids:
+            # The reservation goes first, the session after: whoever reads both from the loop (admission, Stats)
+            # reads the reservations first, so it sees a session's bytes once, through one or the other, and
+            # never a reservation left behind by a session already gone.
+            self._reserved.pop(sid, None)
             self._generators.pop(sid, None)
             self.constraints.release(sid)
             if self.executor.release(sid):
