@@ -372,9 +372,9 @@ class StageBackend:
     def _release_sync(self, session_ids: list[str]) -> int:
         n = 0
         for sid in session_ids:
-            # The reservation goes first, the session after: whoever reads both from the loop (admission, Stats)
-            # reads the reservations first, so it sees a session's bytes once, through one or the other, and
-            # never a reservation left behind by a session already gone.
+            # The reservation goes first, the session after. reservations() reads reservations before sessions,
+            # so a session being released is counted once, through one or the other; and a reader that finds the
+            # session gone (Stats counts sessions before reservations) finds its reservation gone too.
             self._reserved.pop(sid, None)
             self._generators.pop(sid, None)
             self.constraints.release(sid)
