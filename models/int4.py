@@ -174,7 +174,7 @@ class Int4Linear(nn.Module):
             self.packed = None
         self.bias = None if linear.bias is None else linear.bias.detach().float()
         # The prompt path: int8 from the original weights (not from the int4 values). None: prompts dequantize.
-        self.prefill = Int8Linear.from_linear(linear, two_pass=two_pass) if prefill else None
+        self.prefill = Int8Linear.from_linear(linear, two_pass=two_pass, rotate=two_pass) if prefill else None
 
     def weight_bytes(self) -> int:
         """What a decode step reads: K/2 bytes + K/32 scales (fp16; torch's kernel: bf16 scale + zero) per row."""
@@ -223,7 +223,7 @@ def int4_linears(module: nn.Module) -> tuple[int, int]:
                 setattr(module, name, Int4Linear(child, two_pass=two_pass))
                 n4 += 1
             else:
-                setattr(module, name, Int8Linear.from_linear(child, two_pass=two_pass))
+                setattr(module, name, Int8Linear.from_linear(child, two_pass=two_pass, rotate=two_pass))
                 n8 += 1
         else:
             a, b = int4_linears(child)

@@ -43,6 +43,31 @@ KERNELS = ("vnni", "fbgemm", "int8pack", "dequant")
 # 1.3B dims); elsewhere inputs are post-norm or attention outputs, where one pass costs about what the weights do.
 # A second pass costs ~0.1 ms per linear at one row, so it is spent where the error is.
 TWO_PASS_LINEARS = frozenset({"down_proj"})
+# The same linears' activations are rotated by a block Hadamard matrix on the vnni kernel (weights stored rotated):
+# the rotation spreads silu(gate) * up's tails, so their prompt rows take one pass (half the GEMM: 16% of a 974-token
+# 1.3B prefill) at about the error of two (first-token logits cosine vs fp32 0.9950, two passes 0.9952, one pass
+# unrotated 0.9931; bench/README.md, "Prefill").
+MAX_ROTATION_BLOCK = 512
+
+
+def rotation_block(k: int) -> int:
+    """The Hadamard block for width k: its largest power-of-two divisor up to MAX_ROTATION_BLOCK (5632 -> 512),
+    or 0 (no rotation) below 16, the kernel's vector width."""
+    block = min(k & -k, MAX_ROTATION_BLOCK)
+    return block if block >= 16 else 0
+
+
+def hadamard_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x [..., K] times the orthogonal H_block / sqrt(block) along K, block by block (Sylvester order: the same
+    transform int8_vnni.c applies to activation rows; it is its own inverse)."""
+    shape = x.shape
+    y = x.float().reshape(-1, shape[-1] // block, block)
+    h = 1
+    while h < block:
+        y = y.reshape(*y.shape[:2], block // (2 * h), 2, h)
+        y = torch.stack([y[..., 0, :] + y[..., 1, :], y[..., 0, :] - y[..., 1, :]], dim=-2)
+        h *= 2
+    return (y.reshape(shape) / block**0.5).contiguous()
 
 
 def quantize_per_channel(weight: torch.Tensor, qmax: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,14 +165,23 @@ class Int8Linear(nn.Module):
     """y = x @ (q * scale).T (+ bias): int8 weight [N, K] with fp32 scales [N]; fp32 in, fp32 out."""
 
     def __init__(
-        self, q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, kernel: str, two_pass: bool = False
+        self,
+        q: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        kernel: str,
+        two_pass: bool = False,
+        rotate: int = 0,
     ):
         super().__init__()
         if kernel not in KERNELS:
             raise ValueError(f"unknown int8 kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
+        if rotate and kernel != "vnni":
+            raise ValueError("only the vnni kernel rotates its activations")
         self.in_features, self.out_features = q.shape[1], q.shape[0]
         self.kernel = kernel
         self.two_pass = two_pass and kernel in ("fbgemm", "vnni")  # the others keep activations in 16/32 bits
+        self.rotate = rotate  # Hadamard block: q holds (W rotated) quantized, inputs are rotated alike (0: neither)
         self.bias = None if bias is None else bias.float()
         self.scales = scales.float()  # [N]
         # Only the form the kernel reads is kept: fbgemm holds its own packed copy of the int8 weight.
@@ -158,11 +192,17 @@ class Int8Linear(nn.Module):
         self.row_sums = q.sum(dim=1, dtype=torch.int32) if kernel == "vnni" else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, kernel: str | None = None, two_pass: bool = False) -> Int8Linear:
+    def from_linear(
+        cls, linear: nn.Linear, kernel: str | None = None, two_pass: bool = False, rotate: bool = False
+    ) -> Int8Linear:
+        """`rotate`: rotate weights and activations by block Hadamard (vnni only; elsewhere ignored)."""
         kernel = kernel or default_kernel()
         w = linear.weight.detach()
+        block = rotation_block(w.shape[1]) if rotate and kernel == "vnni" else 0
+        if block:
+            w = hadamard_blocks(w, block)
         q, s = fbgemm_quantize(w) if kernel == "fbgemm" else quantize_per_channel(w)
-        return cls(q, s, None if linear.bias is None else linear.bias.detach(), kernel, two_pass)
+        return cls(q, s, None if linear.bias is None else linear.bias.detach(), kernel, two_pass, block)
 
     def weight_bytes(self) -> int:
         """What a step reads: N*K int8 + N scales."""
@@ -173,7 +213,8 @@ class Int8Linear(nn.Module):
         if self.packed is not None:
             w, _ = torch.ops.quantized.linear_unpack(self.packed)
             return w.dequantize()
-        return self.qweight.float() * self.scales[:, None]
+        w = self.qweight.float() * self.scales[:, None]
+        return hadamard_blocks(w, self.rotate) if self.rotate else w  # rotated back: H / sqrt(B) is involutory
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -181,7 +222,7 @@ class Int8Linear(nn.Module):
         if self.kernel == "vnni":
             from edgeinspect.models import kernels
 
-            y = kernels.q8_linear(x2, self.qweight, self.scales, self.row_sums, self.two_pass)
+            y = kernels.q8_linear(x2, self.qweight, self.scales, self.row_sums, self.two_pass, self.rotate)
         elif self.kernel == "fbgemm":
             y = self._fbgemm(x2)
         elif self.kernel == "int8pack":
@@ -238,7 +279,10 @@ class Int8Linear(nn.Module):
         return y[:rows] + y[rows:] / gain
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}, two_pass={self.two_pass}"
+        return (
+            f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}, two_pass={self.two_pass}, "
+            f"rotate={self.rotate}"
+        )
 
 
 @functools.cache
@@ -255,7 +299,8 @@ def quantize_linears(module: nn.Module, kernel: str | None = None) -> int:
     count = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(module, name, Int8Linear.from_linear(child, kernel, two_pass=name in TWO_PASS_LINEARS))
+            heavy = name in TWO_PASS_LINEARS
+            setattr(module, name, Int8Linear.from_linear(child, kernel, two_pass=heavy, rotate=heavy))
             count += 1
         else:
             count += quantize_linears(child, kernel)

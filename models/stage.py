@@ -146,6 +146,8 @@ def load_stage(
         raise InvalidInput(f"checkpoint {ckpt.path} lacks weights for {', '.join(leftover[:5])}")
     if weights == "int8" and module.lm_head is not None:
         module.lm_head = Int8Linear.from_linear(module.lm_head, int8_kernel)
+    if weights in ("int8", "int4") and module.aligner is not None:  # 576 visual tokens: ~50 ms of fp32 GEMM at 1.3B
+        quantize_linears(module.aligner, int8_kernel if weights == "int8" else None)
     if weights == "int4" and module.lm_head is not None:  # int8: its error lands on the logits (models/int4.py)
         module.lm_head = Int8Linear.from_linear(module.lm_head)
     if use_half16(weights):
@@ -376,37 +378,47 @@ class StageExecutor:
         if one_row:
             decode = kernels.DecodeAttention([sessions[i].kv for i in one_row], [spans[i][0] for i in one_row])
         pure_decode = decode is not None and len(one_row) == len(spans)
+        wanted = [i for i, (_, inp) in enumerate(batch) if inp.logits]  # prompt chunks with more to come: none
+        offsets = _offsets(spans)
+        ends = torch.tensor([offsets[i] + spans[i][1] - 1 for i in wanted], dtype=torch.long)
+        # The last layer of a last stage needs its attention output, o_proj and MLP only at the rows sampled from
+        # (its keys and values are stored for every row before): a prompt's last layer then costs ~1/4 (packed
+        # stages; fp32 and row-exact stages keep their GEMMs' row counts, which generate()'s bits depend on).
+        trim = self.range.is_last and not self.row_exact and self.module.weights != "fp32"
+        trim = trim and any(t > 1 for _, t in spans)
         if self.decode_layers is not None and pure_decode and len(spans) <= kernels.DecodeLayers.MAX_ROWS:
             x = self.decode_layers(x, *rope, decode)  # every layer in one native call each
         else:
+            last = len(self.module.layers) - 1
             for j, layer in enumerate(self.module.layers):
-                x = self._layer(j, layer, x, rope, sessions, spans, (decode, one_row))
+                keep = ends if trim and j == last else None
+                x = self._layer(j, layer, x, rope, sessions, spans, (decode, one_row), keep)
         outs = []
         for s, (past, t) in zip(sessions, spans, strict=True):
             s.kv.length = past + t
             s.last_used = now
         if not self.range.is_last:
-            offsets = _offsets(spans)
             return [StepOutput(hidden=x[o : o + t], length=p + t) for o, (p, t) in zip(offsets, spans, strict=True)]
-        wanted = [i for i, (_, inp) in enumerate(batch) if inp.logits]  # prompt chunks with more to come: none
-        offsets = _offsets(spans)
         logits = None
         if wanted:
-            ends = torch.tensor([offsets[i] + spans[i][1] - 1 for i in wanted])
-            last = self.module.norm(x[ends])  # [B, D]: one lm_head read for every session in the step
+            last = self.module.norm(x if trim else x[ends])  # [B, D]: one lm_head read for every session
             logits = self._rows(self.module.lm_head, last, [(0, 1)] * len(wanted)).float()  # [B, vocab]
         row = {i: k for k, i in enumerate(wanted)}
         for i, (p, t) in enumerate(spans):
             outs.append(StepOutput(logits=logits[row[i]] if i in row else None, length=p + t))
         return outs
 
-    def _layer(self, j: int, layer, x: torch.Tensor, rope, sessions: list[Session], spans, decode) -> torch.Tensor:
-        """LlamaDecoderLayer.forward with the layer's own modules, its cache write replaced by KVBuffer.write."""
+    def _layer(
+        self, j: int, layer, x: torch.Tensor, rope, sessions: list[Session], spans, decode, keep=None
+    ) -> torch.Tensor:
+        """LlamaDecoderLayer.forward with the layer's own modules, its cache write replaced by KVBuffer.write.
+        With `keep` (row indices), only those rows go on past attention, and only they are returned."""
         attn = layer.self_attn
         r = x.shape[0]
         if self.fused_decode and decode[0] is not None and len(decode[1]) == len(spans):
             return self._decode_layer(j, layer, x, rope, decode[0])
-        h = layer.input_layernorm(x)  # [R, D]
+        norm = layer.input_layernorm
+        h = kernels.rmsnorm(x, norm.weight, norm.variance_epsilon) if self.fused_decode else norm(x)  # [R, D]
         if hasattr(attn, "qkv_proj"):  # fused at load (packed formats)
             q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
             q, k, v = self._rows(attn.qkv_proj, h, spans).split([q_width, kv_width, kv_width], dim=-1)
@@ -418,13 +430,17 @@ class StageExecutor:
         else:
             q, k = apply_rotary_pos_emb(q, k, *rope, unsqueeze_dim=1)
         a = self._attention(j, attn, q, k, v, sessions, spans, decode)  # [R, H*hd]
+        if keep is not None:
+            a, x = a[keep], x[keep]
+            if not len(keep):
+                return x
         norm = layer.post_attention_layernorm
         if self.fused_decode:  # the residual add and the norm in one pass
             x, h = kernels.rmsnorm(x, norm.weight, norm.variance_epsilon, add=self._rows(attn.o_proj, a, spans))
         else:
             x = x + self._rows(attn.o_proj, a, spans)
             h = norm(x)
-        return x + self._rows(self._mlp(layer.mlp), h, spans)
+        return x + self._rows(self._mlp(layer.mlp, native=self.fused_decode), h, spans)
 
     def _decode_layer(self, j: int, layer, x: torch.Tensor, rope, native) -> torch.Tensor:
         """_layer for a pure decode step of a native stage: the same steps, the elementwise ones (norms, rotary,
@@ -471,13 +487,17 @@ class StageExecutor:
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     @staticmethod
-    def _mlp(mlp):
-        """LlamaMLP itself, or its fused form: down(act(gate(x)) * up(x)) with gate and up from one GEMM."""
+    def _mlp(mlp, native: bool = False):
+        """LlamaMLP itself, or its fused form: down(act(gate(x)) * up(x)) with gate and up from one GEMM; `native`
+        (silu): act * up in one threaded pass (kernels.silu_mul), not two torch ops over [R, I] each."""
         if not hasattr(mlp, "gate_up_proj"):
             return mlp
 
         def fused(h: torch.Tensor) -> torch.Tensor:
-            gate, up = mlp.gate_up_proj(h).chunk(2, dim=-1)  # [R, I] each
+            gate_up = mlp.gate_up_proj(h)  # [R, 2I]
+            if native:
+                return mlp.down_proj(kernels.silu_mul(gate_up))
+            gate, up = gate_up.chunk(2, dim=-1)  # [R, I] each
             return mlp.down_proj(mlp.act_fn(gate) * up)
 
         return fused

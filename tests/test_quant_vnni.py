@@ -8,7 +8,14 @@ from torch import nn
 
 from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
-from edgeinspect.models.quant import Int8Linear, default_kernel, fbgemm_available, vnni_available
+from edgeinspect.models.quant import (
+    Int8Linear,
+    default_kernel,
+    fbgemm_available,
+    hadamard_blocks,
+    rotation_block,
+    vnni_available,
+)
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 
 pytestmark = pytest.mark.skipif(kernels.q8_library() is None, reason="no C compiler here to build the native kernels")
@@ -77,6 +84,42 @@ def test_a_zero_row_gives_zero_and_strided_rows_are_read_in_place():
     torch.testing.assert_close(got, reference(x, layer.qweight, layer.scales, True), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(("k", "block"), [(5632, 512), (176, 16), (100, 0)])  # 1.3B's and tiny's down_proj
+def test_a_rotated_linear_computes_the_same_product_and_its_prompt_rows_take_one_pass_near_two(k, block):
+    g = torch.Generator().manual_seed(k)
+    lin = nn.Linear(k, 96, bias=False).requires_grad_(False)
+    nn.init.normal_(lin.weight, std=0.02, generator=g)
+    rotated = Int8Linear.from_linear(lin, "vnni", two_pass=True, rotate=True)
+    plain = Int8Linear.from_linear(lin, "vnni", two_pass=True)
+    assert rotated.rotate == block == rotation_block(k)
+    # the rotation is its own inverse: the stored weights rotated back are the linear's, to int8 rounding
+    torch.testing.assert_close(rotated.dequantized(), lin.weight, rtol=0, atol=float(rotated.scales.max()) * 2)
+    x = nn.functional.silu(torch.randn(40, k, generator=g)) * torch.randn(40, k, generator=g)  # heavy-tailed
+    exact = x.double() @ lin.weight.double().T
+
+    def err(y: torch.Tensor) -> float:
+        return float(1 - nn.functional.cosine_similarity(y.double().flatten(), exact.flatten(), dim=0))
+
+    decode = torch.cat([rotated(x[i : i + 4]) for i in range(0, 40, 4)])  # 4 rows x 2 passes: the GEMV
+    prompt = rotated(x)  # 40 rows: torch._int_mm, one pass when rotated
+    if not block:  # a width with no block to rotate by: the plain linear's bits, two passes everywhere
+        assert torch.equal(prompt, plain(x))
+        return
+    # decode rows: two passes over rotated activations, the weights' error alone as without rotation
+    assert err(decode) < 1.3 * err(torch.cat([plain(x[i : i + 4]) for i in range(0, 40, 4)]))
+    # prompt rows: one pass, within 2.5x of two passes' error and far below one unrotated pass's
+    one_pass = Int8Linear.from_linear(lin, "vnni")(x)
+    assert err(prompt) < 2.5 * err(plain(x))
+    assert err(prompt) < 0.5 * err(one_pass)
+
+
+def test_rotation_blocks_are_the_widest_power_of_two_that_divides_the_width():
+    assert [rotation_block(k) for k in (5632, 2048, 176, 100, 24)] == [512, 512, 16, 0, 0]
+    x = torch.randn(3, 1024)
+    torch.testing.assert_close(hadamard_blocks(hadamard_blocks(x, 512), 512), x)  # orthogonal and involutory
+    torch.testing.assert_close(hadamard_blocks(x, 16).norm(dim=1), x.norm(dim=1))
+
+
 @pytest.mark.skipif(not vnni_available(), reason="this CPU has no AVX512-VNNI: the fbgemm kernel is the default")
 def test_vnni_is_the_default_where_the_cpu_has_it():
     assert default_kernel() == "vnni" and kernels.q8_fast()
@@ -88,12 +131,15 @@ def test_an_int8_stage_on_vnni_decodes_as_the_fbgemm_one_does(tiny_checkpoint):
     whole = LayerRange(0, ckpt.num_layers, ckpt.num_layers)
     ids = torch.randint(10, 500, (30,), generator=torch.Generator().manual_seed(5))
     logits = {}
-    for kernel in ("vnni", "fbgemm"):
-        ex = StageExecutor(load_stage(ckpt, whole, "int8", int8_kernel=kernel), kv_cache="fp16")
+    for weights, kernel in (("fp32", None), ("int8", "vnni"), ("int8", "fbgemm")):
+        ex = StageExecutor(load_stage(ckpt, whole, weights, int8_kernel=kernel), kv_cache="fp16")
         rows = [ex.step([("a", StepInput(0, input_ids=ids))])[0].logits]
-        for pos, token in zip(range(30, 34), (17, 230, 4, 99), strict=True):  # the same tokens into both
+        for pos, token in zip(range(30, 34), (17, 230, 4, 99), strict=True):  # the same tokens into each
             rows.append(ex.step([("a", StepInput(pos, input_ids=torch.tensor([token])))])[0].logits)
-        logits[kernel] = torch.stack(rows)
-    # two int8 grids of the same weights (fbgemm's activations are asymmetric uint8): close, not equal
+        logits[kernel or weights] = torch.stack(rows)
+    # two int8 grids of the same weights (fbgemm's activations are asymmetric uint8, vnni's down projection is
+    # rotated): not equal, each close to fp32 (tiny dims: hidden 64, rotation blocks of 16); vnni the closer
     assert not torch.equal(logits["vnni"], logits["fbgemm"])
-    assert nn.functional.cosine_similarity(logits["vnni"], logits["fbgemm"], dim=-1).min() > 0.99
+    cos = {k: nn.functional.cosine_similarity(logits[k], logits["fp32"], dim=-1).min() for k in ("vnni", "fbgemm")}
+    assert cos["fbgemm"] > 0.975
+    assert cos["vnni"] > 0.99

@@ -68,7 +68,7 @@ INT4_ABI_VERSION = 1
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
 ROWS_ABI_VERSION = 1
 Q8_SOURCE = Path(__file__).with_name("int8_vnni.c")
-Q8_ABI_VERSION = 4
+Q8_ABI_VERSION = 5
 PROMPT_SOURCE = Path(__file__).with_name("prompt_attention.c")
 PROMPT_ABI_VERSION = 1
 # Activation rows (both passes counted) up to which the vnni linear runs its own GEMV; above, torch._int_mm
@@ -232,9 +232,9 @@ def int8_rows_finish(y: torch.Tensor, norm: torch.Tensor, gain: float) -> torch.
 
 def _bind_q8(lib: ctypes.CDLL) -> ctypes.CDLL:
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    lib.ei_q8_prep.argtypes = [i32, i32, ptr, i64, i32, ptr, ptr, i32]
-    lib.ei_q8_prep.restype = None
-    lib.ei_q8_gemv_rows.argtypes = [i32, i32, i32, i32, ptr, i64, ptr, ptr, ptr, ptr, i32]
+    lib.ei_q8_prep.argtypes = [i32, i32, ptr, i64, i32, i32, ptr, ptr, i32]
+    lib.ei_q8_prep.restype = i32
+    lib.ei_q8_gemv_rows.argtypes = [i32, i32, i32, i32, i32, ptr, i64, ptr, ptr, ptr, ptr, i32]
     lib.ei_q8_gemv_rows.restype = i32
     lib.ei_q8_finish.argtypes = [i32, i32, i32, ptr, ptr, ptr, ptr, i32]
     lib.ei_q8_finish.restype = None
@@ -261,10 +261,20 @@ def q8_fast() -> bool:
 
 
 def q8_linear(
-    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, row_sums: torch.Tensor, two_pass: bool
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    row_sums: torch.Tensor,
+    two_pass: bool,
+    rotate: int = 0,
 ) -> torch.Tensor:
     """x [R, K] fp32 (rows may be strided) @ (weight [N, K] int8 * scales [N]).T -> [R, N] fp32, activations
-    quantized per row to int8 (two passes: + the residual). Few rows: our GEMV; more: torch._int_mm."""
+    quantized per row to int8 (two passes: + the residual). Few rows: our GEMV; more: torch._int_mm.
+
+    `rotate` B: rows are rotated by block Hadamard before quantizing (the weight is stored rotated: Int8Linear).
+    Prompt rows of a rotated linear then take one pass even where decode rows take two: the rotation brings one
+    pass's error near the residual pass's (bench/README.md, "Prefill") at half the GEMM, where decode rows' second
+    pass costs little (the GEMV reads each weight row once for both)."""
     lib = q8_library()
     if x.dtype != torch.float32 or x.stride(1) != 1:
         x = x.float().contiguous()
@@ -274,19 +284,25 @@ def q8_linear(
     y = torch.empty(r, n)
     if passes * r <= Q8_GEMV_ROWS:  # one call: quantize + GEMV (each torch op or ctypes call here costs ~1% of it)
         rc = lib.ei_q8_gemv_rows(
-            r, n, k, int(two_pass), x.data_ptr(), x.stride(0), weight.data_ptr(), scales.data_ptr(),
+            r, n, k, int(two_pass), rotate, x.data_ptr(), x.stride(0), weight.data_ptr(), scales.data_ptr(),
             row_sums.data_ptr(), y.data_ptr(), threads,
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("int8 linear could not allocate its activation buffer")
         return y
+    if rotate:
+        two_pass, passes = False, 1
     block = max(Q8_GEMV_ROWS, Q8_OUTPUT_BYTES // (4 * n * passes))  # rows whose int32 output stays in the heap
     for r0 in range(0, r, block):
         rows = min(block, r - r0)
         xq = torch.empty(passes * rows, k, dtype=torch.int8)
         xs = torch.empty(passes * rows)
         xr = x[r0 : r0 + rows]
-        lib.ei_q8_prep(rows, k, xr.data_ptr(), x.stride(0), int(two_pass), xq.data_ptr(), xs.data_ptr(), threads)
+        rc = lib.ei_q8_prep(
+            rows, k, xr.data_ptr(), x.stride(0), int(two_pass), rotate, xq.data_ptr(), xs.data_ptr(), threads
+        )
+        if rc != 0:
+            raise MemoryError("int8 linear could not allocate its rotation buffers")
         acc = torch._int_mm(xq, weight.t())  # [passes * rows, N] int32
         out = y[r0 : r0 + rows]
         lib.ei_q8_finish(
@@ -427,7 +443,8 @@ class Q8Weight(ctypes.Structure):
 
     _fields_ = [
         ("w", ctypes.c_void_p), ("ws", ctypes.c_void_p), ("wsum", ctypes.c_void_p),
-        ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("two_pass", ctypes.c_int32), ("int4", ctypes.c_void_p),
+        ("n", ctypes.c_int32), ("k", ctypes.c_int32), ("two_pass", ctypes.c_int32), ("rotate", ctypes.c_int32),
+        ("int4", ctypes.c_void_p),
     ]  # fmt: skip
 
 
@@ -472,10 +489,10 @@ class DecodeLayers:
             for name, lin in parts.items():
                 shape = (lin.out_features, lin.in_features)
                 if isinstance(lin, Int4Linear):  # its decode rows: ei_int4_gemm, as its forward calls it
-                    weight = Q8Weight(lin.packed.data_ptr(), lin.scales.data_ptr(), None, *shape, 0, int4_gemm)
+                    weight = Q8Weight(lin.packed.data_ptr(), lin.scales.data_ptr(), None, *shape, 0, 0, int4_gemm)
                 else:
                     tensors = (lin.qweight.data_ptr(), lin.scales.data_ptr(), lin.row_sums.data_ptr())
-                    weight = Q8Weight(*tensors, *shape, int(lin.two_pass))
+                    weight = Q8Weight(*tensors, *shape, int(lin.two_pass), lin.rotate)
                 setattr(self.layers[j], name, weight)
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
             self.layers[j].norm1, self.layers[j].norm2 = n1.weight.data_ptr(), n2.weight.data_ptr()

@@ -22,6 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Rows from which the row-wise steps (norms, silu * up) split over threads: prompt chunks, not decode steps. */
+#define PARALLEL_ROWS 64
+
 static inline float row_scale(const int8_t *row, int head_dim) {
     float s;
     memcpy(&s, row + head_dim, sizeof s);
@@ -428,6 +431,8 @@ void ei_store_rows_q8(int T, int layer, int which, const float *src, int64_t src
  * written to sum[r] first and normalized. */
 void ei_add_rmsnorm(int R, int D, const float *x, int64_t x_row, const float *add, int64_t add_row, float *sum,
                     const float *w, float eps, float *out) {
+    /* prompt rows over torch's threads (libgomp is shared); decode's few rows stay on the caller's */
+#pragma omp parallel for schedule(static) if (R >= PARALLEL_ROWS)
     for (int r = 0; r < R; r++) {
         const float *src = x + r * x_row;
         if (add) {
@@ -468,6 +473,7 @@ void ei_rope(int R, int heads, int kv_heads, int hd, float *q, int64_t q_row, fl
 
 /* out[r, i] = silu(gu[r, i]) * gu[r, I + i]: the fused gate/up projection's two halves. */
 void ei_silu_mul(int R, int I, const float *gu, int64_t gu_row, float *out) {
+#pragma omp parallel for schedule(static) if (R >= PARALLEL_ROWS)
     for (int r = 0; r < R; r++) {
         const float *g = gu + r * gu_row, *u = g + I;
         float *o = out + (int64_t)r * I;

@@ -18,6 +18,12 @@
  * L2 8 KiB ahead 1.05-1.13x (medians of 21-31 interleaved rounds; T2 alike, L1 at 8-32 KiB 1.45x). Long
  * prompts go to torch._int_mm (oneDNN) over the same weights instead, and ei_q8_finish applies the scales to its
  * int32 output.
+ *
+ * With `rotate` = B (a power of two, 16..512), a row is multiplied by the B x B Hadamard matrix block by block before
+ * it is quantized (the weights were stored rotated the same way, models/quant.py, so the product is unchanged): an
+ * orthogonal mix that spreads a heavy-tailed row (the down projection's silu(gate) * up) into a near-Gaussian one,
+ * whose absmax, and so its rounding step, is several times smaller. H_B is applied unnormalized and its
+ * 1/sqrt(B) folded into the row's scales.
  */
 #include <math.h>
 #include <stdint.h>
@@ -32,9 +38,54 @@
 #include <immintrin.h>
 #endif
 
+/* x[0, K) times H_B block by block (Sylvester order, unnormalized), in place: the butterflies of stride 1-8 inside
+ * each 16-float vector (lane i takes lane i ^ h), the longer ones between vectors; the plain loop does the same
+ * additions on the same operands, so both paths give the same bits. */
+static void hadamard_blocks(float *x, int K, int B) {
+    for (int b0 = 0; b0 + B <= K; b0 += B) {
+        float *v = x + b0;
+        int h = 1;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+        for (int i = 0; i < B; i += 16) {
+            __m512 a = _mm512_loadu_ps(v + i), p;
+            p = _mm512_permute_ps(a, 0xB1); /* lanes i ^ 1 */
+            a = _mm512_mask_sub_ps(_mm512_add_ps(a, p), 0xAAAA, p, a);
+            p = _mm512_permute_ps(a, 0x4E); /* i ^ 2 */
+            a = _mm512_mask_sub_ps(_mm512_add_ps(a, p), 0xCCCC, p, a);
+            p = _mm512_shuffle_f32x4(a, a, 0xB1); /* i ^ 4 */
+            a = _mm512_mask_sub_ps(_mm512_add_ps(a, p), 0xF0F0, p, a);
+            p = _mm512_shuffle_f32x4(a, a, 0x4E); /* i ^ 8 */
+            a = _mm512_mask_sub_ps(_mm512_add_ps(a, p), 0xFF00, p, a);
+            _mm512_storeu_ps(v + i, a);
+        }
+        for (h = 16; h < B; h *= 2)
+            for (int i = 0; i < B; i += 2 * h)
+                for (int j = i; j < i + h; j += 16) {
+                    __m512 a = _mm512_loadu_ps(v + j), c = _mm512_loadu_ps(v + j + h);
+                    _mm512_storeu_ps(v + j, _mm512_add_ps(a, c));
+                    _mm512_storeu_ps(v + j + h, _mm512_sub_ps(a, c));
+                }
+#endif
+        for (; h < B; h *= 2)
+            for (int i = 0; i < B; i += 2 * h)
+                for (int j = i; j < i + h; j++) {
+                    float a = v[j], c = v[j + h];
+                    v[j] = a + c;
+                    v[j + h] = a - c;
+                }
+    }
+}
+
 /* One row: q1 = round-half-even(x * 1/s1), s1 = absmax / 127; with two_pass also q2 = round-half-even((x - q1 s1)
- * * 1/s2), s2 = s1 / 254 (the residual as one fused multiply-add, in both code paths, so they agree exactly). */
-static void quantize_row(int K, const float *src, int two_pass, int8_t *q1, int8_t *q2, float *s1_out, float *s2_out) {
+ * * 1/s2), s2 = s1 / 254 (the residual as one fused multiply-add, in both code paths, so they agree exactly).
+ * With rotate, x is first copied to buf (K floats) and rotated there (see the top). */
+static void quantize_row(int K, const float *src, int two_pass, int rotate, float *buf, int8_t *q1, int8_t *q2,
+                         float *s1_out, float *s2_out) {
+    if (rotate) {
+        memcpy(buf, src, (size_t)K * sizeof(float));
+        hadamard_blocks(buf, K, rotate);
+        src = buf;
+    }
     int k = 0;
     float amax = 0.f;
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -70,14 +121,30 @@ static void quantize_row(int K, const float *src, int two_pass, int8_t *q1, int8
             q2[k] = (int8_t)(w > 127.f ? 127.f : w < -127.f ? -127.f : w);
         }
     }
-    *s1_out = s1;
-    if (two_pass) *s2_out = s2;
+    float norm = rotate ? 1.f / sqrtf((float)rotate) : 1.f; /* H_B / sqrt(B) is orthogonal */
+    *s1_out = s1 * norm;
+    if (two_pass) *s2_out = s2 * norm;
 }
 
-void ei_q8_prep(int R, int K, const float *x, int64_t x_row, int two_pass, int8_t *xq, float *xs, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (R > 1)
-    for (int r = 0; r < R; r++)
-        quantize_row(K, x + r * x_row, two_pass, xq + (int64_t)r * K, xq + (int64_t)(R + r) * K, xs + r, xs + R + r);
+/* Quantizes R rows (see quantize_row); returns 0, or -1 where a rotation buffer could not be allocated. */
+int ei_q8_prep(int R, int K, const float *x, int64_t x_row, int two_pass, int rotate, int8_t *xq, float *xs,
+               int threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (R > 1)
+    {
+        float *buf = rotate ? malloc((size_t)K * sizeof(float)) : NULL;
+        if (rotate && !buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++)
+            if (!rotate || buf)
+                quantize_row(K, x + r * x_row, two_pass, rotate, buf, xq + (int64_t)r * K, xq + (int64_t)(R + r) * K,
+                             xs + r, xs + R + r);
+        free(buf);
+    }
+    return failed ? -1 : 0;
 }
 
 /* y[r, n] = ws[n] * sum over passes p of xs[p * R + r] * (int32 dot of activation row p * R + r with weight row n) */
@@ -215,17 +282,17 @@ void ei_q8_gemv(int R, int N, int K, int two_pass, const int8_t *xq, const float
 }
 
 /* ei_q8_prep + ei_q8_gemv in one call for decode rows (<= 16 with the residual rows): x [R, K] fp32 in, y out. */
-int ei_q8_gemv_rows(int R, int N, int K, int two_pass, const float *x, int64_t x_row, const int8_t *w, const float *ws,
-                    const int32_t *wsum, float *y, int threads) {
+int ei_q8_gemv_rows(int R, int N, int K, int two_pass, int rotate, const float *x, int64_t x_row, const int8_t *w,
+                    const float *ws, const int32_t *wsum, float *y, int threads) {
     int rows = two_pass ? 2 * R : R;
     float xs[32];
     if (rows > 32) return -2;
     int8_t *xq = malloc((size_t)rows * K);
     if (!xq) return -1;
-    ei_q8_prep(R, K, x, x_row, two_pass, xq, xs, 1);
-    ei_q8_gemv(R, N, K, two_pass, xq, xs, w, ws, wsum, y, threads);
+    int rc = ei_q8_prep(R, K, x, x_row, two_pass, rotate, xq, xs, 1);
+    if (rc == 0) ei_q8_gemv(R, N, K, two_pass, xq, xs, w, ws, wsum, y, threads);
     free(xq);
-    return 0;
+    return rc;
 }
 
 /* One linear of the layer: vnni int8 (w int8 [N, K], ws float [N], wsum) as this file reads it, or, where int4 is
@@ -234,7 +301,7 @@ typedef struct {
     const void *w;
     const void *ws;
     const int32_t *wsum;
-    int32_t n, k, two_pass;
+    int32_t n, k, two_pass, rotate;
     int (*int4)(int, int, int, const float *, int64_t, const void *, const void *, float *, int64_t, int);
 } ei_q8_weight;
 
@@ -263,7 +330,7 @@ int64_t ei_q8_layer_scratch(const ei_q8_layer *L, int R) {
 
 static int gemv(const ei_q8_weight *W, int R, const float *x, float *y, int threads) {
     if (W->int4) return W->int4(R, W->n, W->k, x, W->k, W->w, W->ws, y, W->n, threads);
-    return ei_q8_gemv_rows(R, W->n, W->k, W->two_pass, x, W->k, W->w, W->ws, W->wsum, y, threads);
+    return ei_q8_gemv_rows(R, W->n, W->k, W->two_pass, W->rotate, x, W->k, W->w, W->ws, W->wsum, y, threads);
 }
 
 /* A whole decode layer in one call, for a step whose R rows are each one session's new row (R <= 8: every linear
@@ -298,4 +365,4 @@ int ei_q8_decode_layer(const ei_q8_layer *L, const ei_layer_ops *ops, int R, flo
 
 int ei_q8_simd(void) { return EI_Q8_SIMD; }
 
-int ei_q8_abi_version(void) { return 4; }
+int ei_q8_abi_version(void) { return 5; }
