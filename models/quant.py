@@ -233,6 +233,18 @@ class Int8Linear(nn.Module):
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this fused gate/up projection's output [R, 2I] -> [R, I]: on the vnni kernel prompt
+        rows go from the int32 GEMM straight to it (kernels.q8_linear), never writing [R, 2I] in fp32."""
+        from edgeinspect.models import kernels
+
+        x2 = x.reshape(-1, self.in_features)
+        if self.kernel == "vnni" and self.bias is None and not self.two_pass and not self.rotate:
+            y = kernels.q8_linear(x2.float(), self.qweight, self.scales, self.row_sums, False, gated=True)
+        else:
+            y = kernels.silu_mul(self(x2))
+        return y.reshape(*x.shape[:-1], self.out_features // 2)
+
     def _fbgemm(self, x: torch.Tensor) -> torch.Tensor:
         """[R, K] -> [R, N]. 8-bit activations (no reduce_range: the weights' pair bound prevents saturation)."""
         rows = x.shape[0]

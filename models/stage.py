@@ -494,6 +494,8 @@ class StageExecutor:
             return mlp
 
         def fused(h: torch.Tensor) -> torch.Tensor:
+            if native and isinstance(mlp.gate_up_proj, Int8Linear):
+                return mlp.down_proj(mlp.gate_up_proj.silu_mul(h))  # [R, I]
             gate_up = mlp.gate_up_proj(h)  # [R, 2I]
             if native:
                 return mlp.down_proj(kernels.silu_mul(gate_up))

@@ -113,6 +113,22 @@ def test_a_rotated_linear_computes_the_same_product_and_its_prompt_rows_take_one
     assert err(prompt) < 0.5 * err(one_pass)
 
 
+@pytest.mark.parametrize(("k", "n", "rows"), [(64, 352, 40), (64, 350, 40), (64, 352, 5), (128, 1024, 300)])
+def test_a_gated_projection_goes_from_int32_to_silu_times_up_with_the_bits_of_the_two_steps(k, n, rows, monkeypatch):
+    g = torch.Generator().manual_seed(n + rows)
+    lin = nn.Linear(k, n, bias=False).requires_grad_(False)
+    nn.init.normal_(lin.weight, std=0.05, generator=g)
+    gate_up = Int8Linear.from_linear(lin, "vnni")
+    x = torch.randn(rows, k, generator=g)
+    monkeypatch.setattr(kernels, "Q8_OUTPUT_BYTES", 4 * n * 64)  # 300 rows: blocks of 64 (each its own finish)
+    got = gate_up.silu_mul(x)  # [R, n / 2], never [R, n] in fp32 for prompt rows
+    assert got.shape == (rows, n // 2)
+    assert torch.equal(got, kernels.silu_mul(gate_up(x)))
+    y = x.double() @ gate_up.dequantized().double().T
+    exact = nn.functional.silu(y[:, : n // 2]) * y[:, n // 2 : 2 * (n // 2)]
+    torch.testing.assert_close(got.double(), exact, rtol=0, atol=0.02 * float(exact.abs().max()))
+
+
 def test_rotation_blocks_are_the_widest_power_of_two_that_divides_the_width():
     assert [rotation_block(k) for k in (5632, 2048, 176, 100, 24)] == [512, 512, 16, 0, 0]
     x = torch.randn(3, 1024)

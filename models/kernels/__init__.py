@@ -62,7 +62,7 @@ from edgeinspect.models.quant import cpu_flags
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
-ABI_VERSION = 5  # ei_abi_version() of the source this wrapper is written against
+ABI_VERSION = 6  # ei_abi_version() of the source this wrapper is written against
 INT4_SOURCE = Path(__file__).with_name("int4_gemm.c")
 INT4_ABI_VERSION = 1
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
@@ -135,9 +135,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ei_add_rmsnorm.argtypes = [i32, i32, ptr, i64, ptr, i64, ptr, ptr, ctypes.c_float, ptr]
     lib.ei_rope.argtypes = [i32, i32, i32, i32, ptr, i64, ptr, i64, ptr, ptr]
     lib.ei_silu_mul.argtypes = [i32, i32, ptr, i64, ptr]
+    lib.ei_silu_mul_q8.argtypes = [i32, i32, ptr, ptr, ptr, ptr]
     lib.ei_store_rows_q8.argtypes = [i32, i32, i32, ptr, i64, ptr, i64, i32, i32, i32, i32]
     lib.ei_store_rows_q8.restype = None
-    for fn in (lib.ei_add_rmsnorm, lib.ei_rope, lib.ei_silu_mul):
+    for fn in (lib.ei_add_rmsnorm, lib.ei_rope, lib.ei_silu_mul, lib.ei_silu_mul_q8):
         fn.restype = None
     return _abi_checked(lib, "ei_abi_version", ABI_VERSION, "kernel")
 
@@ -267,6 +268,7 @@ def q8_linear(
     row_sums: torch.Tensor,
     two_pass: bool,
     rotate: int = 0,
+    gated: bool = False,
 ) -> torch.Tensor:
     """x [R, K] fp32 (rows may be strided) @ (weight [N, K] int8 * scales [N]).T -> [R, N] fp32, activations
     quantized per row to int8 (two passes: + the residual). Few rows: our GEMV; more: torch._int_mm.
@@ -274,14 +276,21 @@ def q8_linear(
     `rotate` B: rows are rotated by block Hadamard before quantizing (the weight is stored rotated: Int8Linear).
     Prompt rows of a rotated linear then take one pass even where decode rows take two: the rotation brings one
     pass's error near the residual pass's (bench/README.md, "Prefill") at half the GEMM, where decode rows' second
-    pass costs little (the GEMV reads each weight row once for both)."""
+    pass costs little (the GEMV reads each weight row once for both).
+
+    `gated`: the linear is a fused gate/up projection and the result is silu(gate) * up [R, N/2] (one pass);
+    prompt rows go from _int_mm's int32 straight to it (ei_silu_mul_q8), the same bits as silu_mul(y)."""
     lib = q8_library()
     if x.dtype != torch.float32 or x.stride(1) != 1:
         x = x.float().contiguous()
     (r, k), n = x.shape, weight.shape[0]
     passes = 2 if two_pass else 1
     threads = torch.get_num_threads()
-    y = torch.empty(r, n)
+    if gated and (two_pass or rotate):
+        raise ValueError("a gated linear takes one pass, unrotated")
+    y = torch.empty(r, n // 2 if gated else n)
+    if passes * r <= Q8_GEMV_ROWS and gated:
+        return silu_mul(q8_linear(x, weight, scales, row_sums, False))
     if passes * r <= Q8_GEMV_ROWS:  # one call: quantize + GEMV (each torch op or ctypes call here costs ~1% of it)
         rc = lib.ei_q8_gemv_rows(
             r, n, k, int(two_pass), rotate, x.data_ptr(), x.stride(0), weight.data_ptr(), scales.data_ptr(),
@@ -305,6 +314,9 @@ def q8_linear(
             raise MemoryError("int8 linear could not allocate its rotation buffers")
         acc = torch._int_mm(xq, weight.t())  # [passes * rows, N] int32
         out = y[r0 : r0 + rows]
+        if gated:
+            library().ei_silu_mul_q8(rows, n // 2, acc.data_ptr(), xs.data_ptr(), scales.data_ptr(), out.data_ptr())
+            continue
         lib.ei_q8_finish(
             rows, n, int(two_pass), acc.data_ptr(), xs.data_ptr(), scales.data_ptr(), out.data_ptr(), threads
         )
@@ -430,7 +442,7 @@ def store_rows_q8(kv: KVBuffer, layer: int, keys: torch.Tensor, values: torch.Te
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[R, 2I] (gate | up) -> silu(gate) * up [R, I]."""
+    """[R, 2I] (gate | up) -> silu(gate) * up [R, I] (rows may be strided; the last dim contiguous)."""
     r, width = gate_up.shape
     out = torch.empty(r, width // 2)
     library().ei_silu_mul(r, width // 2, gate_up.data_ptr(), gate_up.stride(0), out.data_ptr())

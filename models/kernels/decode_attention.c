@@ -471,23 +471,44 @@ void ei_rope(int R, int heads, int kv_heads, int hd, float *q, int64_t q_row, fl
     }
 }
 
+/* o[i] = silu(g[i]) * u[i] for i < n: exp8 in blocks of 8, the tail with libm (every caller's row alike). */
+static inline void silu_mul_span(int n, const float *g, const float *u, float *o) {
+    int i = 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    for (; i + 8 <= n; i += 8) { /* exp8 of -g clamped to 87: e^87 still fits a float, g / (1 + it) -> 0 */
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(87.f)));
+        __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+
 /* out[r, i] = silu(gu[r, i]) * gu[r, I + i]: the fused gate/up projection's two halves. */
 void ei_silu_mul(int R, int I, const float *gu, int64_t gu_row, float *out) {
 #pragma omp parallel for schedule(static) if (R >= PARALLEL_ROWS)
+    for (int r = 0; r < R; r++) silu_mul_span(I, gu + r * gu_row, gu + r * gu_row + I, out + (int64_t)r * I);
+}
+
+/* ei_silu_mul straight from the fused gate/up projection's int32 output (torch._int_mm over int8_vnni.c's one-pass
+ * prompt rows): each value scaled as ei_q8_finish scales it (ws[n] * s * acc), 256 at a time, then the same span,
+ * so the bits are finish + ei_silu_mul's and the [R, 2I] fp32 output is never written. Pieces start at multiples
+ * of 8: the vector blocks and the scalar tail cover the elements a whole row would. */
+void ei_silu_mul_q8(int R, int I, const int32_t *acc, const float *xs, const float *ws, float *out) {
+#pragma omp parallel for schedule(static) if (R >= PARALLEL_ROWS)
     for (int r = 0; r < R; r++) {
-        const float *g = gu + r * gu_row, *u = g + I;
-        float *o = out + (int64_t)r * I;
-        int i = 0;
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-        for (; i + 8 <= I; i += 8) { /* exp8 of -g clamped to 87: e^87 still fits a float, g / (1 + it) -> 0 */
-            __m256 gv = _mm256_loadu_ps(g + i);
-            __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(87.f)));
-            __m256 sg = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(sg, _mm256_loadu_ps(u + i)));
+        const int32_t *a = acc + (int64_t)r * 2 * I;
+        float s = xs[r], g[256], u[256];
+        for (int c = 0; c < I; c += 256) {
+            int n = I - c < 256 ? I - c : 256;
+            for (int i = 0; i < n; i++) {
+                g[i] = ws[c + i] * s * (float)a[c + i];
+                u[i] = ws[I + c + i] * s * (float)a[I + c + i];
+            }
+            silu_mul_span(n, g, u, out + (int64_t)r * I + c);
         }
-#endif
-        for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
     }
 }
 
-int ei_abi_version(void) { return 5; }
+int ei_abi_version(void) { return 6; }
