@@ -15,17 +15,21 @@ prefill, decode.
   instructions; int8; int4) runs the whole report, and the fastest whose first-token logits keep cosine >= 0.99
   against fp32's on the same visual tokens, and whose 1.3B record in perf_accuracy.json is met (int8, int4), is
   "ours" (a format failing its record is still measured and reported, never chosen; fp32 always
-  runs, as that reference; cosine against the bf16 baseline is recorded too, but it carries the baseline's own
-  bf16 error).
+  runs, as that reference, once and unwarmed when other formats are asked for: its time is no target; cosine
+  against the bf16 baseline is recorded too, but it carries the baseline's own bf16 error). `--rounds 3` takes the
+  median of three reports per format; the llama.cpp anchor then runs interleaved with our chosen format: `--rounds`
+  rounds of (our report, each quant's llama-bench -r 1), and the targets set the medians over those rounds side
+  by side (with `--rounds 1`, llama-bench runs once after ours, `-r --llamacpp-reps`).
 
 - llama.cpp (bench/anchor_llamacpp.py; skipped with the reason recorded where it cannot be built): the same LM as
-  GGUF q8_0 and q4_0, `llama-bench` with our prompt length, generated tokens and threads, after our stages are
-  freed. It has no DeepSeek-VL vision path, so its figures are text only: our full report time (with vision) and
+  GGUF q8_0 and q4_0, `llama-bench` with our prompt length, generated tokens and threads, while our stages are
+  idle. It has no DeepSeek-VL vision path, so its figures are text only: our full report time (with vision) and
   our text-only time (prefill + decode) are both set against it. `--no-baseline` skips transformers (minutes).
 
-Only one 1.3B model is in memory at a time: the baseline is freed before any stage loads, each candidate stage
-before the next. Load times are not part of a report (transformers converts to bf16 while loading; an fp32 stage
-maps the safetensors files, so its first prefill also faults its weights in from the page cache).
+The baseline is freed before any stage loads and the fp32 stage before the next; the packed candidates (int8 +
+int4: ~2.5 GB at 1.3B) stay loaded for the interleaved rounds. Load times are not part of a report (transformers
+converts to bf16 while loading; an fp32 stage maps the safetensors files, so its first prefill also faults its
+weights in from the page cache).
 
     .venv/bin/python bench/perf_report.py [--checkpoint PATH] [--tokens 80] [--context-tokens 300] [--rounds 1]
         [--formats fp32,bf16,int8,int4] [--warmup 1] [--no-baseline] [--no-llamacpp] [--llamacpp-reps 1]
@@ -292,6 +296,41 @@ def timed(fn, rounds: int, warmup: int) -> list[dict]:
     return out
 
 
+def interleaved_rounds(report, ckpt: Checkpoint, prompt_tokens: int, args) -> tuple[dict, dict]:
+    """`args.rounds` rounds of (our report, then each llama.cpp quant's llama-bench -r 1): drifting load and memory
+    speed land on both sides alike. Returns llama.cpp's figures (each the median over rounds, as measure() returns
+    them) and ours per round, with the medians the targets use."""
+    ours, theirs = [], []
+    for r in range(args.rounds):
+        ours.append(report())
+        print(f"  interleaved round {r}: ours {ours[-1]['total_s']:.2f} s", flush=True)
+        theirs.append(
+            anchor_llamacpp.measure(ckpt, prompt_tokens, args.tokens, args.threads, 1, list(LLAMACPP_TARGETS))
+        )
+    llamacpp = theirs[0] | {"reps": 1, "rounds": args.rounds, "aggregate": "median over interleaved rounds"}
+    llamacpp["quants"] = {
+        q: {
+            k: round(statistics.median(t["quants"][q][k] for t in theirs), 3) if isinstance(v, float) else v
+            for k, v in row.items()
+        }
+        for q, row in theirs[0]["quants"].items()
+    }
+    total = [o["total_s"] for o in ours]
+    text = [o["total_s"] - o["preprocess_s"] - o["vision_s"] for o in ours]
+    rounds = [
+        {"ours_total_s": round(o["total_s"], 3)}
+        | {f"{q}_text_only_s": t["quants"][q]["report_text_only_s"] for q in t["quants"]}
+        for o, t in zip(ours, theirs, strict=True)
+    ]
+    interleaved = {
+        "rounds": rounds,
+        "ours_total_s_median": round(statistics.median(total), 4),
+        "ours_text_only_s_median": round(statistics.median(text), 4),
+        "ours_decode_ms_median": round(statistics.median(o["decode_ms_per_token"] for o in ours), 2),
+    }
+    return llamacpp, interleaved
+
+
 def run_baseline(ckpt: Checkpoint, processor, image_bytes: bytes, context: str, args) -> tuple[list[dict], int]:
     """The baseline's timed reports and the bytes one of its decode steps reads (layers, norm, lm_head)."""
     ref = load_reference_model(ckpt, "bf16")
@@ -348,15 +387,15 @@ def main() -> None:
     # visual tokens (the baseline's own bf16 error would otherwise count against them).
     formats = ["fp32", *(f for f in formats if f != "fp32")]
     whole = LayerRange(0, ckpt.num_layers, ckpt.num_layers)
-    candidates = {}
+    candidates, kept = {}, {}
     for fmt in formats:
         print(f"ours: ONNX {vision['format']} vision + StageExecutor {fmt}", flush=True)
         t0 = time.perf_counter()
         executor = StageExecutor(load_stage(ckpt, whole, fmt))
         load_s = time.perf_counter() - t0
-        runs = timed(
-            lambda ex=executor: ours_report(parts, ex, image_bytes, context, args.tokens), args.rounds, args.warmup
-        )
+        reference_only = fmt == "fp32" and len(formats) > 1  # ~40 s a report at 1.3B: one, for its logits
+        rounds, warmup = (1, 0) if reference_only else (args.rounds, args.warmup)
+        runs = timed(lambda ex=executor: ours_report(parts, ex, image_bytes, context, args.tokens), rounds, warmup)
         row = summarise(runs)
         row["load_s"] = round(load_s, 1)
         if base_runs:
@@ -372,26 +411,11 @@ def main() -> None:
             row["at_read_bound"] = decode_at_read_bound(executor, row["prompt_tokens"], row["weight_bytes_per_step"])
         row["kernel"] = linear_kernels(executor.module) or ("fbgemm fp16" if use_half16(fmt) else "torch " + fmt)
         candidates[fmt] = row
+        if fmt != "fp32":  # kept for the interleaved rounds below (int8 + int4 at 1.3B: ~2.5 GB)
+            kept[fmt] = executor
         del executor, runs
         gc.collect()
 
-    llamacpp = None
-    if not args.no_llamacpp:
-        prompt_tokens = next(iter(candidates.values()))["prompt_tokens"]
-        try:  # our stages are freed: llama.cpp runs alone, same threads, same prompt length
-            llamacpp = anchor_llamacpp.measure(
-                ckpt, prompt_tokens, args.tokens, args.threads, args.llamacpp_reps, list(LLAMACPP_TARGETS)
-            )
-        except anchor_llamacpp.Unavailable as e:
-            llamacpp = {"skipped": str(e)}
-            print(f"llama.cpp anchor skipped: {e}", flush=True)
-    bw = machine["read_bandwidth_gbs_2_threads"]
-    baseline = summarise(base_runs) | {"weight_bytes_per_step": base_bytes} if base_runs else {}
-    for row in [baseline, *candidates.values()]:
-        if row.get("decode_ms_per_token") is not None:
-            # against the bandwidth measured once at the start (kept for comparison with earlier runs)
-            row["read_bound_ms"] = round(row["weight_bytes_per_step"] / (bw * 1e9) * 1e3, 2)
-            row["x_read_bound_vs_start_bandwidth"] = round(row["decode_ms_per_token"] / row["read_bound_ms"], 2)
     eligible = {
         f: r
         for f, r in candidates.items()
@@ -400,6 +424,31 @@ def main() -> None:
     if not eligible:
         raise SystemExit(f"no format kept logits cosine >= {MIN_COSINE}: {candidates}")
     best = min(eligible, key=lambda f: eligible[f]["total_s"])
+    llamacpp, interleaved = None, None
+    if not args.no_llamacpp:
+        prompt_tokens = next(iter(candidates.values()))["prompt_tokens"]
+        try:  # same threads, same prompt length, alone on the box (our stage idle between rounds)
+            if args.rounds > 1 and best in kept:
+                llamacpp, interleaved = interleaved_rounds(
+                    lambda: ours_report(parts, kept[best], image_bytes, context, args.tokens), ckpt, prompt_tokens, args
+                )
+            else:
+                llamacpp = anchor_llamacpp.measure(
+                    ckpt, prompt_tokens, args.tokens, args.threads, args.llamacpp_reps, list(LLAMACPP_TARGETS)
+                )
+        except anchor_llamacpp.Unavailable as e:
+            llamacpp = {"skipped": str(e)}
+            print(f"llama.cpp anchor skipped: {e}", flush=True)
+    kept.clear()
+    bw = machine["read_bandwidth_gbs_2_threads"]
+    baseline = summarise(base_runs) | {"weight_bytes_per_step": base_bytes} if base_runs else {}
+    for row in [baseline, *candidates.values()]:
+        if row.get("decode_ms_per_token") is not None:
+            # against the bandwidth measured once at the start (kept for comparison with earlier runs)
+            row["read_bound_ms"] = round(row["weight_bytes_per_step"] / (bw * 1e9) * 1e3, 2)
+            row["x_read_bound_vs_start_bandwidth"] = round(row["decode_ms_per_token"] / row["read_bound_ms"], 2)
+    ours_total = interleaved["ours_total_s_median"] if interleaved else eligible[best]["total_s"]
+    ours_text = interleaved["ours_text_only_s_median"] if interleaved else eligible[best]["text_only_s"]
     targets = {}
     if baseline:
         targets["report_time_ours_vs_transformers_bf16"] = target(
@@ -409,11 +458,9 @@ def main() -> None:
         for q, goal in LLAMACPP_TARGETS.items():
             theirs = llamacpp["quants"][q]["report_text_only_s"]
             targets[f"report_time_ours_vs_llamacpp_{q}_text_only"] = target(
-                eligible[best]["total_s"] / theirs, goal, higher_is_better=False
+                ours_total / theirs, goal, higher_is_better=False
             )
-            targets[f"report_text_only_ours_vs_llamacpp_{q}"] = {
-                "value": round(eligible[best]["text_only_s"] / theirs, 4)
-            }
+            targets[f"report_text_only_ours_vs_llamacpp_{q}"] = {"value": round(ours_text / theirs, 4)}
         if "int4" in candidates:
             theirs = llamacpp["quants"]["q4_0"]["decode_ms_per_token_at_depth"]
             targets["decode_int4_vs_llamacpp_q4_0_at_depth"] = target(
@@ -442,6 +489,7 @@ def main() -> None:
         "candidates": candidates,
         "ours": {"format": best, "vision": f"onnxruntime {vision['format']}"} | eligible[best],
         "llamacpp": llamacpp,
+        "interleaved": interleaved,
         "targets": targets,
     }
     path = write_json("perf_report", payload, args.out)
@@ -457,6 +505,8 @@ def main() -> None:
             f"{'llama ' + q:>10} {row['report_text_only_s']:9.2f} {'-':>7} {'(text)':>9} {row['prefill_s']:10.2f} "
             f"{row['decode_ms_per_token_at_depth']:14.1f}  (decode at depth 0: {row['decode_ms_per_token_depth0']})"
         )
+    for r, row in enumerate((interleaved or {}).get("rounds", [])):
+        print(f"  interleaved round {r}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
     print(f"ours = {best}; load average {load_average()}")
     for name, rec in targets.items():
         print(f"  {name}: {rec}")

@@ -5,7 +5,8 @@ An int8 stage keeps activations, norms, attention and the KV cache in fp32 and r
 layers (and the lm_head) by Int8Linear. The kernel is picked once per process by what this CPU runs fast:
 
 - "vnni" (CPUs with AVX512-VNNI, where the native kernels build): int8 weights kept row-major, activations
-  quantized per row to int8 (+ a residual pass for TWO_PASS_LINEARS). Decode rows run our GEMV
+  quantized per row to int8 (+ a residual pass for TWO_PASS_LINEARS in decode rows; their weights and activations
+  are rotated by block Hadamard, so their prompt rows take one pass at about the same error). Decode rows run our GEMV
   (models/kernels/int8_vnni.c): a 1.3B step's linears at 0.82x the speed of a plain read of the same bytes, where
   fbgemm's packed GEMV reaches 0.75x (1.1x faster); prompts run torch._int_mm (oneDNN) over the same bytes, 1.14x
   fbgemm's GEMM on a 256-row layer block. One copy of the weights serves both (bench/perf_int8_kernel.py).
@@ -44,9 +45,9 @@ KERNELS = ("vnni", "fbgemm", "int8pack", "dequant")
 # A second pass costs ~0.1 ms per linear at one row, so it is spent where the error is.
 TWO_PASS_LINEARS = frozenset({"down_proj"})
 # The same linears' activations are rotated by a block Hadamard matrix on the vnni kernel (weights stored rotated):
-# the rotation spreads silu(gate) * up's tails, so their prompt rows take one pass (half the GEMM: 16% of a 974-token
-# 1.3B prefill) at about the error of two (first-token logits cosine vs fp32 0.9950, two passes 0.9952, one pass
-# unrotated 0.9931; bench/README.md, "Prefill").
+# the rotation spreads silu(gate) * up's tails, so their prompt rows take one pass (half the GEMM: ~16% of a 974-token
+# 1.3B prefill) at about the error of two (first-token logits cosine vs fp32 0.9955, two passes unrotated 0.9952, one
+# pass unrotated 0.9931; bench/README.md, "Prefill: the down projection rotated").
 MAX_ROTATION_BLOCK = 512
 
 

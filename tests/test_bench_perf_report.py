@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from bench_scripts import run_bench
+from bench_scripts import BENCH_DIR, run_bench
 
 
 @pytest.mark.slow  # ~1 min on the shared 2 cores: ONNX export + quantization, two stages, the baseline
@@ -41,3 +41,38 @@ def test_perf_report_writes_baseline_ours_phases_and_the_ratio_target(tiny_check
     # the bound counts the cache the step reads at that depth, so it is the tighter of the two ratios' bounds
     assert bound["kv_bytes_at_depth"] > 0 and bound["x_weight_read_bound"] > bound["x_read_bound"]
     assert "at_read_bound" not in data["candidates"]["fp32"]
+
+
+def test_interleaved_rounds_pair_each_of_our_reports_with_llamacpp_runs_and_take_medians(monkeypatch):
+    """The aggregation only: llama.cpp (not ours) is replaced by canned llama-bench figures that drift per round."""
+    import sys
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(BENCH_DIR))
+    import perf_report
+
+    calls: list[str] = []
+    theirs = iter([8.0, 10.0, 9.0])
+
+    def measure(ckpt, prompt_tokens, tokens, threads, reps, quants):
+        assert reps == 1 and prompt_tokens == 974
+        calls.append("llama")
+        t = next(theirs)
+        rows = {q: {"report_text_only_s": t * (1.5 if q == "q8_0" else 1.0), "loadavg_before": [1.0]} for q in quants}
+        return {"what": "llama-bench", "quants": rows}
+
+    ours = iter([5.0, 4.0, 6.0])
+
+    def report():
+        calls.append("ours")
+        return {"total_s": next(ours), "preprocess_s": 0.0, "vision_s": 0.5, "decode_ms_per_token": 30.0}
+
+    monkeypatch.setattr(perf_report.anchor_llamacpp, "measure", measure)
+    args = SimpleNamespace(rounds=3, tokens=80, threads=2)
+    llamacpp, interleaved = perf_report.interleaved_rounds(report, None, 974, args)
+    assert calls == ["ours", "llama"] * 3  # alternating, ours first in each round
+    assert llamacpp["quants"]["q4_0"]["report_text_only_s"] == 9.0  # medians over rounds
+    assert llamacpp["quants"]["q8_0"]["report_text_only_s"] == 13.5
+    assert interleaved["ours_total_s_median"] == 5.0 and interleaved["ours_text_only_s_median"] == 4.5
+    assert [r["ours_total_s"] for r in interleaved["rounds"]] == [5.0, 4.0, 6.0]
+    assert [r["q4_0_text_only_s"] for r in interleaved["rounds"]] == [8.0, 10.0, 9.0]

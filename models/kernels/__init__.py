@@ -275,8 +275,8 @@ def q8_linear(
 
     `rotate` B: rows are rotated by block Hadamard before quantizing (the weight is stored rotated: Int8Linear).
     Prompt rows of a rotated linear then take one pass even where decode rows take two: the rotation brings one
-    pass's error near the residual pass's (bench/README.md, "Prefill") at half the GEMM, where decode rows' second
-    pass costs little (the GEMV reads each weight row once for both).
+    pass's error near the residual pass's (bench/README.md, "Prefill: the down projection rotated") at half the
+    GEMM, where decode rows' second pass costs little (the GEMV reads each weight row once for both).
 
     `gated`: the linear is a fused gate/up projection and the result is silu(gate) * up [R, N/2] (one pass);
     prompt rows go from _int_mm's int32 straight to it (ei_silu_mul_q8), the same bits as silu_mul(y)."""
