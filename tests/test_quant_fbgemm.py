@@ -136,7 +136,7 @@ def test_a_long_prompt_in_row_blocks_gives_exactly_what_one_piece_gives(tiny_che
     ids = torch.randint(10, 400, (2 * PROMPT_BLOCK + 77,))
     ex = StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers - 1, ckpt.num_layers), "int8"))
     seen: list[int] = []
-    ex.module.layers[0].mlp.gate_up_proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0].shape[0]))
+    ex.module.layers[0].mlp.down_proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0].shape[0]))
 
     def hidden(block: int) -> torch.Tensor:
         ex.prompt_block = block
