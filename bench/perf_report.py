@@ -296,6 +296,11 @@ def timed(fn, rounds: int, warmup: int) -> list[dict]:
     return out
 
 
+def text_only_s(report: dict) -> float:
+    """A report's prefill + decode: its time less image decoding, preprocessing and vision (llama.cpp's figure)."""
+    return report["total_s"] - report["preprocess_s"] - report["vision_s"]
+
+
 def interleaved_rounds(report, ckpt: Checkpoint, prompt_tokens: int, args) -> tuple[dict, dict]:
     """`args.rounds` rounds of (our report, then each llama.cpp quant's llama-bench -r 1): drifting load and memory
     speed land on both sides alike. Returns llama.cpp's figures (each the median over rounds, as measure() returns
@@ -316,7 +321,7 @@ def interleaved_rounds(report, ckpt: Checkpoint, prompt_tokens: int, args) -> tu
         for q, row in theirs[0]["quants"].items()
     }
     total = [o["total_s"] for o in ours]
-    text = [o["total_s"] - o["preprocess_s"] - o["vision_s"] for o in ours]
+    text = [text_only_s(o) for o in ours]
     rounds = [
         {"ours_total_s": round(o["total_s"], 3)}
         | {f"{q}_text_only_s": t["quants"][q]["report_text_only_s"] for q in t["quants"]}
@@ -402,7 +407,7 @@ def main() -> None:
             row["first_logits_cosine_vs_baseline"] = round(
                 cosine(runs[0]["first_logits"], base_runs[0]["first_logits"]), 6
             )
-        row["text_only_s"] = round(row["total_s"] - row["preprocess_s"] - row["vision_s"], 4)
+        row["text_only_s"] = round(text_only_s(row), 4)
         if fmt == "fp32":
             reference_logits = runs[0]["first_logits"]
         row["first_logits_cosine_vs_fp32"] = round(cosine(runs[0]["first_logits"], reference_logits), 6)

@@ -241,7 +241,7 @@ class Int8Linear(nn.Module):
 
         x2 = x.reshape(-1, self.in_features)
         if self.kernel == "vnni" and self.bias is None and not self.two_pass and not self.rotate:
-            y = kernels.q8_linear(x2.float(), self.qweight, self.scales, self.row_sums, False, gated=True)
+            y = kernels.q8_linear(x2, self.qweight, self.scales, self.row_sums, False, gated=True)
         else:
             y = kernels.silu_mul(self(x2))
         return y.reshape(*x.shape[:-1], self.out_features // 2)

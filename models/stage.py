@@ -380,7 +380,9 @@ class StageExecutor:
         pure_decode = decode is not None and len(one_row) == len(spans)
         wanted = [i for i, (_, inp) in enumerate(batch) if inp.logits]  # prompt chunks with more to come: none
         offsets = _offsets(spans)
-        ends = torch.tensor([offsets[i] + spans[i][1] - 1 for i in wanted], dtype=torch.long)
+        ends = None  # rows logits are taken from (a last stage's only)
+        if self.range.is_last:
+            ends = torch.tensor([offsets[i] + spans[i][1] - 1 for i in wanted], dtype=torch.long)
         # The last layer of a last stage needs its attention output, o_proj and MLP only at the rows sampled from
         # (its keys and values are stored for every row before): a prompt's last layer then costs ~1/4 (packed
         # stages; fp32 and row-exact stages keep their GEMMs' row counts, which generate()'s bits depend on).

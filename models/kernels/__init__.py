@@ -288,9 +288,9 @@ def q8_linear(
     threads = torch.get_num_threads()
     if gated and (two_pass or rotate):
         raise ValueError("a gated linear takes one pass, unrotated")
-    y = torch.empty(r, n // 2 if gated else n)
     if passes * r <= Q8_GEMV_ROWS and gated:
         return silu_mul(q8_linear(x, weight, scales, row_sums, False))
+    y = torch.empty(r, n // 2 if gated else n)
     if passes * r <= Q8_GEMV_ROWS:  # one call: quantize + GEMV (each torch op or ctypes call here costs ~1% of it)
         rc = lib.ei_q8_gemv_rows(
             r, n, k, int(two_pass), rotate, x.data_ptr(), x.stride(0), weight.data_ptr(), scales.data_ptr(),
