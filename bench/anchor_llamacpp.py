@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -240,7 +241,9 @@ def llama_bench(binary: Path, model: Path, args: list[str]) -> list[dict]:
         timeout=3600,
     )
     if done.returncode != 0:
-        raise Unavailable(f"llama-bench failed: {done.stderr.strip()[-400:]}")
+        # A crash leaves stderr empty: name the signal so the message still says what happened.
+        how = f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0 else f"exit {done.returncode}"
+        raise Unavailable(f"llama-bench failed ({how}): {done.stderr.strip()[-400:]}")
     return json.loads(done.stdout)
 
 

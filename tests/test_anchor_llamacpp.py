@@ -21,3 +21,21 @@ def test_without_a_toolchain_the_anchor_skips_and_says_why(tiny_checkpoint, tmp_
     assert done.returncode == 0, done.stderr
     assert "SKIPPED anchor_llamacpp.py: no cmake or cc or c++ on this machine" in done.stdout
     assert not (tmp_path / "a.json").exists()
+
+
+def test_a_crashed_llama_bench_is_reported_by_its_signal(tmp_path, monkeypatch):
+    # Seen on an AMX Xeon: llama-bench died of SIGSEGV with nothing on stderr, and the skip message said nothing.
+    import importlib.util
+
+    import pytest
+
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # bench scripts import their common module
+    spec = importlib.util.spec_from_file_location("anchor_llamacpp", SCRIPT)
+    assert spec and spec.loader
+    anchor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(anchor)
+    crashing = tmp_path / "llama-bench"
+    crashing.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    crashing.chmod(0o755)
+    with pytest.raises(anchor.Unavailable, match=r"llama-bench failed \(killed by SIGSEGV\)"):
+        anchor.llama_bench(crashing, tmp_path / "m.gguf", ["-p", "16"])
