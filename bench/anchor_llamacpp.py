@@ -225,10 +225,17 @@ def gguf_files(ckpt, quants: list[str], bins: dict[str, Path]) -> dict[str, Path
                 errors="replace",
             )
             if done.returncode != 0:
-                raise Unavailable(f"llama-quantize {q} failed: {done.stderr.strip()[-400:]}")
+                raise failed(f"llama-quantize {q}", done)
             os.replace(str(path) + ".tmp", path)
         out[q] = path
     return out
+
+
+def failed(what: str, done: subprocess.CompletedProcess) -> Unavailable:
+    """A llama.cpp tool's failure, saying how it ended: a crash leaves stderr empty, so the signal is named."""
+    code = done.returncode
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+    return Unavailable(f"{what} failed ({how}): {done.stderr.strip()[-400:]}")
 
 
 def llama_bench(binary: Path, model: Path, args: list[str]) -> list[dict]:
@@ -241,9 +248,7 @@ def llama_bench(binary: Path, model: Path, args: list[str]) -> list[dict]:
         timeout=3600,
     )
     if done.returncode != 0:
-        # A crash leaves stderr empty: name the signal so the message still says what happened.
-        how = f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0 else f"exit {done.returncode}"
-        raise Unavailable(f"llama-bench failed ({how}): {done.stderr.strip()[-400:]}")
+        raise failed("llama-bench", done)
     return json.loads(done.stdout)
 
 

@@ -25,15 +25,11 @@ def test_without_a_toolchain_the_anchor_skips_and_says_why(tiny_checkpoint, tmp_
 
 def test_a_crashed_llama_bench_is_reported_by_its_signal(tmp_path, monkeypatch):
     # Seen on an AMX Xeon: llama-bench died of SIGSEGV with nothing on stderr, and the skip message said nothing.
-    import importlib.util
-
     import pytest
 
     monkeypatch.syspath_prepend(str(SCRIPT.parent))  # bench scripts import their common module
-    spec = importlib.util.spec_from_file_location("anchor_llamacpp", SCRIPT)
-    assert spec and spec.loader
-    anchor = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(anchor)
+    import anchor_llamacpp as anchor
+
     crashing = tmp_path / "llama-bench"
     crashing.write_text("#!/bin/sh\nkill -SEGV $$\n")
     crashing.chmod(0o755)
