@@ -108,6 +108,53 @@ static void rows_simd(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, 
     }
 }
 
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define EI_INT4_SIMD 1
+
+/* _mm512_reduce_add_ps's order (GCC: 256-bit halves, 128-bit halves, then pairs) over the 16 lanes lo | hi, so this
+ * path's sums are the VNNI path's to the bit. */
+static inline float reduce16(__m256 lo, __m256 hi) {
+    __m256 t = _mm256_add_ps(hi, lo);
+    __m128 u = _mm_add_ps(_mm256_extractf128_ps(t, 1), _mm256_castps256_ps128(t));
+    u = _mm_add_ps(u, _mm_shuffle_ps(u, u, 0x4E));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 0x55)));
+}
+
+/* The VNNI loop above on AVX2: nibbles (unsigned, <= 15) times int8 activations by vpmaddubsw cannot saturate
+ * (2 * 15 * 127 < 32768), vpmaddwd by ones adds the pairs into the same four-product int32 lanes vpdpbusd makes;
+ * each block's two groups keep 8 lanes each (lo, hi) as the 512-bit accumulator's two halves do. */
+static void rows_simd(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, const uint16_t *wd,
+                      const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
+    const int blocks = K / BLOCK, groups = K / GROUP;
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int n = n0; n < n1; n++) {
+        const uint8_t *wrow = qw + (int64_t)n * (K / 2);
+        const uint16_t *drow = wd + (int64_t)n * groups;
+        __m256 lo_acc[ROWS], hi_acc[ROWS];
+        for (int r = 0; r < nr; r++) lo_acc[r] = hi_acc[r] = _mm256_setzero_ps();
+        for (int b = 0; b < blocks; b++) {
+            _mm_prefetch((const char *)(wrow + (int64_t)b * 32 + PREFETCH), _MM_HINT_T1);
+            __m256i packed = _mm256_loadu_si256((const __m256i *)(wrow + (int64_t)b * 32));
+            __m256i lo = _mm256_and_si256(packed, low4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+            __m256 lo_scale = _mm256_set1_ps(half_to_float(drow[2 * b]));
+            __m256 hi_scale = _mm256_set1_ps(half_to_float(drow[2 * b + 1]));
+            for (int r = 0; r < nr; r++) {
+                int64_t rb = ((int64_t)(r0 + r) * blocks + b) * 16; /* this row's lanes for block b */
+                const int8_t *xb = xq + (int64_t)(r0 + r) * K + (int64_t)b * BLOCK;
+                __m256i lo_dot = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xb)), ones);
+                __m256i hi_dot = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xb + 32))), ones);
+                lo_dot = _mm256_add_epi32(lo_dot, _mm256_loadu_si256((const __m256i *)(xs + rb)));
+                hi_dot = _mm256_add_epi32(hi_dot, _mm256_loadu_si256((const __m256i *)(xs + rb + 8)));
+                lo_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo_dot), _mm256_mul_ps(lo_scale, _mm256_loadu_ps(xd + rb)), lo_acc[r]);
+                hi_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi_dot), _mm256_mul_ps(hi_scale, _mm256_loadu_ps(xd + rb + 8)), hi_acc[r]);
+            }
+        }
+        for (int r = 0; r < nr; r++) y[(int64_t)(r0 + r) * y_row + n] = reduce16(lo_acc[r], hi_acc[r]);
+    }
+}
+
 #else
 #define EI_INT4_SIMD 0
 #endif
@@ -184,7 +231,7 @@ done:
     return rc;
 }
 
-/* 1 where the VNNI path was compiled in (the plain path is a correctness fallback, not fast). */
+/* 1 where the VNNI or the AVX2 path was compiled in (the plain path is a correctness fallback, not fast). */
 int ei_int4_simd(void) { return EI_INT4_SIMD; }
 
 int ei_int4_abi_version(void) { return 1; }
