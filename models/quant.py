@@ -4,12 +4,16 @@ without bf16 instructions.
 An int8 stage keeps activations, norms, attention and the KV cache in fp32 and replaces every nn.Linear of its
 layers (and the lm_head) by Int8Linear. The kernel is picked once per process by what this CPU runs fast:
 
-- "vnni" (CPUs with AVX512-VNNI, where the native kernels build): int8 weights kept row-major, activations
-  quantized per row to int8 (+ a residual pass for TWO_PASS_LINEARS in decode rows; their weights and activations
-  are rotated by block Hadamard, so their prompt rows take one pass at about the same error). Decode rows run our GEMV
+- "vnni" (the default on CPUs with AVX512-VNNI, where the native kernels build): int8 weights kept row-major,
+  activations quantized per row to int8 (+ a residual pass for TWO_PASS_LINEARS in decode rows; their weights and
+  activations are rotated by block Hadamard, so their prompt rows take one pass at about the same error). Decode
+  rows run our GEMV
   (models/kernels/int8_vnni.c): a 1.3B step's linears at 0.82x the speed of a plain read of the same bytes, where
   fbgemm's packed GEMV reaches 0.75x (1.1x faster); prompts run torch._int_mm (oneDNN) over the same bytes, 1.14x
   fbgemm's GEMM on a 256-row layer block. One copy of the weights serves both (bench/perf_int8_kernel.py).
+  On AVX2 without VNNI it builds an AVX2 GEMV and its own exact int32 GEMM (torch._int_mm there is a reference
+  loop); measured on a Zen 3 EPYC, decode 1.06x fbgemm's speed but prompts 1.5x slower, so fbgemm is the default
+  there and "vnni" is chosen explicitly (Int8Linear's `kernel`).
 - "fbgemm": torch's dynamic-quantized linear (int8 weights prepacked per channel, uint8 activations). Measured here
   (AVX2, no VNNI) it is ~3x faster than fp32 at one row and barely slower at 4 rows, where fp32 GEMM falls off a
   cliff. fbgemm quantizes activations per tensor; we give it rows scaled to absmax 1 (so the scale is per token)
@@ -128,15 +132,24 @@ def int8pack_available() -> bool:
         return False
 
 
+def kernels_simd() -> int:
+    """The vnni kernel's SIMD level here: 2 AVX512-VNNI, 1 AVX2, 0 plain C or not built."""
+    from edgeinspect.models import kernels  # kernels imports this module
+
+    lib = kernels.q8_library()
+    return lib.ei_q8_simd() if lib is not None else 0
+
+
 @functools.cache
 def vnni_available() -> bool:
-    """Whether the vnni kernel runs its SIMD path here (AVX512-VNNI, a C compiler, torch._int_mm on CPU)."""
-    if not {"avx512_vnni", "avx512bw"} <= cpu_flags():
-        return False
+    """Whether the vnni kernel runs a SIMD path here: AVX512-VNNI (prompts on torch._int_mm, which must run), or
+    AVX2 (our GEMM for prompts too); a C compiler either way."""
     from edgeinspect.models import kernels  # kernels imports this module
 
     if not kernels.q8_fast():
         return False
+    if kernels_simd() < 2:
+        return True
     try:
         torch._int_mm(torch.ones(17, 64, dtype=torch.int8), torch.ones(64, 8, dtype=torch.int8))
         return True
@@ -145,7 +158,9 @@ def vnni_available() -> bool:
 
 
 def default_kernel() -> str:
-    if vnni_available():
+    # Where the CPU has AVX2 but no VNNI the vnni kernel's decode GEMV is ~1.06x fbgemm's but its prompt GEMM
+    # ~1.5x slower (bench/perf_int8_kernel.py on a Zen 3 EPYC), and prefill is most of a report there: fbgemm.
+    if vnni_available() and (kernels_simd() == 2 or not fbgemm_available()):
         return "vnni"
     if fbgemm_available():
         return "fbgemm"

@@ -1,4 +1,5 @@
-"""The vnni int8 linear: our GEMV for decode rows and torch._int_mm for prompts compute the same int8 arithmetic."""
+"""The vnni int8 linear: our GEMV for decode rows and the int32 GEMM for prompts (torch._int_mm on VNNI CPUs, ours
+on AVX2) compute the same int8 arithmetic."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from edgeinspect.models.quant import (
     default_kernel,
     fbgemm_available,
     hadamard_blocks,
+    kernels_simd,
     rotation_block,
     vnni_available,
 )
@@ -37,7 +39,7 @@ def reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, two_pass: 
 
 @pytest.mark.parametrize("two_pass", [False, True])
 @pytest.mark.parametrize(("n", "k"), [(330, 2048), (7, 100), (64, 5632)])  # a partial last block, a tail of K
-@pytest.mark.parametrize("rows", [1, 3, 9, 40])  # 1-8 rows (x2 passes <= 16): our GEMV; 40: torch._int_mm
+@pytest.mark.parametrize("rows", [1, 3, 9, 40])  # 1-8 rows (x2 passes <= 16): our GEMV; 40: the int32 GEMM
 def test_decode_rows_and_prompt_rows_compute_the_same_int8_arithmetic(n, k, rows, two_pass):
     g = torch.Generator().manual_seed(n + k + rows)
     lin = nn.Linear(k, n, bias=False).requires_grad_(False)
@@ -64,8 +66,8 @@ def test_a_prompt_whose_output_would_leave_the_heap_runs_in_row_blocks_with_the_
     x = torch.randn(300, 512, generator=g)[:, ::2]  # strided rows: each block reads them in place
     whole = layer(x)
     calls = []
-    int_mm = torch._int_mm
-    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(a.shape[0]) or int_mm(a, b))
+    int_mm = kernels.q8_int_mm
+    monkeypatch.setattr(kernels, "q8_int_mm", lambda a, b: calls.append(a.shape[0]) or int_mm(a, b))
     monkeypatch.setattr(kernels, "Q8_OUTPUT_BYTES", 96 * 4 * 64)  # 64 rows of int32 output (two passes: 32 rows)
     blocked = layer(x)
     rows = 32 if two_pass else 64
@@ -101,7 +103,7 @@ def test_a_rotated_linear_computes_the_same_product_and_its_prompt_rows_take_one
         return float(1 - nn.functional.cosine_similarity(y.double().flatten(), exact.flatten(), dim=0))
 
     decode = torch.cat([rotated(x[i : i + 4]) for i in range(0, 40, 4)])  # 4 rows x 2 passes: the GEMV
-    prompt = rotated(x)  # 40 rows: torch._int_mm, one pass when rotated
+    prompt = rotated(x)  # 40 rows: the int32 GEMM, one pass when rotated
     if not block:  # a width with no block to rotate by: the plain linear's bits, two passes everywhere
         assert torch.equal(prompt, plain(x))
         return
@@ -136,9 +138,28 @@ def test_rotation_blocks_are_the_widest_power_of_two_that_divides_the_width():
     torch.testing.assert_close(hadamard_blocks(x, 16).norm(dim=1), x.norm(dim=1))
 
 
-@pytest.mark.skipif(not vnni_available(), reason="this CPU has no AVX512-VNNI: the fbgemm kernel is the default")
-def test_vnni_is_the_default_where_the_cpu_has_it():
-    assert default_kernel() == "vnni" and kernels.q8_fast()
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 1, 1), (7, 5, 100), (64, 33, 2048), (131, 96, 5632 + 31)])
+def test_the_prompt_gemm_gives_the_exact_int32_product_whatever_the_tile_remainders(rows, n, k):
+    g = torch.Generator().manual_seed(rows + n + k)
+    xq = torch.randint(-127, 128, (rows, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    xq[0, : min(k, 40)] = 127  # saturating pairs for vpmaddubsw if the sign trick were wrong
+    w[0, : min(k, 40)] = -127
+    got = kernels.q8_int_mm(xq, w)
+    assert got.dtype == torch.int32
+    assert torch.equal(got.long(), xq.long() @ w.long().T)
+    acc = torch.empty(rows, n, dtype=torch.int32)  # our GEMM itself, also where the VNNI build uses torch._int_mm
+    kernels.q8_library().ei_q8_mm(rows, n, k, xq.data_ptr(), w.data_ptr(), acc.data_ptr(), 2)
+    assert torch.equal(acc, got)
+
+
+@pytest.mark.skipif(not vnni_available(), reason="this CPU has neither AVX512-VNNI nor AVX2: fbgemm is the default")
+def test_vnni_is_the_default_where_the_cpu_has_vnni_and_fbgemm_where_it_has_avx2_only():
+    assert kernels.q8_fast()
+    if kernels_simd() == 2:
+        assert default_kernel() == "vnni"
+    else:  # AVX2: our prompt GEMM is slower than fbgemm's there (models/quant.py)
+        assert kernels_simd() == 1 and default_kernel() == ("fbgemm" if fbgemm_available() else "vnni")
 
 
 @pytest.mark.skipif(not fbgemm_available(), reason="fbgemm kernel is not in this torch build")

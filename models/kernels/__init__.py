@@ -14,14 +14,17 @@ stages) reads 0.52x the bytes; with AVX-512 loads and software prefetch it took 
 to ~6.5-9.5 ms (fp16 rows then int8 rows, same process, min of 10; the spread is this box's memory speed).
 With several concurrent sessions this attention is what bounds batching (bench/README.md, perf_batching).
 
-int4_gemm.c is the int4-weight x int8-activation matmul of models/int4.py (q4_0 grid, VNNI dot products; a
-plain-C path where the CPU has no AVX512-VNNI, correct but slow, which `weights: auto` then measures as such).
+int4_gemm.c is the int4-weight x int8-activation matmul of models/int4.py (q4_0 grid, VNNI dot products, or
+AVX2 ones with the same sums in the same order; a plain-C path where the CPU has neither, correct but slow, which
+`weights: auto` then measures as such).
 
 int8_rows.c is the activation side of the fbgemm int8 linear (models/quant.py) fused into one pass in and one
 out: per-row scaling and the residual second pass, which as torch ops cost a prompt as much as the GEMM itself.
 
 int8_vnni.c is the "vnni" int8 linear (models/quant.py): per-row int8 activations and our VNNI GEMV for decode
-rows over row-major int8 weights (torch._int_mm runs prompts over the same weights). decode_attention.c also holds
+rows over row-major int8 weights (torch._int_mm runs prompts over the same weights). Where the CPU has AVX2 but no
+VNNI it builds an AVX2 GEMV and its own exact int32 GEMM for prompts (ei_q8_mm: torch._int_mm there is oneDNN's
+reference loop, ~170x slower than fbgemm). decode_attention.c also holds
 the elementwise steps of a native decode layer (RMSNorm with its residual add, rotary embedding, silu * up), so a
 decode step does not pay ~40 torch op dispatches per layer; on vnni int8 (and int4) stages int8_vnni.c's
 ei_q8_decode_layer runs a whole layer in one call (DecodeLayers: the same functions in the same order, so the same
@@ -68,13 +71,13 @@ INT4_ABI_VERSION = 1
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
 ROWS_ABI_VERSION = 1
 Q8_SOURCE = Path(__file__).with_name("int8_vnni.c")
-Q8_ABI_VERSION = 5
+Q8_ABI_VERSION = 6
 PROMPT_SOURCE = Path(__file__).with_name("prompt_attention.c")
 PROMPT_ABI_VERSION = 1
-# Activation rows (both passes counted) up to which the vnni linear runs its own GEMV; above, torch._int_mm
-# (oneDNN), which is the faster at prompt sizes but reads weights at half of memory speed for a single row.
+# Activation rows (both passes counted) up to which the vnni linear runs its own GEMV; above, the int32 GEMM
+# (q8_int_mm), which is the faster at prompt sizes but reads weights at half of memory speed for a single row.
 Q8_GEMV_ROWS = 16
-# Most bytes of int32 output one torch._int_mm call of a prompt makes: glibc hands a larger buffer back to the kernel
+# Most bytes of int32 output one q8_int_mm call of a prompt makes: glibc hands a larger buffer back to the kernel
 # on free (its mmap threshold tops out at 32 MiB), so each call would fault a fresh one in.
 Q8_OUTPUT_BYTES = 32 << 20
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
@@ -239,6 +242,8 @@ def _bind_q8(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ei_q8_gemv_rows.restype = i32
     lib.ei_q8_finish.argtypes = [i32, i32, i32, ptr, ptr, ptr, ptr, i32]
     lib.ei_q8_finish.restype = None
+    lib.ei_q8_mm.argtypes = [i32, i32, i32, ptr, ptr, ptr, i32]
+    lib.ei_q8_mm.restype = i32
     lib.ei_q8_simd.restype = i32
     lib.ei_q8_layer_scratch.argtypes = [ctypes.POINTER(Q8Layer), i32]
     lib.ei_q8_layer_scratch.restype = i64
@@ -256,9 +261,26 @@ def q8_library() -> ctypes.CDLL | None:
 
 
 def q8_fast() -> bool:
-    """Whether the vnni linear runs its AVX512-VNNI path here (elsewhere plain C: correct, slow)."""
+    """Whether the vnni linear runs a SIMD path here: AVX512-VNNI, or AVX2 (elsewhere plain C: correct, slow)."""
     lib = q8_library()
     return lib is not None and bool(lib.ei_q8_simd())
+
+
+def q8_int_mm(xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """xq [R, K] int8 @ weight [N, K] int8 .T -> [R, N] int32, exact: torch._int_mm (oneDNN) where the kernel has
+    its VNNI path; elsewhere oneDNN falls back to a reference loop (~170x slower than fbgemm on AVX2), and our
+    AVX2 GEMM (ei_q8_mm) gives the same int32 sums."""
+    lib = q8_library()
+    if lib.ei_q8_simd() == 2:
+        return torch._int_mm(xq, weight.t())
+    acc = torch.empty(xq.shape[0], weight.shape[0], dtype=torch.int32)
+    rc = lib.ei_q8_mm(
+        xq.shape[0], weight.shape[0], xq.shape[1], xq.data_ptr(), weight.data_ptr(), acc.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if rc != 0:
+        raise MemoryError("int8 prompt GEMM could not allocate its widened activations")
+    return acc
 
 
 def q8_linear(
@@ -271,7 +293,7 @@ def q8_linear(
     gated: bool = False,
 ) -> torch.Tensor:
     """x [R, K] fp32 (rows may be strided) @ (weight [N, K] int8 * scales [N]).T -> [R, N] fp32, activations
-    quantized per row to int8 (two passes: + the residual). Few rows: our GEMV; more: torch._int_mm.
+    quantized per row to int8 (two passes: + the residual). Few rows: our GEMV; more: q8_int_mm.
 
     `rotate` B: rows are rotated by block Hadamard before quantizing (the weight is stored rotated: Int8Linear).
     Prompt rows of a rotated linear then take one pass even where decode rows take two: the rotation brings one
@@ -279,7 +301,7 @@ def q8_linear(
     GEMM, where decode rows' second pass costs little (the GEMV reads each weight row once for both).
 
     `gated`: the linear is a fused gate/up projection and the result is silu(gate) * up [R, N/2] (one pass);
-    prompt rows go from _int_mm's int32 straight to it (ei_silu_mul_q8), the same bits as silu_mul(y)."""
+    prompt rows go from q8_int_mm's int32 straight to it (ei_silu_mul_q8), the same bits as silu_mul(y)."""
     lib = q8_library()
     if x.dtype != torch.float32 or x.stride(1) != 1:
         x = x.float().contiguous()
@@ -312,7 +334,7 @@ def q8_linear(
         )
         if rc != 0:
             raise MemoryError("int8 linear could not allocate its rotation buffers")
-        acc = torch._int_mm(xq, weight.t())  # [passes * rows, N] int32
+        acc = q8_int_mm(xq, weight)  # [passes * rows, N] int32
         out = y[r0 : r0 + rows]
         if gated:
             library().ei_silu_mul_q8(rows, n // 2, acc.data_ptr(), xs.data_ptr(), scales.data_ptr(), out.data_ptr())
