@@ -138,7 +138,7 @@ def test_rotation_blocks_are_the_widest_power_of_two_that_divides_the_width():
     torch.testing.assert_close(hadamard_blocks(x, 16).norm(dim=1), x.norm(dim=1))
 
 
-@pytest.mark.parametrize(("rows", "n", "k"), [(1, 1, 1), (7, 5, 100), (64, 33, 2048), (131, 96, 5632 + 31)])
+@pytest.mark.parametrize(("rows", "n", "k"), [(1, 1, 1), (3, 4, 0), (7, 5, 100), (64, 33, 2048), (131, 96, 5632 + 31)])
 def test_the_prompt_gemm_gives_the_exact_int32_product_whatever_the_tile_remainders(rows, n, k):
     g = torch.Generator().manual_seed(rows + n + k)
     xq = torch.randint(-127, 128, (rows, k), dtype=torch.int8, generator=g)

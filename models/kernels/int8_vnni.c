@@ -401,10 +401,11 @@ void ei_q8_gemv(int R, int N, int K, int two_pass, const int8_t *xq, const float
  * fbgemm 0.11 s). Rows go in chunks that stay in L2 while both threads sweep their share of the weight rows; each
  * tile is 4 activation rows x 2 weight rows. Exact int32 sums, so any split gives the same bits. */
 int ei_q8_mm(int R, int N, int K, const int8_t *xq, const int8_t *w, int32_t *acc, int threads) {
+    if (R <= 0 || N <= 0) return 0; /* nothing to write (and malloc(0) may answer NULL) */
 #if EI_Q8_SIMD && !defined(__AVX512VNNI__)
     const int K16 = K & ~15;
     int16_t *x16 = malloc((size_t)R * K * sizeof(int16_t));
-    if (!x16) return -1;
+    if (!x16 && K > 0) return -1;
     int chunk = (256 << 10) / (2 * (K > 0 ? K : 1)); /* activation rows per 256 KiB of int16 */
     chunk = chunk < MM_ROWS ? MM_ROWS : chunk - chunk % MM_ROWS;
     const int tiles = (N + MM_COLS - 1) / MM_COLS;
