@@ -309,37 +309,91 @@ static inline void dot4(const int8_t *xr, const int8_t *xr2, const int8_t *w0, i
     }
 }
 
-#define MM_ROWS 4 /* activation rows per ei_q8_mm tile */
-#define MM_COLS 2 /* weight rows per tile: 8 accumulators, with the loads, fill AVX2's 16 registers */
+#define MM_ROWS 6  /* activation rows per tile */
+#define MM_COLS 16 /* output columns per packed weight panel: two vectors of eight int32 lanes */
 
-/* acc[r, j] for tile rows x[0..3] (int16, widened once per prompt block) and weight rows w[0..1] (int8, widened per
- * load and shared by the 4 rows) over K (a multiple of 16 here; the caller adds the tail). vpmaddwd alone: the sign
- * trick of dot32 costs a third uop per 32 products on the ports the multiplies use (1.5x slower here, an AVX2 Zen 3
- * EPYC), and int16 products need no guard against saturation. Written out row by row: with arrays GCC reloaded the
- * weights and spilled accumulators. */
-static inline void mm_tile(const int16_t *const x[MM_ROWS], const int8_t *const w[MM_COLS], int K,
-                           int32_t acc[MM_ROWS][MM_COLS]) {
-    const int16_t *restrict x0 = x[0], *restrict x1 = x[1], *restrict x2 = x[2], *restrict x3 = x[3];
-    const int8_t *restrict w0p = w[0], *restrict w1p = w[1];
-    __m256i a00 = _mm256_setzero_si256(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
-            a31 = a00;
+/* Weight rows n0..n0 + 15 of w [N, K] as a panel of int16 pairs: panel[p][c] = (w[n0 + c][2p], w[n0 + c][2p + 1]),
+ * zeros past N and past K (an odd K gets a zero partner). One vector of the panel then holds 8 columns' pairs, and
+ * vpmaddwd of it with an activation pair broadcast to every lane gives those 8 columns' two products summed, in
+ * int32 (exact: int16 products need no guard against saturation). */
+static void mm_pack(const int8_t *w, int N, int K, int n0, int16_t *restrict panel) {
+    const int pairs = (K + 1) / 2;
+    int p0 = 0;
+    if (n0 + MM_COLS <= N) /* whole panels: 8 pairs x 8 columns at a time, widened and transposed in registers */
+        for (; 2 * p0 + 16 <= K; p0 += 8)
+            for (int half = 0; half < 2; half++) {
+                __m256i r[8];
+                for (int c = 0; c < 8; c++) /* row c's 16 bytes from 2 p0: its pairs p0..p0 + 7 as int32 lanes */
+                    r[c] = _mm256_cvtepi8_epi16(
+                        _mm_loadu_si128((const __m128i *)(w + (int64_t)(n0 + 8 * half + c) * K + 2 * p0)));
+                __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+                __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+                __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+                __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+                __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+                __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+                __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+                __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+                __m256i col[8] = { /* col[j]: pair p0 + j of the 8 rows */
+                    _mm256_permute2x128_si256(u0, u4, 0x20), _mm256_permute2x128_si256(u1, u5, 0x20),
+                    _mm256_permute2x128_si256(u2, u6, 0x20), _mm256_permute2x128_si256(u3, u7, 0x20),
+                    _mm256_permute2x128_si256(u0, u4, 0x31), _mm256_permute2x128_si256(u1, u5, 0x31),
+                    _mm256_permute2x128_si256(u2, u6, 0x31), _mm256_permute2x128_si256(u3, u7, 0x31)};
+                for (int j = 0; j < 8; j++)
+                    _mm256_storeu_si256((__m256i *)(panel + (int64_t)(p0 + j) * 2 * MM_COLS + 16 * half), col[j]);
+            }
+    for (int c = 0; c < MM_COLS; c++) { /* the rest: columns past N as zeros, an odd K's last pair with a zero */
+        const int8_t *wr = w + (int64_t)(n0 + c) * K;
+        int16_t *out = panel + 2 * c;
+        for (int p = p0; p < pairs; p++) {
+            int k = 2 * p;
+            out[(int64_t)p * 2 * MM_COLS] = n0 + c < N ? wr[k] : 0;
+            out[(int64_t)p * 2 * MM_COLS + 1] = n0 + c < N && k + 1 < K ? wr[k + 1] : 0;
+        }
+    }
+}
+
+/* acc rows x[0..5] (int16, rows padded to an even width) times the panel: 6 x 16 int32 sums in 12 accumulators,
+ * with the panel's two vectors and the broadcast pair, AVX2's 16 registers. Per pair of depth, 12 vpmaddwd for 192
+ * products against 64 bytes of panel (from L2) and 24 of activations (from L1): the old 4 x 2 tile of widened
+ * activation vectors read a byte from L2 per product and ran at ~0.6x fbgemm's GEMM (an AVX2 Zen 3 EPYC). Written
+ * out row by row: with arrays GCC spilled the accumulators. */
+static inline void mm_tile(const int16_t *const x[MM_ROWS], const int16_t *restrict panel, int pairs,
+                           int32_t out[MM_ROWS][MM_COLS]) {
+    const int16_t *restrict x0 = x[0], *restrict x1 = x[1], *restrict x2 = x[2], *restrict x3 = x[3],
+                            *restrict x4 = x[4], *restrict x5 = x[5];
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+            c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
 #define EI_MM_ROW(xp, acc0, acc1)                                                                                   \
     do {                                                                                                            \
-        __m256i xv = LD(xp + k);                                                                                    \
-        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(xv, wa));                                                   \
-        acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(xv, wb));                                                   \
+        int32_t pair;                                                                                               \
+        memcpy(&pair, (xp) + 2 * p, sizeof pair);                                                                   \
+        __m256i xv = _mm256_set1_epi32(pair);                                                                       \
+        acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(xv, w0));                                                   \
+        acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(xv, w1));                                                   \
     } while (0)
-    for (int k = 0; k + 16 <= K; k += 16) {
-        __m256i wa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w0p + k)));
-        __m256i wb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w1p + k)));
-        EI_MM_ROW(x0, a00, a01);
-        EI_MM_ROW(x1, a10, a11);
-        EI_MM_ROW(x2, a20, a21);
-        EI_MM_ROW(x3, a30, a31);
+    for (int p = 0; p < pairs; p++) {
+        const __m256i w0 = LD(panel + (int64_t)p * 2 * MM_COLS), w1 = LD(panel + (int64_t)p * 2 * MM_COLS + 16);
+        EI_MM_ROW(x0, c00, c01);
+        EI_MM_ROW(x1, c10, c11);
+        EI_MM_ROW(x2, c20, c21);
+        EI_MM_ROW(x3, c30, c31);
+        EI_MM_ROW(x4, c40, c41);
+        EI_MM_ROW(x5, c50, c51);
     }
 #undef EI_MM_ROW
-    acc[0][0] = hsum_i32(a00), acc[0][1] = hsum_i32(a01), acc[1][0] = hsum_i32(a10), acc[1][1] = hsum_i32(a11);
-    acc[2][0] = hsum_i32(a20), acc[2][1] = hsum_i32(a21), acc[3][0] = hsum_i32(a30), acc[3][1] = hsum_i32(a31);
+#define EI_MM_OUT(r, acc0, acc1)                                                                                    \
+    do {                                                                                                            \
+        _mm256_storeu_si256((__m256i *)out[r], acc0);                                                               \
+        _mm256_storeu_si256((__m256i *)(out[r] + 8), acc1);                                                         \
+    } while (0)
+    EI_MM_OUT(0, c00, c01);
+    EI_MM_OUT(1, c10, c11);
+    EI_MM_OUT(2, c20, c21);
+    EI_MM_OUT(3, c30, c31);
+    EI_MM_OUT(4, c40, c41);
+    EI_MM_OUT(5, c50, c51);
+#undef EI_MM_OUT
 }
 #undef LD
 
@@ -398,44 +452,49 @@ void ei_q8_gemv(int R, int N, int K, int two_pass, const int8_t *xq, const float
 
 /* acc[R, N] int32 = xq[R, K] . w[N, K]^T: the int32 product torch._int_mm gives, for prompt rows on CPUs without
  * VNNI, where oneDNN's int8 GEMM falls back to a reference loop (18.6 s for 256 x 2048 x 11264 on an AVX2 EPYC,
- * fbgemm 0.11 s). Rows go in chunks that stay in L2 while both threads sweep their share of the weight rows; each
- * tile is 4 activation rows x 2 weight rows. Exact int32 sums, so any split gives the same bits. */
+ * fbgemm 0.11 s). Activations are widened to int16 once (rows padded to an even width); each thread then packs 16
+ * weight rows at a time into an int16 panel (mm_pack: ~K x 64 bytes, in L2) and runs every activation row past it
+ * in 6-row tiles. Exact int32 sums, so any split gives the same bits. */
 int ei_q8_mm(int R, int N, int K, const int8_t *xq, const int8_t *w, int32_t *acc, int threads) {
     if (R <= 0 || N <= 0) return 0; /* nothing to write (and malloc(0) may answer NULL) */
 #if EI_Q8_SIMD && !defined(__AVX512VNNI__)
-    const int K16 = K & ~15;
-    int16_t *x16 = malloc((size_t)R * K * sizeof(int16_t));
-    if (!x16 && K > 0) return -1;
-    int chunk = (256 << 10) / (2 * (K > 0 ? K : 1)); /* activation rows per 256 KiB of int16 */
-    chunk = chunk < MM_ROWS ? MM_ROWS : chunk - chunk % MM_ROWS;
-    const int tiles = (N + MM_COLS - 1) / MM_COLS;
+    const int pairs = (K + 1) / 2, Kp = 2 * pairs;
+    int16_t *x16 = malloc((size_t)R * (Kp > 0 ? Kp : 1) * sizeof(int16_t));
+    if (!x16) return -1;
+    const int panels = (N + MM_COLS - 1) / MM_COLS;
+    int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
+        int16_t *panel = aligned_alloc(32, ((size_t)pairs * 2 * MM_COLS * sizeof(int16_t) + 63) & ~(size_t)31);
+        if (!panel) {
+#pragma omp atomic write
+            failed = 1;
+        }
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < (int64_t)R * K; i++) x16[i] = xq[i];
-        for (int c0 = 0; c0 < R; c0 += chunk) {
-            int c1 = c0 + chunk < R ? c0 + chunk : R;
+        for (int r = 0; r < R; r++) {
+            for (int k = 0; k < K; k++) x16[(int64_t)r * Kp + k] = xq[(int64_t)r * K + k];
+            if (Kp > K) x16[(int64_t)r * Kp + K] = 0;
+        }
+        /* the loop's barrier makes every thread's allocation outcome visible here */
+        if (!failed) {
 #pragma omp for schedule(static)
-            for (int t = 0; t < tiles; t++) {
-                int n0 = t * MM_COLS;
-                const int8_t *wr[MM_COLS];
-                for (int j = 0; j < MM_COLS; j++) wr[j] = w + (int64_t)(n0 + j < N ? n0 + j : N - 1) * K;
-                for (int r0 = c0; r0 < c1; r0 += MM_ROWS) {
+            for (int t = 0; t < panels; t++) {
+                const int n0 = t * MM_COLS, nc = N - n0 < MM_COLS ? N - n0 : MM_COLS;
+                mm_pack(w, N, K, n0, panel);
+                for (int r0 = 0; r0 < R; r0 += MM_ROWS) {
                     const int16_t *xr[MM_ROWS]; /* a partial tile repeats its last row and drops the extra sums */
-                    for (int r = 0; r < MM_ROWS; r++) xr[r] = x16 + (int64_t)(r0 + r < c1 ? r0 + r : c1 - 1) * K;
+                    for (int r = 0; r < MM_ROWS; r++) xr[r] = x16 + (int64_t)(r0 + r < R ? r0 + r : R - 1) * Kp;
                     int32_t d[MM_ROWS][MM_COLS];
-                    mm_tile(xr, wr, K16, d);
-                    for (int r = 0; r < MM_ROWS && r0 + r < c1; r++)
-                        for (int j = 0; j < MM_COLS && n0 + j < N; j++) {
-                            int32_t s = d[r][j];
-                            for (int k = K16; k < K; k++) s += (int32_t)xr[r][k] * wr[j][k];
-                            acc[(int64_t)(r0 + r) * N + n0 + j] = s;
-                        }
+                    mm_tile(xr, panel, pairs, d);
+                    for (int r = 0; r < MM_ROWS && r0 + r < R; r++)
+                        memcpy(acc + (int64_t)(r0 + r) * N + n0, d[r], (size_t)nc * sizeof(int32_t));
                 }
             }
         }
+        free(panel);
     }
     free(x16);
+    if (failed) return -1;
 #else
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int n = 0; n < N; n++)
