@@ -287,6 +287,12 @@ class LocalStack:
         for role in self.roles:
             self._wait_bound(role)
         self._wait_serving(self.gateway_address)
+        # The gateway serves once one complete route exists; with replicas another may still be loading its
+        # weights. `up` reports a stack whose every stage serves (seen: stage0r1 still loading when stack.json
+        # appeared, its Stats answered UNAVAILABLE).
+        for role in self.roles:
+            if role.role == "stage":
+                self._wait_serving(self.address_of(role.name), role)
         self._write_stack_file()
         if o.supervise:
             self._supervisor = threading.Thread(target=self._supervise, name="edgeinspect-supervisor", daemon=True)
