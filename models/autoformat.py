@@ -43,7 +43,7 @@ MEASURE_LAYERS = 2
 CONTEXT = 512  # cached positions the timed steps attend over (the report's decode runs at ~1,000)
 WARMUP_STEPS, TIMED_ROUNDS, STEPS_PER_ROUND = 2, 3, 3
 MIN_UPDATE_COSINE = 0.99
-MEASURE_VERSION = 5  # bump when the method or the kernels measured change: old cache entries then no longer match
+MEASURE_VERSION = 6  # bump when the method or the kernels measured change: old cache entries then no longer match
 # 2: int8 KV rows, the vnni int8 kernel and native decode layers (what each format costs moved)
 # 3: the vnni GEMV reads one weight row after another; vnni int8 layers decode in one native call
 # 4: the int8 and int4 GEMVs prefetch into L2 (a 1.3B report's decode steps on a Zen 4 EPYC: int4 1.6x, int8 1.4x)

@@ -11,9 +11,10 @@ layers (and the lm_head) by Int8Linear. The kernel is picked once per process by
   (models/kernels/int8_vnni.c): a 1.3B step's linears at 0.82x the speed of a plain read of the same bytes, where
   fbgemm's packed GEMV reaches 0.75x (1.1x faster); prompts run torch._int_mm (oneDNN) over the same bytes, 1.14x
   fbgemm's GEMM on a 256-row layer block. One copy of the weights serves both (bench/perf_int8_kernel.py).
-  On AVX2 without VNNI it builds an AVX2 GEMV and its own exact int32 GEMM (torch._int_mm there is a reference
-  loop); measured on a Zen 3 EPYC, decode 1.06x fbgemm's speed but prompts 1.5x slower, so fbgemm is the default
-  there and "vnni" is chosen explicitly (Int8Linear's `kernel`).
+  On AVX2 without VNNI it builds an AVX2 GEMV and its own exact int32 GEMM for prompts (torch._int_mm there is a
+  reference loop): on a Zen 3 EPYC its 256-row GEMM runs at ~0.85-1.0x fbgemm's speed, and a whole 1.3B stage
+  prefills and decodes ~5% faster than on fbgemm (the rotated down projection takes one pass), so it is the default
+  there too.
 - "fbgemm": torch's dynamic-quantized linear (int8 weights prepacked per channel, uint8 activations). Measured here
   (AVX2, no VNNI) it is ~3x faster than fp32 at one row and barely slower at 4 rows, where fp32 GEMM falls off a
   cliff. fbgemm quantizes activations per tensor; we give it rows scaled to absmax 1 (so the scale is per token)
@@ -158,9 +159,10 @@ def vnni_available() -> bool:
 
 
 def default_kernel() -> str:
-    # Where the CPU has AVX2 but no VNNI the vnni kernel's decode GEMV is ~1.06x fbgemm's but its prompt GEMM
-    # ~1.5x slower (bench/perf_int8_kernel.py on a Zen 3 EPYC), and prefill is most of a report there: fbgemm.
-    if vnni_available() and (kernels_simd() == 2 or not fbgemm_available()):
+    # On AVX2 without VNNI too: there a whole 1.3B int8 stage prefilled 974 tokens in 0.95x fbgemm's time and
+    # decoded at 0.95x (one pass for the rotated down projection, fbgemm's takes two), and loaded in half the time
+    # (bench/results/perf_report_epyc_avx2.json, a Zen 3 EPYC).
+    if vnni_available():
         return "vnni"
     if fbgemm_available():
         return "fbgemm"

@@ -16,8 +16,8 @@
  * side (four streams per thread, the previous form) were slower at every speed, fbgemm's packed GEMV slower still.
  * On a Zen 4 EPYC (memory at 28-40 GB/s) prefetching into L1 2 KiB ahead took 1.52-1.75x the sum's time and into
  * L2 8 KiB ahead 1.05-1.13x (medians of 21-31 interleaved rounds; T2 alike, L1 at 8-32 KiB 1.45x). Long
- * prompts go to torch._int_mm (oneDNN) over the same weights instead, and ei_q8_finish applies the scales to its
- * int32 output.
+ * prompts go to torch._int_mm (oneDNN) over the same weights instead (on AVX2 without VNNI to ei_q8_mm below), and
+ * ei_q8_finish applies the scales to its int32 output.
  *
  * With `rotate` = B (a power of two, 16..512), a row is multiplied by the B x B Hadamard matrix block by block before
  * it is quantized (the weights were stored rotated the same way, models/quant.py, so the product is unchanged): an
