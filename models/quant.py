@@ -13,8 +13,8 @@ layers (and the lm_head) by Int8Linear. The kernel is picked once per process by
   fbgemm's GEMM on a 256-row layer block. One copy of the weights serves both (bench/perf_int8_kernel.py).
   On AVX2 without VNNI it builds an AVX2 GEMV and its own exact int32 GEMM for prompts (torch._int_mm there is a
   reference loop): on a Zen 3 EPYC its 256-row GEMM runs at ~0.85-1.0x fbgemm's speed, and a whole 1.3B stage
-  prefills and decodes ~5% faster than on fbgemm (the rotated down projection takes one pass), so it is the default
-  there too.
+  runs a report 0.89x fbgemm's time (the rotated down projection takes one pass; bench/perf_int8_stage.py), so it
+  is the default there too.
 - "fbgemm": torch's dynamic-quantized linear (int8 weights prepacked per channel, uint8 activations). Measured here
   (AVX2, no VNNI) it is ~3x faster than fp32 at one row and barely slower at 4 rows, where fp32 GEMM falls off a
   cliff. fbgemm quantizes activations per tensor; we give it rows scaled to absmax 1 (so the scale is per token)
@@ -159,9 +159,10 @@ def vnni_available() -> bool:
 
 
 def default_kernel() -> str:
-    # On AVX2 without VNNI too: there a whole 1.3B int8 stage prefilled 974 tokens in 0.95x fbgemm's time and
-    # decoded at 0.95x (one pass for the rotated down projection, fbgemm's takes two), and loaded in half the time
-    # (bench/results/perf_report_epyc_avx2.json, a Zen 3 EPYC).
+    # On AVX2 without VNNI too: on a Zen 3 EPYC a whole 1.3B int8 stage ran the report's prompt and 80 tokens in
+    # 0.89x fbgemm's time (prefill 12.5 vs 13.8 s, decode 67.5 vs 72.8 ms: the rotated down projection takes one
+    # pass, fbgemm's two), first-token logits cosine vs fp32 0.9956 vs 0.9919, loaded in 43 vs 117 s
+    # (bench/perf_int8_stage.py).
     if vnni_available():
         return "vnni"
     if fbgemm_available():
