@@ -48,6 +48,7 @@ MEASURE_VERSION = 6  # bump when the method or the kernels measured change: old 
 # 3: the vnni GEMV reads one weight row after another; vnni int8 layers decode in one native call
 # 4: the int8 and int4 GEMVs prefetch into L2 (a 1.3B report's decode steps on a Zen 4 EPYC: int4 1.6x, int8 1.4x)
 # 5: AVX2 without VNNI: our int4 kernel runs a SIMD path there (it ran plain C); vnni int8 builds one too
+# 6: AVX2 without VNNI: int8 runs the vnni kernel there too (its prompt GEMM packs weight panels), not fbgemm
 
 
 @dataclass
