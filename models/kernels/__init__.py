@@ -279,7 +279,7 @@ def q8_int_mm(xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         torch.get_num_threads(),
     )  # fmt: skip
     if rc != 0:
-        raise MemoryError("int8 prompt GEMM could not allocate its widened activations")
+        raise MemoryError("int8 prompt GEMM could not allocate its widened activations or weight panels")
     return acc
 
 
