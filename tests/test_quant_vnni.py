@@ -138,6 +138,41 @@ def test_rotation_blocks_are_the_widest_power_of_two_that_divides_the_width():
     torch.testing.assert_close(hadamard_blocks(x, 16).norm(dim=1), x.norm(dim=1))
 
 
+
+@pytest.mark.parametrize(("k", "block"), [(2048, 0), (100, 0), (33, 16), (5632, 256), (320, 64)])
+@pytest.mark.parametrize("two_pass", [False, True])
+def test_activation_rows_quantize_to_the_documented_bits_on_this_cpus_simd_path(k, block, two_pass):
+    """ei_q8_prep (AVX-512, AVX2 or plain C, whichever this CPU builds) against its arithmetic in torch, bit for bit:
+    the unnormalized block rotation, s = absmax / 127, round half to even of x * (1/s), clamped; the residual pass
+    x - q s as one rounding (a fused multiply-add: exact in float64, then rounded once) on a grid 254x finer. Blocks
+    whose sqrt is a power of two, so the reference can undo hadamard_blocks' normalization exactly."""
+    g = torch.Generator().manual_seed(k + block)
+    x = torch.randn(6, k, generator=g) * 3
+    x[1] = torch.randint(-300, 300, (k,), generator=g).float() * 0.5  # halfway cases for the rounding
+    x[2] = 0  # a zero row: zero scales, zero codes
+    x[3, ::3] = 0
+    passes = 2 if two_pass else 1
+    xq = torch.full((passes * 6, k), 99, dtype=torch.int8)
+    xs = torch.full((passes * 6,), -1.0)
+    rc = kernels.q8_library().ei_q8_prep(6, k, x.data_ptr(), k, int(two_pass), block, xq.data_ptr(), xs.data_ptr(), 2)
+    assert rc == 0
+    norm = block**-0.5 if block else 1.0
+    rows = x
+    if block:
+        whole = k // block * block  # a tail past the last whole block stays as it is
+        rows = torch.cat([hadamard_blocks(x[:, :whole], block) * block**0.5, x[:, whole:]], dim=1)
+    s1 = rows.abs().amax(dim=1, keepdim=True) / 127
+    q1 = torch.round(rows * torch.where(s1 > 0, 1 / s1, 0)).clamp(-127, 127)
+    assert torch.equal(xq[:6], q1.to(torch.int8))
+    assert torch.equal(xs[:6], (s1 * norm).squeeze(1))
+    if two_pass:
+        s2 = s1 / 254
+        residual = (rows.double() - q1.double() * s1.double()).float()
+        q2 = torch.round(residual * torch.where(s2 > 0, 1 / s2, 0)).clamp(-127, 127)
+        assert torch.equal(xq[6:], q2.to(torch.int8))
+        assert torch.equal(xs[6:], (s2 * norm).squeeze(1))
+    assert not xq[2].any() and not xq[2 + (6 if two_pass else 0)].any()
+
 @pytest.mark.parametrize(("rows", "n", "k"), [(1, 1, 1), (3, 4, 0), (7, 5, 100), (64, 33, 2048), (131, 96, 5632 + 31)])
 def test_the_prompt_gemm_gives_the_exact_int32_product_whatever_the_tile_remainders(rows, n, k):
     g = torch.Generator().manual_seed(rows + n + k)
