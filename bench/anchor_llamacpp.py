@@ -245,6 +245,7 @@ def llama_bench(binary: Path, model: Path, args: list[str]) -> list[dict]:
     AMX Xeon llama-bench died of SIGSEGV, the crash llama.cpp issue 20824 reports in ggml_backend_amx_mul_mat (the
     AMX layout is one of those extra buffers). That run is slower than llama.cpp at its best (no repacked q4_0
     either), so its records carry repack 0 (llama-bench's own field) and "retried_after": the first run's end."""
+
     def run(extra: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run(
             [str(binary), "-m", str(model), "-o", "json", *args, *extra],

@@ -37,9 +37,7 @@ def test_a_crashed_llama_bench_is_reported_by_its_signal(tmp_path, monkeypatch):
         anchor.llama_bench(crashing, tmp_path / "m.gguf", ["-p", "16"])
 
 
-def test_a_llama_bench_that_crashes_at_its_default_runs_again_without_extra_layouts_and_says_so(
-    tmp_path, monkeypatch
-):
+def test_a_llama_bench_that_crashes_at_its_default_runs_again_without_extra_layouts_and_says_so(tmp_path, monkeypatch):
     # llama.cpp issue 20824: ggml_backend_amx_mul_mat segfaults on some AMX Xeons; --repack 0 turns that buffer off.
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import anchor_llamacpp as anchor
@@ -53,9 +51,7 @@ def test_a_llama_bench_that_crashes_at_its_default_runs_again_without_extra_layo
     )
     fake.chmod(0o755)
     records = anchor.llama_bench(fake, tmp_path / "m.gguf", ["-p", "16"])
-    assert records == [
-        {"n_prompt": 16, "repack": False, "retried_after": "llama-bench failed (killed by SIGSEGV): "}
-    ]
+    assert records == [{"n_prompt": 16, "repack": False, "retried_after": "llama-bench failed (killed by SIGSEGV): "}]
     assert calls.read_text().splitlines() == [
         f"-m {tmp_path / 'm.gguf'} -o json -p 16",
         f"-m {tmp_path / 'm.gguf'} -o json -p 16 --repack 0",

@@ -138,7 +138,6 @@ def test_rotation_blocks_are_the_widest_power_of_two_that_divides_the_width():
     torch.testing.assert_close(hadamard_blocks(x, 16).norm(dim=1), x.norm(dim=1))
 
 
-
 @pytest.mark.parametrize(("k", "block"), [(2048, 0), (100, 0), (33, 16), (5632, 256), (320, 64)])
 @pytest.mark.parametrize("two_pass", [False, True])
 def test_activation_rows_quantize_to_the_documented_bits_on_this_cpus_simd_path(k, block, two_pass):
@@ -172,6 +171,7 @@ def test_activation_rows_quantize_to_the_documented_bits_on_this_cpus_simd_path(
         assert torch.equal(xq[6:], q2.to(torch.int8))
         assert torch.equal(xs[6:], (s2 * norm).squeeze(1))
     assert not xq[2].any() and not xq[2 + (6 if two_pass else 0)].any()
+
 
 @pytest.mark.parametrize(("rows", "n", "k"), [(1, 1, 1), (3, 4, 0), (7, 5, 100), (64, 33, 2048), (131, 96, 5632 + 31)])
 def test_the_prompt_gemm_gives_the_exact_int32_product_whatever_the_tile_remainders(rows, n, k):
