@@ -44,6 +44,7 @@ from edgeinspect.models.quant import (
     resolve_weights,
     use_half16,
 )
+from edgeinspect.models.weight_arena import huge_page_weights
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,8 @@ def load_stage(
                 part.float()
         if module.lm_head is not None:
             half16_linears(module)  # the lm_head (the layers are done); embeddings stay bf16, cast on lookup
+    if weights in ("int8", "int4"):  # decode streams them: one mapping on huge pages (models/weight_arena.py)
+        huge_page_weights(module)
     module.rotary_emb.to(torch.float32)
     module.weights = weights
     return module.eval()
