@@ -3,10 +3,10 @@
 A decode step streams every int8/int4 weight once. On 4 KiB pages that is a TLB miss every 4 KiB (a two-level page
 walk inside a VM), and each of the ~100 linears of a 1.3B step starts a new run of them. Moved into one anonymous
 mapping advised MADV_HUGEPAGE (2 MiB pages where the kernel's THP setting is "madvise" or "always"), a 1.3B int8
-(vnni) decode step at 974 positions took 0.96x the time with bit-identical logits on an AVX2 EPYC VM (bench/README.md,
-"Decode: weights on huge pages"). One mapping for the whole stage, not one per tensor: each tensor's last huge page
-would otherwise waste up to 2 MiB. Where THP is "never", or off Linux, the advice changes nothing and the weights
-still sit in one mapping on ordinary pages.
+(vnni) decode step at 974 positions took 0.946x the time with bit-identical logits on an AVX2 EPYC VM
+(bench/perf_weight_pages.py; bench/README.md, "Decode: weights on huge pages"). One mapping for the whole stage,
+not one per tensor: each tensor's last huge page would otherwise waste up to 2 MiB. Where THP is "never", or off
+Linux, the advice changes nothing and the weights still sit in one mapping on ordinary pages.
 """
 
 from __future__ import annotations
@@ -49,10 +49,11 @@ def huge_page_weights(module: nn.Module) -> int:
     if total < MIN_BYTES:
         return 0
     arena = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    advice, advised = getattr(mmap, "MADV_HUGEPAGE", None), False
     if advice is not None:
         try:
             arena.madvise(advice)
+            advised = True
         except OSError as e:  # a kernel built without THP: ordinary pages, still one mapping
             log.info("weights stay on 4 KiB pages: the kernel refused huge pages (%s)", e)
     raw = torch.frombuffer(arena, dtype=torch.uint8)  # keeps the mapping alive as long as any view of it lives
@@ -63,4 +64,8 @@ def huge_page_weights(module: nn.Module) -> int:
         new.copy_(old)
         setattr(m, name, new)
         offset += -(-size // ALIGN) * ALIGN
+    log.info(
+        "%d weight tensors (%.0f MiB) in one mapping%s",
+        len(targets), total / 2**20, " advised for 2 MiB pages" if advised else "",
+    )  # fmt: skip
     return total
