@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import load_average, machine_info, skip, write_json
+from common import load_average, machine_info, require_checkpoint, skip, write_json
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp we build
 BUILD_TARGETS = ("llama-bench", "llama-quantize")
@@ -326,8 +326,7 @@ def main() -> None:
     ap.add_argument("--quants", default="q8_0,q4_0")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    if not (args.checkpoint / "config.json").is_file():
-        skip(f"no checkpoint at {args.checkpoint} (make one with `edgeinspect model make-tiny DIR --preset ...`)")
+    require_checkpoint(args.checkpoint)
     from edgeinspect.models.checkpoint import open_checkpoint
 
     machine = machine_info(bandwidth=False)

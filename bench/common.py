@@ -25,6 +25,13 @@ def skip(msg: str) -> NoReturn:
     sys.exit(0)
 
 
+def require_checkpoint(path: Path, also: str = "") -> None:
+    """Skips (see skip) unless `path` is a checkpoint folder, saying how to make one (and `also`, another way)."""
+    if not (path / "config.json").is_file():
+        make = f"make one with `edgeinspect model make-tiny {path} --preset deepseek-vl-1.3b`"
+        skip(f"no checkpoint at {path} ({make}{', ' + also if also else ''})")
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, skip, target, write_json
+from common import load_average, machine_info, require_checkpoint, target, write_json
 
 from edgeinspect.models.checkpoint import load_processor, open_checkpoint
 from edgeinspect.models.grammar import GrammarCache, grammar_cache_for
@@ -233,8 +233,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    if not (args.checkpoint / "config.json").is_file():
-        skip(f"{args.checkpoint} is missing: `edgeinspect model make-tiny {args.checkpoint} --preset deepseek-vl-1.3b`")
+    require_checkpoint(args.checkpoint)
     if args.threads:
         torch.set_num_threads(args.threads)
     ckpt = open_checkpoint(args.checkpoint)

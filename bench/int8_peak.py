@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine_info, skip, write_json
+from common import machine_info, require_checkpoint, skip, write_json
 
 from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
@@ -99,10 +99,7 @@ def main() -> None:
     machine = machine_info(bandwidth=False)
     if "avx2" not in machine["cpu_flags"]:
         skip("no AVX2 on this CPU")
-    if not (args.checkpoint / "config.json").is_file():
-        skip(
-            f"no checkpoint at {args.checkpoint} (make it with `edgeinspect model make-tiny --preset deepseek-vl-1.3b`)"
-        )
+    require_checkpoint(args.checkpoint)
     if kernels.q8_library() is None:
         skip("the int8 kernel (models/kernels/int8_vnni.c) cannot be built here")
     torch.set_num_threads(args.threads)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, skip, target, write_json
+from common import load_average, machine_info, require_checkpoint, target, write_json
 
 from edgeinspect.models.checkpoint import load_processor, open_checkpoint
 from edgeinspect.models.grammar import grammar_cache_for
@@ -65,8 +65,7 @@ def main() -> None:
     ap.add_argument("--gateway", action="store_true", help="through the real gateway and stage processes")
     ap.add_argument("--images", default="part_scratch.jpg,part_ok.jpg", help="sample images (gateway mode)")
     args = ap.parse_args()
-    if not (args.checkpoint / "config.json").is_file():
-        skip(f"no checkpoint at {args.checkpoint}")
+    require_checkpoint(args.checkpoint)
     if args.gateway:
         gateway_mode(args)
         return

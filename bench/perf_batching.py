@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, skip, target, write_json
+from common import load_average, machine_info, require_checkpoint, target, write_json
 
 from edgeinspect.config import StageSettings
 from edgeinspect.models.checkpoint import open_checkpoint
@@ -66,8 +66,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved single/concurrent runs per context")
     ap.add_argument("--contexts", default="256,600", help="cached positions per session (600: a real inspection)")
     args = ap.parse_args()
-    if not (args.checkpoint / "config.json").is_file():
-        skip(f"no checkpoint at {args.checkpoint}")
+    require_checkpoint(args.checkpoint)
     machine = machine_info()
     ckpt = open_checkpoint(args.checkpoint)
     n_layers = ckpt.num_layers

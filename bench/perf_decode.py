@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, skip, target, write_json
+from common import load_average, machine_info, require_checkpoint, target, write_json
 
 from edgeinspect.models.checkpoint import Checkpoint, load_reference_model, open_checkpoint
 from edgeinspect.models.int4 import Int4Linear
@@ -107,10 +107,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every subject")
     ap.add_argument("--context", type=int, default=256, help="cached positions decode continues from")
     args = ap.parse_args()
-    if not (args.checkpoint / "config.json").is_file():
-        skip(
-            f"no checkpoint at {args.checkpoint} (make it with `edgeinspect model make-tiny --preset deepseek-vl-1.3b`)"
-        )
+    require_checkpoint(args.checkpoint)
     machine = machine_info()
     bw = machine["read_bandwidth_gbs_2_threads"]
     ckpt = open_checkpoint(args.checkpoint)

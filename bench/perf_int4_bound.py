@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, skip, target, write_json
+from common import load_average, machine_info, require_checkpoint, target, write_json
 from perf_accuracy import BIG, COSINE_TARGET, text_case
 from torch import nn
 
@@ -73,8 +73,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="JSON to write (default bench/results/perf_int4_bound.json)")
     args = ap.parse_args()
-    if not (args.checkpoint / "config.json").is_file():
-        skip(f"no checkpoint at {args.checkpoint} (edgeinspect model make-tiny DIR --preset deepseek-vl-1.3b)")
+    require_checkpoint(args.checkpoint)
 
     case = text_case(args.checkpoint)
     ckpt, ids, visual = case

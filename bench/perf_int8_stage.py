@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import inspection_prompt, load_average, machine_info, skip, target, write_json
+from common import inspection_prompt, load_average, machine_info, require_checkpoint, skip, target, write_json
 
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.quant import default_kernel, fbgemm_available, kernels_simd, vnni_available
@@ -50,10 +50,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="JSON to write (default bench/results/perf_int8_stage.json)")
     args = ap.parse_args()
-    if not (args.checkpoint / "config.json").is_file():
-        skip(
-            f"no checkpoint at {args.checkpoint} (make it with `edgeinspect model make-tiny --preset deepseek-vl-1.3b`)"
-        )
+    require_checkpoint(args.checkpoint)
     kernels = [k for k, ok in (("vnni", vnni_available()), ("fbgemm", fbgemm_available())) if ok]
     if len(kernels) < 2:
         skip(f"needs both the vnni and fbgemm int8 kernels here (have: {', '.join(kernels) or 'neither'})")

@@ -49,6 +49,7 @@ from common import (
     machine_info,
     meminfo_gib,
     memory_bandwidth_gbs,
+    require_checkpoint,
     skip,
     spec_context,
     target,
@@ -343,8 +344,7 @@ def main() -> None:
     args.chunks = [int(c) for c in args.chunks.split(",") if c]
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     args.decode_weights = [w for w in args.decode_weights.split(",") if w]
-    if not (args.checkpoint / "config.json").is_file():
-        skip(f"no checkpoint at {args.checkpoint} (edgeinspect model make-tiny DIR, or the 1.3B one)")
+    require_checkpoint(args.checkpoint)
     if subprocess.run(["taskset", "-V"], capture_output=True, check=False).returncode != 0:
         skip("taskset (util-linux) is not installed")
     torch.set_num_threads(1)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import inspection_prompt, load_average, machine_info, skip, target, write_json
+from common import inspection_prompt, load_average, machine_info, require_checkpoint, target, write_json
 
 from edgeinspect.config import StageSettings
 from edgeinspect.models.checkpoint import open_checkpoint
@@ -70,8 +70,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/perf_prefix.json)")
     args = ap.parse_args()
-    if not (args.checkpoint / "config.json").is_file():
-        skip(f"no checkpoint at {args.checkpoint}: `edgeinspect model make-tiny DIR --preset deepseek-vl-1.3b`")
+    require_checkpoint(args.checkpoint)
     torch.set_num_threads(args.threads)
     ckpt = open_checkpoint(args.checkpoint)
     ids, visual = inspection_prompt(ckpt, args.context_tokens)

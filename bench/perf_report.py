@@ -48,7 +48,7 @@ from pathlib import Path
 
 import anchor_llamacpp
 import torch
-from common import RESULTS_DIR, load_average, machine_info, skip, spec_context, target, write_json
+from common import RESULTS_DIR, load_average, machine_info, require_checkpoint, spec_context, target, write_json
 from perf_decode import step_bytes
 from PIL import Image
 
@@ -359,8 +359,7 @@ def main() -> None:
     ap.add_argument("--onnx-dir", type=Path, default=ROOT / "var" / "onnx", help="vision ONNX exports (cached)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "perf_report.json", help="JSON to write")
     args = ap.parse_args()
-    if not (args.checkpoint / "config.json").is_file():
-        skip(f"no checkpoint at {args.checkpoint} (make one with `edgeinspect model make-tiny DIR`)")
+    require_checkpoint(args.checkpoint)
     if args.tokens < 1:
         ap.error("--tokens must be at least 1")
     torch.set_num_threads(args.threads)

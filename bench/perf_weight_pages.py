@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine_info, skip, target, write_json
+from common import machine_info, require_checkpoint, target, write_json
 
 from edgeinspect.models import weight_arena
 from edgeinspect.models.checkpoint import open_checkpoint
@@ -42,10 +42,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="JSON (default bench/results/perf_weight_pages.json)")
     args = ap.parse_args()
-    if not (args.checkpoint / "config.json").is_file():
-        skip(
-            f"no checkpoint at {args.checkpoint} (make it with `edgeinspect model make-tiny --preset deepseek-vl-1.3b`)"
-        )
+    require_checkpoint(args.checkpoint)
     torch.set_num_threads(args.threads)
     machine = machine_info()
     ckpt = open_checkpoint(args.checkpoint)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, skip, target, write_json
+from common import load_average, machine_info, require_checkpoint, target, write_json
 from PIL import Image
 
 from edgeinspect import codec
@@ -131,11 +131,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="inspections per configuration (the first warms up)")
     ap.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3])
     args = ap.parse_args()
-    if not (args.checkpoint / "config.json").is_file():
-        skip(
-            f"no checkpoint at {args.checkpoint}: make one with "
-            "`edgeinspect model make-tiny var/checkpoints/deepseek-vl-1.3b --preset deepseek-vl-1.3b`"
-        )
+    require_checkpoint(args.checkpoint)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     results = {
         "machine": machine_info(bandwidth=False),

@@ -111,10 +111,9 @@ def main() -> None:
     if args.child:
         return child(args)
     sys.path.insert(0, str(ROOT / "bench"))
-    from common import load_average, machine_info, skip, write_json
+    from common import load_average, machine_info, require_checkpoint, write_json
 
-    if not (args.checkpoint / "config.json").is_file():
-        skip(f"no checkpoint at {args.checkpoint} (make one with `edgeinspect model make-tiny DIR`)")
+    require_checkpoint(args.checkpoint)
     rev = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", args.against], check=True, capture_output=True, text=True
     )

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import RESULTS_DIR, load_average, machine_info, median_ms, skip, target, write_json
+from common import RESULTS_DIR, load_average, machine_info, median_ms, require_checkpoint, target, write_json
 from torch import nn
 
 from edgeinspect.models.checkpoint import Checkpoint, load_reference_model, open_checkpoint, torch_dtype
@@ -413,12 +413,7 @@ def markdown_table(result: dict) -> str:
 def main() -> None:
     args = parse_args()
     weights_list = [w.strip() for w in args.weights.split(",") if w.strip()]
-    if not (args.checkpoint / "config.json").is_file():
-        skip(
-            f"no checkpoint at {args.checkpoint}; generate it with `edgeinspect model make-tiny "
-            f"var/checkpoints/deepseek-vl-1.3b --preset deepseek-vl-1.3b` or point --checkpoint / "
-            f"EDGEINSPECT_BENCH_CKPT at one"
-        )
+    require_checkpoint(args.checkpoint, also="or point --checkpoint / EDGEINSPECT_BENCH_CKPT at one")
     if args.child_rss:
         child_rss(args.checkpoint, *args.child_rss, weights_list[0])
         return
