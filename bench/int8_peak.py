@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine_info, require_checkpoint, skip, write_json
+from common import load_average, machine_info, require_checkpoint, skip, write_json
 
 from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
@@ -144,7 +144,11 @@ def main() -> None:
     prefill_products = sum(products.values()) * layers
     payload = {
         "benchmark": "int8_peak",
-        "machine": machine | {"vnni": "avx512_vnni" in machine["cpu_flags"] or "avx_vnni" in machine["cpu_flags"]},
+        "machine": machine
+        | {
+            "loadavg_end": load_average(),
+            "vnni": "avx512_vnni" in machine["cpu_flags"] or "avx_vnni" in machine["cpu_flags"],
+        },
         "checkpoint": str(args.checkpoint),
         "prompt_tokens": args.prompt_tokens,
         "layers": layers,
@@ -168,7 +172,6 @@ def main() -> None:
         "prefill_linear_products": prefill_products,
         "prefill_linears_floor_s": round(prefill_products / ceiling, 2),
         "prefill_linears_ours_s": round(prefill_products / ours_rate, 2),
-        "machine_load_end": machine_info(bandwidth=False)["loadavg_start"],
     }
     if payload["machine"]["vnni"]:
         payload["note"] = "this CPU has VNNI: its int8 ceiling is vpdpbusd's, not measured here (AVX2 routes only)"

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine_info, require_checkpoint, target, write_json
+from common import load_average, machine_info, require_checkpoint, target, write_json
 
 from edgeinspect.models import weight_arena
 from edgeinspect.models.checkpoint import open_checkpoint
@@ -74,7 +74,8 @@ def main() -> None:
     ratios = [h / f for h, f in zip(times["huge_pages"][10:], times["4k_pages"][10:], strict=True)]
     payload = {
         "benchmark": "perf_weight_pages",
-        "machine": machine | {"thp": THP.read_text().strip() if THP.exists() else "absent"},
+        "machine": machine
+        | {"loadavg_end": load_average(), "thp": THP.read_text().strip() if THP.exists() else "absent"},
         "checkpoint": str(args.checkpoint),
         "weights": args.weights,
         "depth": args.depth,
