@@ -9,6 +9,7 @@ from test_perf_int8 import MID, NEW_TOKENS, _case
 from torch import nn
 
 from edgeinspect.config import StageSettings, WeightsDtype
+from edgeinspect.models import kernels
 from edgeinspect.models.accuracy import compare
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.int4 import (
@@ -80,6 +81,50 @@ def test_prompt_chunks_run_the_int8_copy():
     x = torch.randn(DECODE_ROWS + 5, 256)
     assert torch.equal(q4(x), q4.prefill(x))
     assert q4.weight_bytes() == 128 * 256 // 2 + 2 * 128 * 256 // 32  # what a decode step reads
+
+
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 a * b + c rounded once: the product of two fp32 values is exact in fp64, so only the sum rounds there
+    (a second rounding to fp32 differs from one only at an exact fp32 midpoint, about 2^-29 of cases)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def _int4_in_the_kernels_order(x: torch.Tensor, q: torch.Tensor, d16: torch.Tensor) -> torch.Tensor:
+    """int4_gemm.c's SIMD arithmetic in torch: activations to int8 per group of 32, int32 lanes of four products
+    less the group's activation sum, one fp32 FMA per lane and block with the scale product, then the fixed
+    16-lane reduction (lo | hi halves, 128-bit halves, pairs)."""
+    r, k = x.shape
+    n, g = q.shape[0], k // 32
+    xg = x.reshape(r, g, 32)
+    d = xg.abs().amax(-1) / 127
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    xq = torch.round(xg * inv[..., None]).clamp(-127, 127).int()
+    lanes = (q.reshape(1, n, g, 8, 4).int() * xq.reshape(r, 1, g, 8, 4)).sum(-1) - xq.sum(-1)[:, None, :, None]
+    scale = (d16.float()[None] * d[:, None, :])[..., None]  # [R, N, G, 1]: one fp32 product per group
+    lo = hi = torch.zeros(r, n, 8)
+    for b in range(g // 2):
+        lo = _fma(lanes[:, :, 2 * b].float(), scale[:, :, 2 * b], lo)
+        hi = _fma(lanes[:, :, 2 * b + 1].float(), scale[:, :, 2 * b + 1], hi)
+    t = hi + lo
+    u = t[..., 4:] + t[..., :4]
+    u = u + u[..., [2, 3, 0, 1]]
+    return u[..., 0] + u[..., 1]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])  # each count of rows the kernel unrolls for, and a 4 + 1 split
+def test_the_simd_int4_kernel_sums_in_its_documented_order_bit_for_bit(rows):
+    # The AVX2 and VNNI loops promise the same bits (a stage moved between boxes decodes the same tokens); this pins
+    # whichever this CPU builds to the one order, so a faster rearrangement cannot drift from the other silently.
+    if not kernels.int4_fast():
+        pytest.skip("this CPU builds only the plain-C int4 loop (no AVX2/F16C or VNNI)")
+    g = torch.Generator().manual_seed(7)
+    for n, k in ((40, 192), (17, 320), (33, 2048)):  # tails of the 16-row tasks; K not a multiple of eight groups
+        q, d16 = quantize_q4(torch.randn(n, k, generator=g))
+        x = torch.randn(rows, k, generator=g) * torch.rand(rows, 1, generator=g) * 4
+        x[0, :32] = 0.0  # a group of zeros: scale 0, its lanes add nothing
+        got = kernels.int4_gemm(x, pack_q4(q), d16)
+        want = _int4_in_the_kernels_order(x, q, d16)
+        assert torch.equal(got, want), (n, k, (got - want).abs().max())
 
 
 def test_int4_stage_replaces_linears_and_falls_back_to_int8_where_width_does_not_fit(tiny_checkpoint):
