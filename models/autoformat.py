@@ -13,7 +13,8 @@ calibrated on bench/perf_accuracy.py's checkpoints (see bench/README.md): format
 logits cosine >= 0.99 there. The fastest candidate within the bound wins; fp32 always qualifies.
 
 The result is cached in a JSON file ($EDGEINSPECT_FORMAT_CACHE or ~/.cache/edgeinspect/formats/) keyed by the
-CPU's model and flags, torch's version, the checkpoint fingerprint, the candidates and MEASURE_VERSION, so a
+CPU's model and flags, torch's version, the checkpoint fingerprint, the candidates, the kernel sources and
+MEASURE_VERSION, so a
 restart on the same box skips the ~10-60 s of measuring; each choice is logged with the figures behind it.
 """
 
@@ -43,7 +44,7 @@ MEASURE_LAYERS = 2
 CONTEXT = 512  # cached positions the timed steps attend over (the report's decode runs at ~1,000)
 WARMUP_STEPS, TIMED_ROUNDS, STEPS_PER_ROUND = 2, 3, 3
 MIN_UPDATE_COSINE = 0.99
-MEASURE_VERSION = 7  # bump when the method or the kernels measured change: old cache entries then no longer match
+MEASURE_VERSION = 7  # bump when the method changes: old cache entries then no longer match (kernel sources are keyed)
 # 2: int8 KV rows, the vnni int8 kernel and native decode layers (what each format costs moved)
 # 3: the vnni GEMV reads one weight row after another; vnni int8 layers decode in one native call
 # 4: the int8 and int4 GEMVs prefetch into L2 (a 1.3B report's decode steps on a Zen 4 EPYC: int4 1.6x, int8 1.4x)
@@ -90,6 +91,7 @@ def cache_key(ckpt: Checkpoint, candidates: tuple[str, ...]) -> str:
         ckpt.fingerprint,
         ",".join(candidates),
         str(kernels.available()),
+        kernels.sources_digest(),  # a kernel's change is a new measurement, with no version to bump
         str(MEASURE_VERSION),
     ):
         h.update(part.encode() + b"\0")

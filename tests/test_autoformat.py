@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from edgeinspect.models import autoformat
+from edgeinspect.models import autoformat, kernels
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.stage import LayerRange, load_stage
 
@@ -35,6 +35,15 @@ def test_auto_picks_the_measured_fastest_within_the_bound_and_caches_it(tiny_che
     assert again.ms_per_layer_step == first.ms_per_layer_step  # read back, not measured again
     # another candidate set is another measurement (its own cache entry)
     assert autoformat.cache_key(ckpt, ("fp32", "int8")) != autoformat.cache_key(ckpt, ("fp32", "int8", "int4"))
+
+
+def test_a_changed_kernel_source_is_measured_again(tiny_checkpoint, tmp_path, monkeypatch):
+    ckpt = open_checkpoint(tiny_checkpoint)
+    before = autoformat.cache_key(ckpt, ("fp32", "int8"))
+    edited = tmp_path / "int8_vnni.c"
+    edited.write_bytes(kernels.Q8_SOURCE.read_bytes() + b"\n/* a kernel edited after the choice was cached */\n")
+    monkeypatch.setattr(kernels, "Q8_SOURCE", edited)
+    assert autoformat.cache_key(ckpt, ("fp32", "int8")) != before
 
 
 def test_a_format_outside_the_accuracy_bound_is_never_chosen_however_fast():

@@ -85,6 +85,14 @@ ARCH_FLAGS = ("-march=native",)
 COMPILE_TIMEOUT_S = 120
 
 
+def sources_digest() -> str:
+    """A digest of every kernel source: what a measurement of their speed (models/autoformat.py) was made with."""
+    h = hashlib.sha256()
+    for source in (SOURCE, INT4_SOURCE, ROWS_SOURCE, Q8_SOURCE, PROMPT_SOURCE):
+        h.update(source.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def kernel_dir() -> Path:
     return Path(os.environ.get("EDGEINSPECT_KERNEL_DIR") or Path.home() / ".cache" / "edgeinspect" / "kernels")
 
