@@ -269,10 +269,11 @@ class StageExecutor:
     compact KV cache and run decode attention in the compiled kernel (models/kernels), read at memory speed:
     `kv_cache` "int8" (default: rows of int8 with a per-row scale, models/kv.py, ~0.52x fp16's bytes) or "fp16".
     Prompt chunks attend over their own keys/values as computed and an fp32 copy of the stored past, with bf16 dot
-    products and an fp32 softmax (kernels.prompt_attention) where the CPU has AVX512-BF16, else with SDPA. Pure
-    decode steps also run each layer's norms, rotary and silu * up natively (_decode_layer); on vnni int8 and int4
-    stages each whole layer is one native call (kernels.DecodeLayers, the same steps bit for bit). fp32 stages never
-    use any of it: SDPA's summation order and torch's ops are what generate() does.
+    products and an fp32 softmax (kernels.prompt_attention) where the CPU has AVX512-BF16, in that kernel's fp32
+    form where it has AVX2 + FMA, else with SDPA. Pure decode steps also run each layer's norms, rotary and silu *
+    up natively (_decode_layer); on vnni int8 and int4 stages each whole layer is one native call
+    (kernels.DecodeLayers, the same steps bit for bit). fp32 stages never use any of it: SDPA's summation order and
+    torch's ops are what generate() does.
     """
 
     def __init__(self, module: StageModule, row_exact: bool | None = None, native: bool = True, kv_cache: str = "int8"):

@@ -35,7 +35,8 @@ prompt_attention.c is the causal attention of prompt chunks in packed stages, wi
 and an fp32 softmax: q, k, v and the probabilities rounded to bf16 are finer than the int8 KV rows decode attends
 over later (974 positions x 16 heads x 128 on a Zen 5 EPYC: 8.9 ms a layer against SDPA fp32's 34-48 ms; a
 974-token 1.3B prefill 3.43 -> 2.69 s; first-token logits cosine vs fp32 0.9946 with SDPA, 0.9943 with it). Where
-the CPU has no AVX512-BF16 it declines and SDPA runs.
+the CPU has AVX2 and FMA but no AVX512-BF16 it runs in fp32, blocked for the caches (an AVX2 Zen 3 EPYC: 29.3 ms a
+layer against SDPA's 38.7; a 974-token prefill's attention 0.98 -> 0.70 s); elsewhere it declines and SDPA runs.
 
 Each source is compiled with the system C compiler (`$CC`, else `cc`) at -O3 -march=native -fopenmp into a cache
 folder ($EDGEINSPECT_KERNEL_DIR, default ~/.cache/edgeinspect/kernels), under a name keyed by the source, the
@@ -390,21 +391,29 @@ def _bind_prompt(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 @functools.cache
 def prompt_library() -> ctypes.CDLL | None:
-    """The compiled bf16 prompt attention (prompt_attention.c); None where it cannot be built."""
+    """The compiled prompt attention (prompt_attention.c); None where it cannot be built."""
     return _load(PROMPT_SOURCE, _bind_prompt, "prompt attention")
 
 
 def prompt_attention_fast() -> bool:
-    """Whether prompt chunks of packed stages can attend with bf16 dot products here (AVX512-BF16)."""
+    """Whether prompt chunks of packed stages attend in the kernel here: with bf16 dot products (AVX512-BF16) or in
+    fp32 (AVX2 + FMA); prompt_attention_bf16() tells which."""
     lib = prompt_library()
     return lib is not None and bool(lib.ei_prompt_attention_simd())
+
+
+def prompt_attention_bf16() -> bool:
+    """Whether the kernel rounds q, k, v and the probabilities to bf16 here (else it is fp32 throughout)."""
+    lib = prompt_library()
+    return lib is not None and lib.ei_prompt_attention_simd() == 2
 
 
 def prompt_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, scale: float):
     """Causal attention of a prompt chunk: q [H, t, hd] (query i at position past + i) over keys/values
     [H_kv, past + t, hd], all fp32 with each head's hd floats contiguous -> [t, H * hd] fp32, with bf16 dot
-    products and an fp32 softmax (prompt_attention.c). None where the kernel does not take the call (no
-    AVX512-BF16, or a head_dim that is not a multiple of 16): the caller then runs SDPA."""
+    products and an fp32 softmax (AVX512-BF16) or in fp32 (AVX2), prompt_attention.c. None where the kernel does
+    not take the call (neither instruction set, or a head_dim that is not a multiple of 16): the caller then runs
+    SDPA."""
     lib = prompt_library()
     heads, t, hd = q.shape
     kv_heads, length = keys.shape[0], keys.shape[1]

@@ -1,5 +1,6 @@
 /* Prompt attention of packed stages: causal softmax(q k^T * scale) v for a prompt chunk of T rows over L = past + T
- * keys, with bf16 dot products (AVX512-BF16's vdpbf16ps, fp32 accumulation) and an fp32 softmax.
+ * keys, with bf16 dot products (AVX512-BF16's vdpbf16ps, fp32 accumulation) and an fp32 softmax; on CPUs with AVX2
+ * and FMA but no AVX512-BF16, all in fp32 (see there).
  *
  * Built and loaded at run time by models/kernels/__init__.py (ctypes), like decode_attention.c.
  *
@@ -16,8 +17,8 @@
  * pair of positions (lane = dimension, the two positions' bf16 in one lane), queries as bf16 rows. Work is split
  * into (head, block of QB query rows) tasks; a task scores its rows against every key the last of them sees,
  * takes each row's softmax over its own keys (later keys are zeroed), then accumulates probabilities x values.
- * Returns 0; -1 when buffers cannot be allocated, -2 where the CPU has no AVX512-BF16, -3 for shapes it does not
- * take (the caller then runs SDPA).
+ * Returns 0; -1 when buffers cannot be allocated, -2 where the CPU has neither AVX512-BF16 nor AVX2 + FMA, -3 for
+ * shapes it does not take (the caller then runs SDPA).
  */
 #include <math.h>
 #include <stdint.h>
@@ -29,7 +30,7 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
-#define EI_PA_SIMD 1
+#define EI_PA_SIMD 2 /* bf16 dot products */
 
 /* fp32 -> bf16, round to nearest even (what vcvtne2ps2bf16 does; inputs are finite). */
 static inline uint32_t bf16(float f) {
@@ -206,6 +207,224 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
     return rc;
 }
 
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* On AVX2 in fp32: there are no bf16 dot products, so q, k, v and the probabilities stay fp32 (SDPA's results to
+ * ~3e-7 relative) and the gain over SDPA's flash kernel is the blocking. A thread takes whole heads: it packs the
+ * head's keys (lane = key, an 8 x 8 transpose per tile) and its values (rows hd floats apart: in the caller's layout
+ * they sit heads x hd apart, the same L1 set for every position) into its own buffers, then runs the head's blocks
+ * of QB query rows, the longest first: scores in 4-row x 24-key register tiles over a key tile kept in L1 for every
+ * row group, each row's softmax, and probabilities x values in 4-row x 24-dim tiles over a slab of values kept in
+ * L1/L2. Both tiles issue 12 FMAs per 7 loads. On an AVX2 Zen 3 EPYC (974 positions x 16 heads x 128, 2 threads,
+ * 30 interleaved rounds) 29.3 ms a layer (133 GFLOP/s) against SDPA's 38.7 ms with is_causal; a 974-token 1.3B int8
+ * prefill's attention 0.98 -> 0.70 s. */
+#define KB8 8   /* keys per packed block: one ymm of fp32 scores */
+#define KTILE 3 /* key blocks per score tile */
+#define EI_PA_SIMD 1 /* fp32 */
+/* Holds a loaded vector in its register: otherwise GCC folds the load into each of its four FMAs, and 16 loads per
+ * 12 FMAs leave the loop bound by the load ports (a layer took 47.5 ms without it, 42.3 with it, at the time). */
+#define KEEP(x) __asm__("" : "+x"(x))
+
+/* exp(x) for x <= 0, 8 lanes: exp16's polynomial, the power of two built in the exponent bits. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504f));
+    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(0.693147181f));
+    __m256 p = _mm256_set1_ps(1.f / 720.f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 120.f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 24.f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 6.f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 u = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 u = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    u = _mm_max_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_max_ss(u, _mm_movehdup_ps(u)));
+}
+
+/* Scores of 4 query rows (q[r]: hd floats each) x KTILE key blocks (kb: [block][d][8 keys]) -> s, times scale. */
+static inline void qk4x3(const float *const q[4], const float *kb, int hd, float scale, float *s, int ld) {
+    __m256 a[4][KTILE];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < KTILE; c++) a[r][c] = _mm256_setzero_ps();
+    const int64_t block = (int64_t)hd * KB8;
+    for (int d = 0; d < hd; d++) {
+        __m256 k0 = _mm256_loadu_ps(kb + d * KB8), k1 = _mm256_loadu_ps(kb + block + d * KB8);
+        __m256 k2 = _mm256_loadu_ps(kb + 2 * block + d * KB8);
+        KEEP(k0);
+        KEEP(k1);
+        KEEP(k2);
+        for (int r = 0; r < 4; r++) {
+            __m256 qv = _mm256_broadcast_ss(q[r] + d);
+            a[r][0] = _mm256_fmadd_ps(qv, k0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(qv, k1, a[r][1]);
+            a[r][2] = _mm256_fmadd_ps(qv, k2, a[r][2]);
+        }
+    }
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < KTILE; c++) _mm256_storeu_ps(s + r * ld + c * KB8, _mm256_mul_ps(a[r][c], sc));
+}
+
+/* Row softmax over s[0..n) in place as unnormalized exponentials, zeros from n up to `upto`; returns their sum. */
+static inline float softmax_row8(float *s, int n, int upto) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
+    float mx = hmax8(m);
+    for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 sum = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= n; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx));
+        sum = _mm256_add_ps(sum, e);
+        _mm256_storeu_ps(s + j, e);
+    }
+    if (j < n) { /* the last partial vector: lanes past n are zeroed, not exponentiated */
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), lane));
+        __m256 e = _mm256_and_ps(live, exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx)));
+        sum = _mm256_add_ps(sum, e);
+        _mm256_storeu_ps(s + j, e);
+        j += 8;
+    }
+    for (; j < upto; j += 8) _mm256_storeu_ps(s + j, _mm256_setzero_ps());
+    return hsum8(sum);
+}
+
+/* out rows o[0..3] (NULL: not stored) [nv x 8 dims] = sum over positions j < n of p[r][j] x v[j], times inv[r];
+ * v's rows are v_row floats apart. */
+static inline __attribute__((always_inline)) void pv4(const float *p, int ld, int n, const float *v, int v_row,
+                                                      const int nv, const float inv[4], float *const o[4]) {
+    __m256 a[4][KTILE];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < nv; c++) a[r][c] = _mm256_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        const float *vj = v + (int64_t)j * v_row;
+        __m256 v0 = _mm256_loadu_ps(vj), v1 = nv > 1 ? _mm256_loadu_ps(vj + 8) : v0;
+        __m256 v2 = nv > 2 ? _mm256_loadu_ps(vj + 16) : v0;
+        KEEP(v0);
+        KEEP(v1);
+        KEEP(v2);
+        for (int r = 0; r < 4; r++) {
+            __m256 pr = _mm256_broadcast_ss(p + r * ld + j);
+            a[r][0] = _mm256_fmadd_ps(pr, v0, a[r][0]);
+            if (nv > 1) a[r][1] = _mm256_fmadd_ps(pr, v1, a[r][1]);
+            if (nv > 2) a[r][2] = _mm256_fmadd_ps(pr, v2, a[r][2]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        if (o[r])
+            for (int c = 0; c < nv; c++) _mm256_storeu_ps(o[r] + c * 8, _mm256_mul_ps(a[r][c], _mm256_set1_ps(inv[r])));
+}
+
+/* Keys k[j * k_row + d] (j < L) -> kg [LK / 8 blocks][hd][8 keys], zeros past L: 8 x 8 tiles transposed in
+ * registers (a scalar store per float, 32 bytes apart, took ~5% of the call). */
+static void pack_keys(const float *k, int64_t k_row, int L, int LK, int hd, float *kg) {
+    for (int j0 = 0; j0 < LK; j0 += KB8) {
+        float *blk = kg + (int64_t)j0 * hd;
+        if (j0 + KB8 > L) { /* the last, partial block: one float at a time */
+            for (int j = j0; j < j0 + KB8; j++)
+                for (int d = 0; d < hd; d++) blk[d * KB8 + j - j0] = j < L ? k[(int64_t)j * k_row + d] : 0.f;
+            continue;
+        }
+        for (int d = 0; d < hd; d += 8) {
+            __m256 r[8], t[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(k + (int64_t)(j0 + i) * k_row + d);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+                r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+            }
+            for (int i = 0; i < 4; i++) { /* dims d + i and d + 4 + i, each over the 8 keys */
+                _mm256_storeu_ps(blk + (int64_t)(d + i) * KB8, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+                _mm256_storeu_ps(blk + (int64_t)(d + i + 4) * KB8, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+            }
+        }
+    }
+}
+
+int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const float *q, int64_t q_row,
+                        int64_t q_head, const float *k, int64_t k_row, int64_t k_head, const float *v, int64_t v_row,
+                        int64_t v_head, float *out, int64_t out_row, float scale, int threads) {
+    if (T < 1 || past < 0 || hd % 16 || hd > 1024 || kv_heads < 1 || heads % kv_heads) return -3;
+    const int tile = KTILE * KB8, L = past + T, LK = (L + tile - 1) / tile * tile;
+    const int group = heads / kv_heads, blocks = (T + QB - 1) / QB;
+    int rc = 0;
+    /* per thread: scores of a block, one head's packed keys and values (~0.5 MiB each at 974 x 128) */
+#pragma omp parallel num_threads(threads)
+    {
+        float *s = malloc((size_t)QB * LK * sizeof(float));
+        float *kg = malloc((size_t)LK * hd * sizeof(float)); /* [key block][d][8 keys] */
+        float *vg = malloc((size_t)LK * hd * sizeof(float)); /* [position][dim] */
+#pragma omp for schedule(dynamic, 1)
+        for (int h = 0; h < heads; h++) {
+            if (!s || !kg || !vg) {
+#pragma omp atomic write
+                rc = -1;
+                continue;
+            }
+            const int g = h / group;
+            pack_keys(k + g * k_head, k_row, L, LK, hd, kg);
+            for (int j = 0; j < L; j++) memcpy(vg + (int64_t)j * hd, v + (int64_t)j * v_row + g * v_head, hd * sizeof(float));
+            for (int b = blocks - 1; b >= 0; b--) {
+                const int i0 = b * QB, rows = T - i0 < QB ? T - i0 : QB;
+                const int keys = past + i0 + rows, ktiles = (keys + tile - 1) / tile, upto = ktiles * tile;
+                float sums[QB], inv[QB];
+                for (int c = 0; c < ktiles; c++) /* a tile of keys (12 KiB at hd 128) stays in L1 for every row */
+                    for (int r = 0; r < rows; r += 4) {
+                        const float *qr[4]; /* rows past the block's last score its last again (then zeroed) */
+                        for (int i = 0; i < 4; i++)
+                            qr[i] = q + (int64_t)(i0 + (r + i < rows ? r + i : rows - 1)) * q_row + h * q_head;
+                        qk4x3(qr, kg + (int64_t)c * KTILE * KB8 * hd, hd, scale, s + (int64_t)r * LK + c * tile, LK);
+                    }
+                for (int r = 0; r < (rows + 3) / 4 * 4; r++) {
+                    sums[r] = r < rows ? softmax_row8(s + (int64_t)r * LK, past + i0 + r + 1, upto) : 0.f;
+                    if (r >= rows) memset(s + (int64_t)r * LK, 0, (size_t)upto * sizeof(float));
+                    inv[r] = r < rows ? 1.f / sums[r] : 0.f;
+                }
+                for (int d = 0, nv; d < hd; d += nv * KB8) { /* a slab of values stays in L1/L2 for every row */
+                    const int left = (hd - d) / KB8; /* 8-dim vectors left: 3 at a time, the last 4 as 2 + 2 */
+                    nv = left == 4 ? 2 : left < KTILE ? left : KTILE;
+                    for (int r = 0; r < rows; r += 4) {
+                        const int n = past + i0 + (r + 4 < rows ? r + 4 : rows); /* the tile's last row sees n */
+                        float *o[4];
+                        for (int i = 0; i < 4; i++)
+                            o[i] = r + i < rows ? out + (int64_t)(i0 + r + i) * out_row + h * hd + d : NULL;
+                        const float *pr = s + (int64_t)r * LK;
+                        if (nv == 3) /* literals, so pv4 keeps its accumulators in registers */
+                            pv4(pr, LK, n, vg + d, hd, 3, inv + r, o);
+                        else
+                            pv4(pr, LK, n, vg + d, hd, 2, inv + r, o);
+                    }
+                }
+            }
+        }
+        free(s);
+        free(kg);
+        free(vg);
+    }
+    return rc;
+}
+
 #else
 #define EI_PA_SIMD 0
 int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const float *q, int64_t q_row,
@@ -218,6 +437,7 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
 }
 #endif
 
+/* 2: bf16 dot products (AVX512-BF16); 1: fp32 (AVX2 + FMA); 0: the kernel declines every call. */
 int ei_prompt_attention_simd(void) { return EI_PA_SIMD; }
 
 int ei_prompt_attention_abi_version(void) { return 1; }
