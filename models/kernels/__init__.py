@@ -86,10 +86,15 @@ ARCH_FLAGS = ("-march=native",)
 COMPILE_TIMEOUT_S = 120
 
 
+def headers() -> list[Path]:
+    """The headers the sources include (#include "..."), in a fixed order: part of every build's key."""
+    return sorted(SOURCE.parent.glob("*.h"))
+
+
 def sources_digest() -> str:
     """A digest of every kernel source: what a measurement of their speed (models/autoformat.py) was made with."""
     h = hashlib.sha256()
-    for source in (SOURCE, INT4_SOURCE, ROWS_SOURCE, Q8_SOURCE, PROMPT_SOURCE):
+    for source in (SOURCE, INT4_SOURCE, ROWS_SOURCE, Q8_SOURCE, PROMPT_SOURCE, *headers()):
         h.update(source.read_bytes())
     return h.hexdigest()[:16]
 
@@ -126,6 +131,8 @@ def _library_path(cc: str, flags: tuple[str, ...], source: Path = SOURCE) -> Pat
     key = hashlib.sha256()
     for part in (source.read_bytes(), " ".join(flags).encode(), version.encode(), platform.machine().encode()):
         key.update(part)
+    for header in headers():  # a shared header's edit rebuilds every library, not only the one that changed
+        key.update(header.read_bytes())
     key.update(" ".join(sorted(cpu_flags())).encode())
     return kernel_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
 

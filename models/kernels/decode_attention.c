@@ -74,23 +74,7 @@ static inline void axpy(float *o, float w, const uint16_t *v, int n) {
     for (; d < n; d++) o[d] += w * to_float(v[d]);
 }
 
-/* exp(x) for x <= 0, 8 lanes: 2^(x log2 e) as 2^n * 2^f, f in [-0.5, 0.5], degree-6 polynomial (relative error
- * ~2e-7, like expf's); below -87 it is 0. The scalar libm expf was a quarter of this kernel's time. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
-    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504f));
-    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(0.693147181f)); /* ln 2 * frac, |f| <= 0.35 */
-    __m256 r = _mm256_set1_ps(1.f / 720.f);
-    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(1.f / 120.f));
-    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(1.f / 24.f));
-    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(1.f / 6.f));
-    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(0.5f));
-    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(1.f));
-    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(1.f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(r, _mm256_castsi256_ps(e));
-}
+#include "exp8.h"
 
 /* p[0..3] = (the sums of a0..a3) * row_scales * scale (row_scales 1 for fp16 rows: exact); returns their max. */
 static inline float store_scores4(float *p, __m256 a0, __m256 a1, __m256 a2, __m256 a3, __m128 row_scales,

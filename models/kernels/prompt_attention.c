@@ -226,22 +226,7 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
  * 12 FMAs leave the loop bound by the load ports (a layer took 47.5 ms without it, 42.3 with it, at the time). */
 #define KEEP(x) __asm__("" : "+x"(x))
 
-/* exp(x) for x <= 0, 8 lanes: exp16's polynomial, the power of two built in the exponent bits. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
-    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504f));
-    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(0.693147181f));
-    __m256 p = _mm256_set1_ps(1.f / 720.f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 120.f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 24.f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f / 6.f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+#include "exp8.h"
 
 static inline float hsum8(__m256 v) {
     __m128 u = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
