@@ -14,8 +14,8 @@ logits cosine >= 0.99 there. The fastest candidate within the bound wins; fp32 a
 
 The result is cached in a JSON file ($EDGEINSPECT_FORMAT_CACHE or ~/.cache/edgeinspect/formats/) keyed by the
 CPU's model and flags, torch's version, the checkpoint fingerprint, the candidates, the kernel sources and
-MEASURE_VERSION, so a
-restart on the same box skips the ~10-60 s of measuring; each choice is logged with the figures behind it.
+MEASURE_VERSION, so a restart on the same box skips the ~10-60 s of measuring; each choice is logged with the
+figures behind it.
 """
 
 from __future__ import annotations

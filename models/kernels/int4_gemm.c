@@ -187,6 +187,7 @@ static void rows_simd(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, 
 
 #else
 #define EI_INT4_SIMD 0
+#define EI_INT4_LANE_SCALES 0
 #endif
 
 /* Portable path: the same arithmetic in plain C (no VNNI here: slower, but exact to the same int32 sums). */
@@ -225,17 +226,17 @@ int ei_int4_gemm(int R, int N, int K, const float *x, int64_t x_row, const uint8
     float *xd = malloc(sizeof(float) * (size_t)R * groups);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)R * groups);
     /* SIMD path: each block's two groups spread over 16 lanes (8 each), the sums negated (the accumulator start) */
-    float *xdl = malloc(sizeof(float) * (size_t)R * blocks * 16);
+    float *xdl = EI_INT4_LANE_SCALES ? malloc(sizeof(float) * (size_t)R * blocks * 16) : NULL; /* VNNI loop only */
     int32_t *xsl = malloc(sizeof(int32_t) * (size_t)R * blocks * 16);
     int rc = 0;
-    if (!xq || !xd || !xs || !xdl || !xsl) {
+    if (!xq || !xd || !xs || (EI_INT4_LANE_SCALES && !xdl) || !xsl) {
         rc = -1;
         goto done;
     }
     quantize_rows(R, K, x, x_row, xq, xd, xs);
     for (int64_t rb = 0; rb < (int64_t)R * blocks; rb++)
         for (int l = 0; l < 16; l++) {
-            xdl[rb * 16 + l] = xd[rb * 2 + l / 8];
+            if (EI_INT4_LANE_SCALES) xdl[rb * 16 + l] = xd[rb * 2 + l / 8];
             xsl[rb * 16 + l] = -xs[rb * 2 + l / 8];
         }
     const int chunk = 16; /* output rows per task: 16 rows of a 2048-wide weight are 16 KiB */
