@@ -1,4 +1,5 @@
-/* The exact int8 multiply rate this CPU's AVX2 sustains, from registers: the ceiling for an int8 GEMM without VNNI.
+/* The exact int8 multiply rate this CPU sustains, from registers: AVX2's routes (the ceiling for an int8 GEMM without
+ * VNNI) and, where the CPU has it, AVX512-VNNI's vpdpbusd (the ceiling with it).
  *
  * Each OpenMP thread runs `iterations` loops of 12 independent accumulations (so no dependence chain limits them)
  * written in inline assembly (a C loop of the same intrinsics is hoisted or spilled by the compiler):
@@ -6,9 +7,12 @@
  *   maddubs: vpmaddubsw (u8 x s8 -> int16 pairs, 32 products) + vpmaddwd by ones + vpaddd: fbgemm's AVX2 route,
  *            exact only for 7-bit unsigned activations (a pair of 8-bit ones can overflow its int16 sum);
  *   signed:  vpsignb + the maddubs route (11 accumulators: the sign needs a register): |x| times w carrying x's
- *            sign, the exact route for symmetric int8 activations like ours.
+ *            sign, the exact route for symmetric int8 activations like ours;
+ *   vnni:    vpdpbusd on zmm (u8 x s8, four products summed into each int32 lane, 64 products): exact for
+ *            symmetric int8 activations too, shifted by +128 to u8 with the weight row's sum x 128 taken off
+ *            afterwards (oneDNN's s8s8 route, once per output, not per product). AVX512-VNNI CPUs only.
  * Prints one JSON line: {"route", "threads", "seconds", "products_per_s_per_core"}.
- * Usage: int8_peak madd|maddubs|signed ITERATIONS THREADS */
+ * Usage: int8_peak madd|maddubs|signed|vnni ITERATIONS THREADS */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +26,7 @@
 #define MADDUBS_OF(acc, w)                                                                                             \
     "vpmaddubsw %%ymm" #w ", %%ymm12, %%ymm14\n\tvpmaddwd %%ymm14, %%ymm15, %%ymm14\n\tvpaddd %%ymm14, %%ymm" #acc         \
     ", %%ymm" #acc "\n\t"
+#define VNNI(acc) "vpdpbusd %%zmm12, %%zmm13, %%zmm" #acc "\n\t"
 #define CLOBBERS "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm14"
 
 static void madd(long n) {
@@ -42,12 +47,21 @@ static void signed_maddubs(long n) {
                              SIGNED(9) SIGNED(10)::: CLOBBERS);
 }
 
+static void vnni(long n) {
+    for (long i = 0; i < n; i++)
+        __asm__ volatile(VNNI(0) VNNI(1) VNNI(2) VNNI(3) VNNI(4) VNNI(5) VNNI(6) VNNI(7) VNNI(8) VNNI(9) VNNI(10)
+                             VNNI(11)::: CLOBBERS);
+}
+
 int main(int argc, char **argv) {
-    if (argc != 4 || (strcmp(argv[1], "madd") && strcmp(argv[1], "maddubs") && strcmp(argv[1], "signed"))) {
-        fprintf(stderr, "usage: %s madd|maddubs|signed ITERATIONS THREADS\n", argv[0]);
+    static const char *routes[] = {"madd", "maddubs", "signed", "vnni"};
+    int route = -1;
+    for (int r = 0; argc == 4 && r < 4; r++)
+        if (!strcmp(argv[1], routes[r])) route = r;
+    if (route < 0) {
+        fprintf(stderr, "usage: %s madd|maddubs|signed|vnni ITERATIONS THREADS\n", argv[0]);
         return 2;
     }
-    int route = !strcmp(argv[1], "madd") ? 0 : !strcmp(argv[1], "maddubs") ? 1 : 2;
     long n = atol(argv[2]);
     int threads = atoi(argv[3]);
     double t0 = omp_get_wtime();
@@ -57,11 +71,14 @@ int main(int argc, char **argv) {
             madd(n);
         else if (route == 1)
             maddubs(n);
-        else
+        else if (route == 2)
             signed_maddubs(n);
+        else
+            vnni(n);
     }
     double t = omp_get_wtime() - t0;
-    double products = (double)n * (route == 0 ? 12 * 16 : route == 1 ? 12 * 32 : 11 * 32);
+    static const double per_loop[] = {12 * 16, 12 * 32, 11 * 32, 12 * 64};
+    double products = (double)n * per_loop[route];
     printf("{\"route\": \"%s\", \"threads\": %d, \"seconds\": %.6f, \"products_per_s_per_core\": %.6e}\n", argv[1],
            threads, t, products / t);
     return 0;
