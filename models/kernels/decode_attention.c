@@ -46,11 +46,8 @@ static void quantize_row(int8_t *dst, const float *x, int head_dim) {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
-}
+#include "simd8.h"
+
 static inline __m256 load8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 static inline float to_float(uint16_t h) { return _cvtsh_ss(h); }
 static inline uint16_t to_half(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
@@ -74,7 +71,6 @@ static inline void axpy(float *o, float w, const uint16_t *v, int n) {
     for (; d < n; d++) o[d] += w * to_float(v[d]);
 }
 
-#include "exp8.h"
 
 /* p[0..3] = (the sums of a0..a3) * row_scales * scale (row_scales 1 for fp16 rows: exact); returns their max. */
 static inline float store_scores4(float *p, __m256 a0, __m256 a1, __m256 a2, __m256 a3, __m128 row_scales,

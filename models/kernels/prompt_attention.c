@@ -226,13 +226,7 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
  * 12 FMAs leave the loop bound by the load ports (a layer took 47.5 ms without it, 42.3 with it, at the time). */
 #define KEEP(x) __asm__("" : "+x"(x))
 
-#include "exp8.h"
-
-static inline float hsum8(__m256 v) {
-    __m128 u = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
-    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
-}
+#include "simd8.h"
 
 static inline float hmax8(__m256 v) {
     __m128 u = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));

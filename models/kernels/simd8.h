@@ -1,8 +1,15 @@
-/* exp8: exp(x) for 8 fp32 lanes, shared by the kernels that need it (each .c is built into its own library and
- * includes this; models/kernels/__init__.py keys every build by the headers too). Include under AVX2 + FMA. */
-#ifndef EI_EXP8_H
-#define EI_EXP8_H
+/* 8-lane fp32 helpers shared by the kernels (each .c is built into its own library and includes this;
+ * models/kernels/__init__.py keys every build by the headers too): exp8 and hsum8. Include under AVX2 + FMA. */
+#ifndef EI_SIMD8_H
+#define EI_SIMD8_H
 #include <immintrin.h>
+
+/* The sum of 8 lanes: (lo + hi) halves, then pairs; one order for every kernel that reduces with it. */
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
 
 /* exp(x) for x <= 0, 8 lanes: 2^(x log2 e) as 2^n * 2^f, f in [-0.5, 0.5], degree-6 polynomial (relative error
  * ~2e-7, like expf's); below -87 it is 0. The scalar libm expf was a quarter of the decode attention's time. */
