@@ -8,7 +8,8 @@ measures each route's rate from registers (bench/native/int8_peak.c, inline asse
 our GEMM (kernels.q8_int_mm, the prompt rows in the row blocks the linear uses) at the checkpoint's shapes,
 interleaved round by round, and reports:
   - products/s per core of each route, and ours as a fraction of the exact symmetric-int8 ceiling (the best of
-    "madd" and "signed"; "maddubs" alone is exact only for 7-bit activations, so it is shown, not counted);
+    "madd", "signed" and, where measured, "vnni"; "maddubs" alone is exact only for 7-bit activations, so it is
+    shown, not counted);
   - the floor this puts under the prefill's linears (their products at that ceiling) and our GEMM's time for them.
 On an AVX512-VNNI CPU vpdpbusd is measured too (u8 x s8 into int32, exact for symmetric activations shifted by 128,
 oneDNN's s8s8 route) and is the ceiling there; the prompt GEMM there is torch._int_mm (oneDNN).
