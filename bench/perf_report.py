@@ -8,8 +8,9 @@ prefill, decode.
 - Baseline: DeepseekVLForConditionalGeneration in bf16 (load_reference_model), processor(images, text) and
   generate(max_new_tokens=N, min_new_tokens=N, do_sample=False); phases from hooks on its vision tower and a
   logits-processor stamp per token.
-- Ours: the vision tower in onnxruntime (int8 when bench/results/vision.json records cosine >= 0.99 against torch
-  fp32 for this checkpoint, else fp32), the prompt built as the gateway builds it (models/prompt.py), then one
+- Ours: the vision tower as the vision node's `backend: auto` picks it, measured in this run (torch fp32, bf16 and
+  int8, onnxruntime fp32 and int8 timed on the sample part; the fastest whose worst visual token keeps cosine
+  >= 0.99 against torch fp32), the prompt built as the gateway builds it (models/prompt.py), then one
   whole-model StageExecutor for prefill and N-1 decode steps. A stage holds one weights format (the KV cache lives
   in its executor), so every candidate format (fp32; bf16, i.e. fbgemm packed fp16 linears on CPUs without bf16
   instructions; int8; int4) runs the whole report, and the fastest whose first-token logits keep cosine >= 0.99
@@ -44,6 +45,7 @@ import io
 import json
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import anchor_llamacpp
@@ -53,15 +55,16 @@ from perf_decode import step_bytes
 from PIL import Image
 
 from edgeinspect.assets import asset_path
+from edgeinspect.config import VisionSettings
 from edgeinspect.models.checkpoint import Checkpoint, load_processor, load_reference_model, open_checkpoint
 from edgeinspect.models.image_io import decode_image
 from edgeinspect.models.int4 import Int4Linear
-from edgeinspect.models.onnx_export import export_vision_onnx, quantize_vision_onnx
 from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.quant import Int8Linear, use_half16
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
-from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
-from edgeinspect.services.vision.backends import OnnxBackend
+from edgeinspect.models.vision import ImagePreprocessor
+from edgeinspect.services.vision.autobackend import measure as measure_backends
+from edgeinspect.services.vision.backends import Backend, auto_loaders
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CKPT = ROOT / "var" / "checkpoints" / "deepseek-vl-1.3b"
@@ -233,36 +236,19 @@ def _median_gap_ms(stamps: list[float]) -> float | None:
     return statistics.median(gaps) * 1e3 if gaps else None
 
 
-def vision_choice(ckpt: Checkpoint, onnx_dir: Path, pixels: torch.Tensor, threads: int) -> dict:
-    """int8 ONNX if its cosine to torch fp32 (recorded in vision.json for this checkpoint, else measured) >= 0.99."""
-    fp32_path = onnx_dir / f"vision-{ckpt.fingerprint}.onnx"
-    int8_path = onnx_dir / f"vision-{ckpt.fingerprint}-int8.onnx"
-    if not fp32_path.is_file():
-        export_vision_onnx(ckpt.path, fp32_path)
-    if not int8_path.is_file():
-        quantize_vision_onnx(fp32_path, int8_path)
-    source, cos = "", None
-    record = RESULTS_DIR / "vision.json"
-    if record.is_file():
-        data = json.loads(record.read_text())
-        rows = {r["backend"]: r for r in data.get("rows", [])}
-        if data.get("fingerprint") == ckpt.fingerprint and "onnxruntime int8" in rows:
-            cos, source = rows["onnxruntime int8"]["cosine_min_token"], f"{record.name} (min over tokens)"
-    if cos is None:
-        tower = load_vision_tower(ckpt, "fp32")
-        with torch.inference_mode():
-            ref = tower(pixels)[0]  # [N, D]
-        int8 = OnnxBackend(int8_path, ckpt.fingerprint, threads)(pixels)[0]
-        cos = float(torch.nn.functional.cosine_similarity(ref.double(), int8.double(), dim=-1).min())
-        source = "measured here against torch fp32 (min over tokens)"
-        del tower
-    chosen = "int8" if cos >= MIN_COSINE else "fp32"
-    return {
-        "format": chosen,
-        "path": str(int8_path if chosen == "int8" else fp32_path),
-        "int8_cosine": round(cos, 6),
-        "cosine_source": source,
-    }
+def vision_choice(ckpt: Checkpoint, onnx_dir: Path, threads: int) -> tuple[Backend, dict]:
+    """(the winner, its record): the vision node's `backend: auto`, measured in this run (its cache neither read
+    nor written): every candidate that runs here timed on the sample part, the fastest whose worst visual token
+    keeps cosine >= 0.99 against torch fp32 kept, the others closed."""
+    cfg = VisionSettings(
+        checkpoint=ckpt.path, backend="auto", onnx_path=onnx_dir / f"vision-{ckpt.fingerprint}.onnx", threads=threads
+    )
+    choice, backends = measure_backends(ckpt, cfg, auto_loaders(ckpt, cfg))
+    for name, backend in backends.items():
+        if name != choice.backend:
+            backend.close()
+    record = {k: v for k, v in asdict(choice).items() if k != "cached"}
+    return backends[choice.backend], record
 
 
 def format_allowed(fmt: str) -> tuple[bool, str]:
@@ -375,15 +361,11 @@ def main() -> None:
         base_runs, base_bytes = run_baseline(ckpt, processor, image_bytes, context, args)
         gc.collect()  # the baseline model is gone before any stage loads: one 1.3B model at a time
 
-    preprocess = ImagePreprocessor(ckpt)
-    vision = vision_choice(
-        ckpt, args.onnx_dir, preprocess(decode_image(image_bytes, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS)), args.threads
-    )
-    parts = {
-        "processor": processor,
-        "preprocess": preprocess,
-        "vision": OnnxBackend(Path(vision["path"]), ckpt.fingerprint, args.threads),
-    }
+    print("ours: vision backend auto (every candidate timed on the sample part)", flush=True)
+    vision_backend, vision = vision_choice(ckpt, args.onnx_dir, args.threads)
+    print(f"  -> {vision['backend']}: {vision['why']}", flush=True)
+    gc.collect()  # the losing towers are gone before any stage loads
+    parts = {"processor": processor, "preprocess": ImagePreprocessor(ckpt), "vision": vision_backend}
     gates = {f: format_allowed(f) for f in ("int8", "int4")}
     # Every asked format is measured; one whose 1.3B accuracy record is not met cannot be "ours".
     formats = [f for f in args.formats.split(",") if f]
@@ -393,7 +375,7 @@ def main() -> None:
     whole = LayerRange(0, ckpt.num_layers, ckpt.num_layers)
     candidates, kept = {}, {}
     for fmt in formats:
-        print(f"ours: ONNX {vision['format']} vision + StageExecutor {fmt}", flush=True)
+        print(f"ours: {vision['backend']} vision + StageExecutor {fmt}", flush=True)
         t0 = time.perf_counter()
         executor = StageExecutor(load_stage(ckpt, whole, fmt))
         load_s = time.perf_counter() - t0
@@ -493,7 +475,7 @@ def main() -> None:
         "vision": vision,
         "format_gates": {f: {"allowed": ok, "why": why} for f, (ok, why) in gates.items()},
         "candidates": candidates,
-        "ours": {"format": best, "vision": f"onnxruntime {vision['format']}"} | eligible[best],
+        "ours": {"format": best, "vision": vision["backend"]} | eligible[best],
         "llamacpp": llamacpp,
         "interleaved": interleaved,
         "targets": targets,

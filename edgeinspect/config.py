@@ -160,7 +160,7 @@ class VisionSettings(RoleSettings):
         None, description="exported vision tower (onnxruntime); exported on first start if missing"
     )
     hef_path: Path | None = Field(None, description="compiled Hailo HEF (hailo backend)")
-    weights: WeightsDtype = Field(WeightsDtype.fp32, description="torch backend weight dtype")
+    weights: WeightsDtype = Field(WeightsDtype.fp32, description="torch backend weights: fp32 | bf16 | int8")
     max_image_bytes: int = Field(20 * 1024 * 1024, description="largest encoded image accepted")
     max_image_pixels: int = Field(40_000_000, description="largest decoded image (width*height) accepted")
     cache_entries: int = Field(64, description="visual tokens kept by image hash (0 disables)")

@@ -201,7 +201,7 @@ class Int8Linear(nn.Module):
         self.kernel = kernel
         self.two_pass = two_pass and kernel in ("fbgemm", "vnni")  # the others keep activations in 16/32 bits
         self.rotate = rotate  # Hadamard block: q holds (W rotated) quantized, inputs are rotated alike (0: neither)
-        self.bias = None if bias is None else bias.float()
+        self.bias = None if bias is None else bias.float().contiguous()
         self.scales = scales.float()  # [N]
         # Only the form the kernel reads is kept: fbgemm holds its own packed copy of the int8 weight.
         self.packed = _fbgemm_pack(q, self.scales) if kernel == "fbgemm" else None
@@ -241,7 +241,10 @@ class Int8Linear(nn.Module):
         if self.kernel == "vnni":
             from edgeinspect.models import kernels
 
-            y = kernels.q8_linear(x2, self.qweight, self.scales, self.row_sums, self.two_pass, self.rotate)
+            y = kernels.q8_linear(
+                x2, self.qweight, self.scales, self.row_sums, self.two_pass, self.rotate, bias=self.bias
+            )
+            return y.reshape(*shape[:-1], self.out_features)  # bias added in the kernel's scaling pass
         elif self.kernel == "fbgemm":
             y = self._fbgemm(x2)
         elif self.kernel == "int8pack":

@@ -26,6 +26,11 @@ def test_perf_report_writes_baseline_ours_phases_and_the_ratio_target(tiny_check
     rec = data["targets"]["report_time_ours_vs_transformers_bf16"]
     assert set(rec) == {"value", "target", "met"} and rec["target"] == 0.4 and rec["value"] > 0
     assert data["ours"]["format"] in {"fp32", "bf16"}
+    # the vision tower as the vision node's backend: auto picks it, measured in the same run
+    vision = data["vision"]
+    assert vision["backend"] in vision["eligible"] and data["ours"]["vision"] == vision["backend"]
+    assert {"torch-fp32", "onnxruntime-int8"} <= set(vision["ms_per_image"])
+    assert vision["ms_per_image"][vision["backend"]] == min(vision["ms_per_image"][n] for n in vision["eligible"])
     for row in (data["baseline"], data["candidates"]["fp32"], data["candidates"]["bf16"]):
         assert row["generated"] == 4  # EOS ignored on both sides
         assert row["prompt_tokens"] == data["baseline"]["prompt_tokens"]  # the same prompt on both sides

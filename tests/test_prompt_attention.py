@@ -67,6 +67,23 @@ def test_each_query_sees_only_the_keys_up_to_its_position():
 
 
 @needs_kernels
+@pytest.mark.parametrize(("t", "heads", "hd"), [(576, 16, 64), (50, 4, 32), (7, 2, 16)])
+def test_without_the_causal_mask_every_query_attends_over_all_keys_as_sdpa_does(t, heads, hd):
+    """The vision tower's patches (576 at 384 px, 16 heads of 64 in SigLIP-L) see each other both ways."""
+    q, k, v = chunk(t, 0, heads, heads, hd, seed=2)
+    got = kernels.prompt_attention(q, k, v, 0, hd**-0.5, causal=False)
+    if not kernels.prompt_attention_fast():
+        assert got is None
+        return
+    want = scaled_dot_product_attention(q[None], k[None], v[None], scale=hd**-0.5)[0].transpose(0, 1).reshape(t, -1)
+    bound = 1e-2 if kernels.prompt_attention_bf16() else 1e-5  # as for causal chunks above
+    assert ((got - want).norm() / want.norm()) < bound
+    causal = kernels.prompt_attention(q, k, v, 0, hd**-0.5)
+    assert ((causal[:-1] - want[:-1]).norm() / want[:-1].norm()) > 0.1  # the mask really is off
+    assert ((causal[-1] - want[-1]).norm() / want[-1].norm()) < bound  # the last query saw every key either way
+
+
+@needs_kernels
 def test_shapes_it_does_not_take_go_back_to_sdpa():
     q, k, v = chunk(9, 0, 4, 4, 24)  # head_dim not a multiple of 16
     assert kernels.prompt_attention(q, k, v, 0, 24**-0.5) is None

@@ -57,6 +57,20 @@ def test_decode_rows_and_prompt_rows_compute_the_same_int8_arithmetic(n, k, rows
     assert err < (1e-7 if two_pass else 1e-4)
 
 
+@pytest.mark.parametrize("rows", [2, 577])  # a GEMV (bias added after it) and a prompt (added as rows are scaled)
+def test_a_bias_is_added_on_decode_and_prompt_rows_alike(rows):
+    g = torch.Generator().manual_seed(rows)
+    lin = nn.Linear(1024, 300).requires_grad_(False)  # SigLIP's linears carry a bias
+    nn.init.normal_(lin.weight, std=0.02, generator=g)
+    nn.init.normal_(lin.bias, std=1.0, generator=g)
+    layer = Int8Linear.from_linear(lin, "vnni")
+    x = torch.randn(rows, 1024, generator=g)
+    want = reference(x, layer.qweight, layer.scales, False) + lin.bias
+    torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+    with pytest.raises(ValueError, match="without bias"):
+        kernels.q8_linear(x, layer.qweight, layer.scales, layer.row_sums, False, gated=True, bias=layer.bias)
+
+
 @pytest.mark.parametrize("two_pass", [False, True])
 def test_a_prompt_whose_output_would_leave_the_heap_runs_in_row_blocks_with_the_same_bits(two_pass, monkeypatch):
     g = torch.Generator().manual_seed(7)

@@ -9,6 +9,7 @@ import pytest
 
 from edgeinspect.assets import sample_image
 from edgeinspect.config import VisionSettings
+from edgeinspect.models import kernels
 from edgeinspect.services.vision.autobackend import MIN_TOKEN_COSINE, decide
 from edgeinspect.services.vision.encoder import VisionEncoder
 
@@ -30,11 +31,13 @@ def test_auto_measures_once_keeps_the_winner_and_a_restart_uses_the_cache(tiny_c
     encoder = VisionEncoder.load(cfg)
     (cached,) = (tmp_path / "cache").glob("vision-*.json")
     choice = json.loads(cached.read_text())
-    assert set(choice["ms_per_image"]) == {"torch-fp32", "torch-bf16", "onnxruntime-fp32", "onnxruntime-int8"}
+    torch_int8 = {"torch-int8"} if kernels.q8_library() is not None and kernels.q8_fast() else set()
+    everywhere = {"torch-fp32", "torch-bf16", "onnxruntime-fp32", "onnxruntime-int8"}
+    assert set(choice["ms_per_image"]) == everywhere | torch_int8
     fastest = min(choice["eligible"], key=choice["ms_per_image"].get)
     assert choice["backend"] == fastest and "torch-fp32" in choice["eligible"]
     assert all(choice["min_token_cosine"][n] >= MIN_TOKEN_COSINE for n in choice["eligible"] if n != "torch-fp32")
-    expected = {"torch-fp32": "torch", "torch-bf16": "torch"}.get(choice["backend"], "onnxruntime")
+    expected = "torch" if choice["backend"].startswith("torch-") else "onnxruntime"
     assert encoder.backend.name == expected
     first = encoder.encode(sample_image().read_bytes()).tokens
 

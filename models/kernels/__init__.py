@@ -72,9 +72,9 @@ INT4_ABI_VERSION = 1
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
 ROWS_ABI_VERSION = 1
 Q8_SOURCE = Path(__file__).with_name("int8_vnni.c")
-Q8_ABI_VERSION = 6
+Q8_ABI_VERSION = 7
 PROMPT_SOURCE = Path(__file__).with_name("prompt_attention.c")
-PROMPT_ABI_VERSION = 1
+PROMPT_ABI_VERSION = 2
 # Activation rows (both passes counted) up to which the vnni linear runs its own GEMV; above, the int32 GEMM
 # (q8_int_mm), which is the faster at prompt sizes but reads weights at half of memory speed for a single row.
 Q8_GEMV_ROWS = 16
@@ -256,7 +256,7 @@ def _bind_q8(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ei_q8_prep.restype = i32
     lib.ei_q8_gemv_rows.argtypes = [i32, i32, i32, i32, i32, ptr, i64, ptr, ptr, ptr, ptr, i32]
     lib.ei_q8_gemv_rows.restype = i32
-    lib.ei_q8_finish.argtypes = [i32, i32, i32, ptr, ptr, ptr, ptr, i32]
+    lib.ei_q8_finish.argtypes = [i32, i32, i32, ptr, ptr, ptr, ptr, ptr, i32]
     lib.ei_q8_finish.restype = None
     lib.ei_q8_mm.argtypes = [i32, i32, i32, ptr, ptr, ptr, i32]
     lib.ei_q8_mm.restype = i32
@@ -307,6 +307,7 @@ def q8_linear(
     two_pass: bool,
     rotate: int = 0,
     gated: bool = False,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [R, K] fp32 (rows may be strided) @ (weight [N, K] int8 * scales [N]).T -> [R, N] fp32, activations
     quantized per row to int8 (two passes: + the residual). Few rows: our GEMV; more: q8_int_mm.
@@ -317,15 +318,17 @@ def q8_linear(
     GEMM, where decode rows' second pass costs little (the GEMV reads each weight row once for both).
 
     `gated`: the linear is a fused gate/up projection and the result is silu(gate) * up [R, N/2] (one pass);
-    prompt rows go from q8_int_mm's int32 straight to it (ei_silu_mul_q8), the same bits as silu_mul(y)."""
+    prompt rows go from q8_int_mm's int32 straight to it (ei_silu_mul_q8), the same bits as silu_mul(y).
+
+    `bias` [N] fp32 (ungated only): added as prompt rows are scaled (ei_q8_finish), after the GEMV for decode rows."""
     lib = q8_library()
     if x.dtype != torch.float32 or x.stride(1) != 1:
         x = x.float().contiguous()
     (r, k), n = x.shape, weight.shape[0]
     passes = 2 if two_pass else 1
     threads = torch.get_num_threads()
-    if gated and (two_pass or rotate):
-        raise ValueError("a gated linear takes one pass, unrotated")
+    if gated and (two_pass or rotate or bias is not None):
+        raise ValueError("a gated linear takes one pass, unrotated, without bias")
     if passes * r <= Q8_GEMV_ROWS and gated:
         return silu_mul(q8_linear(x, weight, scales, row_sums, False))
     y = torch.empty(r, n // 2 if gated else n)
@@ -336,7 +339,7 @@ def q8_linear(
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("int8 linear could not allocate its activation buffer")
-        return y
+        return y if bias is None else y.add_(bias)
     if rotate:
         two_pass, passes = False, 1
     block = max(Q8_GEMV_ROWS, Q8_OUTPUT_BYTES // (4 * n * passes))  # rows whose int32 output stays in the heap
@@ -356,8 +359,9 @@ def q8_linear(
             library().ei_silu_mul_q8(rows, n // 2, acc.data_ptr(), xs.data_ptr(), scales.data_ptr(), out.data_ptr())
             continue
         lib.ei_q8_finish(
-            rows, n, int(two_pass), acc.data_ptr(), xs.data_ptr(), scales.data_ptr(), out.data_ptr(), threads
-        )
+            rows, n, int(two_pass), acc.data_ptr(), xs.data_ptr(), scales.data_ptr(),
+            None if bias is None else bias.data_ptr(), out.data_ptr(), threads,
+        )  # fmt: skip
     return y
 
 
@@ -390,7 +394,8 @@ def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> to
 
 def _bind_prompt(lib: ctypes.CDLL) -> ctypes.CDLL:
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    lib.ei_prompt_attention.argtypes = [i32, i32, i32, i32, i32, *(ptr, i64, i64) * 3, ptr, i64, ctypes.c_float, i32]
+    f32 = ctypes.c_float
+    lib.ei_prompt_attention.argtypes = [i32, i32, i32, i32, i32, *(ptr, i64, i64) * 3, ptr, i64, f32, i32, i32]
     lib.ei_prompt_attention.restype = i32
     lib.ei_prompt_attention_simd.restype = i32
     return _abi_checked(lib, "ei_prompt_attention_abi_version", PROMPT_ABI_VERSION, "prompt attention kernel")
@@ -415,9 +420,12 @@ def prompt_attention_bf16() -> bool:
     return lib is not None and lib.ei_prompt_attention_simd() == 2
 
 
-def prompt_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, scale: float):
+def prompt_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, scale: float, causal: bool = True
+):
     """Causal attention of a prompt chunk: q [H, t, hd] (query i at position past + i) over keys/values
-    [H_kv, past + t, hd], all fp32 with each head's hd floats contiguous -> [t, H * hd] fp32, with bf16 dot
+    [H_kv, past + t, hd] (`causal=False`: every query over all of them, as the vision tower's patches attend), all
+    fp32 with each head's hd floats contiguous -> [t, H * hd] fp32, with bf16 dot
     products and an fp32 softmax (AVX512-BF16) or in fp32 (AVX2), prompt_attention.c. None where the kernel does
     not take the call (neither instruction set, or a head_dim that is not a multiple of 16): the caller then runs
     SDPA."""
@@ -434,7 +442,7 @@ def prompt_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     rc = lib.ei_prompt_attention(
         t, past, heads, kv_heads, hd, q.data_ptr(), q.stride(1), q.stride(0), keys.data_ptr(), keys.stride(1),
         keys.stride(0), values.data_ptr(), values.stride(1), values.stride(0), out.data_ptr(), out.stride(0), scale,
-        torch.get_num_threads(),
+        int(causal), torch.get_num_threads(),
     )  # fmt: skip
     if rc == -1:
         raise MemoryError("prompt attention could not allocate its buffers")

@@ -210,9 +210,10 @@ int ei_q8_prep(int R, int K, const float *x, int64_t x_row, int two_pass, int ro
     return failed ? -1 : 0;
 }
 
-/* y[r, n] = ws[n] * sum over passes p of xs[p * R + r] * (int32 dot of activation row p * R + r with weight row n) */
-void ei_q8_finish(int R, int N, int two_pass, const int32_t *acc, const float *xs, const float *ws, float *y,
-                  int threads) {
+/* y[r, n] = ws[n] * sum over passes p of xs[p * R + r] * (int32 dot of activation row p * R + r with weight row n)
+ * (+ bias[n] where bias is not NULL: a separate torch add took 9% of a vision tower's encode) */
+void ei_q8_finish(int R, int N, int two_pass, const int32_t *acc, const float *xs, const float *ws,
+                  const float *bias, float *y, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int r = 0; r < R; r++) {
         const int32_t *a1 = acc + (int64_t)r * N, *a2 = acc + (int64_t)(R + r) * N;
@@ -221,6 +222,8 @@ void ei_q8_finish(int R, int N, int two_pass, const int32_t *acc, const float *x
             for (int n = 0; n < N; n++) out[n] = ws[n] * (s1 * (float)a1[n] + s2 * (float)a2[n]);
         else
             for (int n = 0; n < N; n++) out[n] = ws[n] * s1 * (float)a1[n];
+        if (bias)
+            for (int n = 0; n < N; n++) out[n] += bias[n];
     }
 }
 
@@ -661,4 +664,4 @@ int ei_q8_simd(void) {
 #endif
 }
 
-int ei_q8_abi_version(void) { return 6; }
+int ei_q8_abi_version(void) { return 7; }

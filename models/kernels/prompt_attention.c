@@ -11,7 +11,8 @@
  * sums and outputs stay fp32. fp32 stages never come here (SDPA is what generate() runs).
  *
  * Layout: q [T] rows of heads x head_dim, k/v [L] rows of kv_heads x head_dim (strides in floats, each head's
- * head_dim floats contiguous); query t sits at position past + t and sees keys 0..past + t; head h reads kv head
+ * head_dim floats contiguous); query t sits at position past + t and sees keys 0..past + t (causal; else all L keys,
+ * as a vision encoder's patches do); head h reads kv head
  * h / (heads / kv_heads). out [T] rows of heads x head_dim. head_dim must be a multiple of 16.
  * Keys are packed per kv head in blocks of 16 (lane = key, one bf16 pair of dimensions per 32-bit lane), values per
  * pair of positions (lane = dimension, the two positions' bf16 in one lane), queries as bf16 rows. Work is split
@@ -127,7 +128,7 @@ static inline __attribute__((always_inline)) void pv2(const uint32_t *p0, const 
 
 int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const float *q, int64_t q_row,
                         int64_t q_head, const float *k, int64_t k_row, int64_t k_head, const float *v, int64_t v_row,
-                        int64_t v_head, float *out, int64_t out_row, float scale, int threads) {
+                        int64_t v_head, float *out, int64_t out_row, float scale, int causal, int threads) {
     if (T < 1 || past < 0 || hd % 16 || hd > 1024 || kv_heads < 1 || heads % kv_heads) return -3;
     const int L = past + T, LK = (L + 4 * KBLOCK - 1) / (4 * KBLOCK) * (4 * KBLOCK), TP = (T + 3) / 4 * 4;
     const int h2 = hd / 2, group = heads / kv_heads;
@@ -172,7 +173,7 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
                 }
                 const int h = task / blocks, b = blocks - 1 - task % blocks; /* the longest rows first */
                 const int i0 = b * QB, rows = T - i0 < QB ? T - i0 : QB, g = h / group;
-                const int keys = past + i0 + rows, kblocks = (keys + 4 * KBLOCK - 1) / (4 * KBLOCK) * 4;
+                const int keys = causal ? past + i0 + rows : L, kblocks = (keys + 4 * KBLOCK - 1) / (4 * KBLOCK) * 4;
                 const int upto = (keys + 31) / 32 * 32;
                 const uint32_t *qh = qp + ((int64_t)h * TP + i0) * h2, *kg = kp + (int64_t)g * LK * h2;
                 for (int r = 0; r < rows; r += 4)
@@ -180,7 +181,7 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
                         qk4x4(qh + (int64_t)r * h2, kg + (int64_t)c * h2 * KBLOCK, h2, scale,
                               s + (int64_t)r * LK + c * KBLOCK, LK);
                 for (int r = 0; r < rows; r++)
-                    sums[r] = softmax_row(s + (int64_t)r * LK, past + i0 + r + 1, upto, p + (int64_t)r * LK);
+                    sums[r] = softmax_row(s + (int64_t)r * LK, causal ? past + i0 + r + 1 : L, upto, p + (int64_t)r * LK);
                 const uint32_t *vg = vp + (int64_t)g * (LK / 2) * hd;
                 for (int r = 0; r < rows; r += 2) {
                     const int two = r + 1 < rows;
@@ -343,7 +344,7 @@ static void pack_keys(const float *k, int64_t k_row, int L, int LK, int hd, floa
 
 int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const float *q, int64_t q_row,
                         int64_t q_head, const float *k, int64_t k_row, int64_t k_head, const float *v, int64_t v_row,
-                        int64_t v_head, float *out, int64_t out_row, float scale, int threads) {
+                        int64_t v_head, float *out, int64_t out_row, float scale, int causal, int threads) {
     if (T < 1 || past < 0 || hd % 16 || hd > 1024 || kv_heads < 1 || heads % kv_heads) return -3;
     const int tile = KTILE * KB8, L = past + T, LK = (L + tile - 1) / tile * tile;
     const int group = heads / kv_heads, blocks = (T + QB - 1) / QB;
@@ -366,7 +367,7 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
             for (int j = 0; j < L; j++) memcpy(vg + (int64_t)j * hd, v + (int64_t)j * v_row + g * v_head, hd * sizeof(float));
             for (int b = blocks - 1; b >= 0; b--) {
                 const int i0 = b * QB, rows = T - i0 < QB ? T - i0 : QB;
-                const int keys = past + i0 + rows, ktiles = (keys + tile - 1) / tile, upto = ktiles * tile;
+                const int keys = causal ? past + i0 + rows : L, ktiles = (keys + tile - 1) / tile, upto = ktiles * tile;
                 float sums[QB], inv[QB];
                 for (int c = 0; c < ktiles; c++) /* a tile of keys (12 KiB at hd 128) stays in L1 for every row */
                     for (int r = 0; r < rows; r += 4) {
@@ -376,7 +377,7 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
                         qk4x3(qr, kg + (int64_t)c * KTILE * KB8 * hd, hd, scale, s + (int64_t)r * LK + c * tile, LK);
                     }
                 for (int r = 0; r < (rows + 3) / 4 * 4; r++) {
-                    sums[r] = r < rows ? softmax_row8(s + (int64_t)r * LK, past + i0 + r + 1, upto) : 0.f;
+                    sums[r] = r < rows ? softmax_row8(s + (int64_t)r * LK, causal ? past + i0 + r + 1 : L, upto) : 0.f;
                     if (r >= rows) memset(s + (int64_t)r * LK, 0, (size_t)upto * sizeof(float));
                     inv[r] = r < rows ? 1.f / sums[r] : 0.f;
                 }
@@ -384,7 +385,7 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
                     const int left = (hd - d) / KB8; /* 8-dim vectors left: 3 at a time, the last 4 as 2 + 2 */
                     nv = left == 4 ? 2 : left < KTILE ? left : KTILE;
                     for (int r = 0; r < rows; r += 4) {
-                        const int n = past + i0 + (r + 4 < rows ? r + 4 : rows); /* the tile's last row sees n */
+                        const int n = causal ? past + i0 + (r + 4 < rows ? r + 4 : rows) : L; /* the tile's last row sees n */
                         float *o[4];
                         for (int i = 0; i < 4; i++)
                             o[i] = r + i < rows ? out + (int64_t)(i0 + r + i) * out_row + h * hd + d : NULL;
@@ -408,10 +409,10 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
 #define EI_PA_SIMD 0
 int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const float *q, int64_t q_row,
                         int64_t q_head, const float *k, int64_t k_row, int64_t k_head, const float *v, int64_t v_row,
-                        int64_t v_head, float *out, int64_t out_row, float scale, int threads) {
+                        int64_t v_head, float *out, int64_t out_row, float scale, int causal, int threads) {
     (void)T, (void)past, (void)heads, (void)kv_heads, (void)hd, (void)q, (void)q_row, (void)q_head, (void)k;
     (void)k_row, (void)k_head, (void)v, (void)v_row, (void)v_head, (void)out, (void)out_row, (void)scale;
-    (void)threads;
+    (void)causal, (void)threads;
     return -2;
 }
 #endif
@@ -419,4 +420,4 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
 /* 2: bf16 dot products (AVX512-BF16); 1: fp32 (AVX2 + FMA); 0: the kernel declines every call. */
 int ei_prompt_attention_simd(void) { return EI_PA_SIMD; }
 
-int ei_prompt_attention_abi_version(void) { return 1; }
+int ei_prompt_attention_abi_version(void) { return 2; }

@@ -2,17 +2,18 @@
 
 Which one encodes fastest depends on the CPU and the libraries, not on anything a flag tells: on the 2-core Xeon
 with AVX512-BF16 the ONNX Runtime int8 tower took 0.38 s where torch fp32 took 2.4 s, and bf16 torch is no faster
-than fp32 there. So every candidate that can run here (torch fp32 and bf16, ONNX Runtime fp32 and int8, HailoRT
-when installed and a HEF is configured) is loaded, fed the shipped sample part through the checkpoint's own
-preprocessing, and timed over a few encodes, the candidates interleaved round by round so load from other jobs
-falls on all of them alike. The fastest whose visual tokens stay at per-token cosine >= MIN_TOKEN_COSINE against
-torch fp32 wins (torch fp32 always qualifies); the others are closed.
+than fp32 there; on a 2-core Zen 4 torch int8 (our int8 linears and native attention) and ONNX Runtime int8 run
+within ~10% of each other, which one ahead changing from run to run. So every candidate that can run here (torch
+fp32, bf16 and int8, ONNX Runtime fp32 and int8, HailoRT when installed and a HEF is configured) is loaded, fed the
+shipped sample part through the checkpoint's own preprocessing, and timed over a few encodes, the candidates
+interleaved round by round so load from other jobs falls on all of them alike. The fastest whose visual tokens stay
+at per-token cosine >= MIN_TOKEN_COSINE against torch fp32 wins (torch fp32 always qualifies); the others are
+closed.
 
 The choice is cached in a JSON file ($EDGEINSPECT_FORMAT_CACHE or ~/.cache/edgeinspect/formats/, shared with the
 stages' `weights: auto`) keyed by CPU model and flags, torch and onnxruntime versions, threads, checkpoint
-fingerprint and candidates, so a restart on the same box only loads the winner; each choice is logged with its
-figures.
-"""
+fingerprint, candidates and our kernels' sources, so a restart on the same box only loads the winner; each choice is
+logged with its figures."""
 
 from __future__ import annotations
 
@@ -36,12 +37,12 @@ log = logging.getLogger(__name__)
 
 MIN_TOKEN_COSINE = 0.99  # per visual token, the worst one; the language model sees each token on its own
 WARMUP, ROUNDS = 1, 3
-MEASURE_VERSION = 1
+MEASURE_VERSION = 2  # 2: torch-int8 joined, kernel sources in the key
 
 
 @dataclass
 class BackendChoice:
-    backend: str  # a candidate name: torch-fp32, torch-bf16, onnxruntime-fp32, onnxruntime-int8, hailo
+    backend: str  # a candidate name: torch-fp32, torch-bf16, torch-int8, onnxruntime-fp32, onnxruntime-int8, hailo
     why: str
     ms_per_image: dict[str, float] = field(default_factory=dict)
     min_token_cosine: dict[str, float] = field(default_factory=dict)
@@ -51,8 +52,13 @@ class BackendChoice:
 
 
 def candidates(cfg: VisionSettings) -> list[str]:
-    """What can run on this box: torch always; ONNX Runtime and HailoRT where their packages import."""
+    """What can run on this box: torch fp32 and bf16 always, int8 where the native int8 linear has a SIMD path
+    (elsewhere its plain-C loop would only lose the timing); ONNX Runtime and HailoRT where their packages import."""
+    from edgeinspect.models import kernels
+
     out = ["torch-fp32", "torch-bf16"]
+    if kernels.q8_library() is not None and kernels.q8_fast():
+        out.append("torch-int8")
     if importlib.util.find_spec("onnxruntime") is not None:
         out += ["onnxruntime-fp32", "onnxruntime-int8"]
     if cfg.hef_path is not None and importlib.util.find_spec("hailo_platform") is not None:
@@ -68,7 +74,10 @@ def _cache_key(ckpt: Checkpoint, cfg: VisionSettings, names: list[str]) -> str:
 
         ort_version = onnxruntime.__version__
     h = hashlib.sha256()
+    from edgeinspect.models import kernels
+
     parts = (cpu_model(), " ".join(sorted(cpu_flags())), torch.__version__, ort_version, str(cfg.threads))
+    parts += (kernels.sources_digest(),)  # torch-int8 runs our kernels: a changed kernel is timed again
     for part in (*parts, ckpt.fingerprint, ",".join(names), str(cfg.hef_path or ""), str(MEASURE_VERSION)):
         h.update(part.encode() + b"\0")
     return "vision-" + h.hexdigest()[:20]

@@ -29,14 +29,17 @@ class Backend(Protocol):
 
 
 class TorchBackend:
-    """The VisionTower module (fp32 or bf16 weights); output always float32."""
+    """The VisionTower module (fp32, bf16, or int8: int8 linears and native attention, fp32 activations between
+    them); output always float32."""
 
     name = "torch"
 
     def __init__(self, ckpt: Checkpoint, weights: str) -> None:
         from edgeinspect.models.vision import load_vision_tower
 
-        self.dtype = torch_dtype(weights)
+        if weights not in ("fp32", "bf16", "int8"):
+            raise CheckpointError(f"the torch vision backend runs fp32, bf16 or int8 weights, not {weights!r}")
+        self.dtype = torch.float32 if weights == "int8" else torch_dtype(weights)
         self.tower = load_vision_tower(ckpt, weights)
 
     def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -124,18 +127,24 @@ def _load_onnx_int8(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
     return OnnxBackend(path, ckpt.fingerprint, cfg.threads)
 
 
-def _load_auto(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
-    from edgeinspect.services.vision.autobackend import candidates, choose_backend
+def auto_loaders(ckpt: Checkpoint, cfg: VisionSettings) -> dict[str, Callable[[], Backend]]:
+    """A loader for each `backend: auto` candidate that can run here (services/vision/autobackend.candidates)."""
+    from edgeinspect.services.vision.autobackend import candidates
 
     def torch_with(weights: str) -> Callable[[], Backend]:
         return lambda: _load_torch(ckpt, cfg.model_copy(update={"weights": WeightsDtype(weights)}))
 
-    loaders: dict[str, Callable[[], Backend]] = {"torch-fp32": torch_with("fp32"), "torch-bf16": torch_with("bf16")}
+    loaders: dict[str, Callable[[], Backend]] = {f"torch-{w}": torch_with(w) for w in ("fp32", "bf16", "int8")}
     loaders["onnxruntime-fp32"] = lambda: _load_onnx(ckpt, cfg)
     loaders["onnxruntime-int8"] = lambda: _load_onnx_int8(ckpt, cfg)
     loaders["hailo"] = lambda: _load_hailo(ckpt, cfg)
-    here = candidates(cfg)
-    backend, _ = choose_backend(ckpt, cfg, {name: loaders[name] for name in here})
+    return {name: loaders[name] for name in candidates(cfg)}
+
+
+def _load_auto(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
+    from edgeinspect.services.vision.autobackend import choose_backend
+
+    backend, _ = choose_backend(ckpt, cfg, auto_loaders(ckpt, cfg))
     return backend
 
 
