@@ -1,5 +1,6 @@
-"""Vision encoder benchmark: seconds per image for torch fp32 (the baseline), torch bf16, onnxruntime fp32 and
-onnxruntime int8 (dynamic), with each one's cosine similarity to torch fp32, on the 1.3B-shaped checkpoint.
+"""Vision encoder benchmark: seconds per image for torch fp32 (the baseline), torch bf16, torch int8 (our int8
+linears and native attention, where the int8 kernel has a SIMD path), onnxruntime fp32 and onnxruntime int8
+(dynamic), with each one's cosine similarity to torch fp32, on the 1.3B-shaped checkpoint.
 
     .venv/bin/python bench/vision_bench.py [--ckpt DIR] [--repeats 3] [--threads 2] [--out bench/results/vision.json]
 
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from edgeinspect.assets import asset_path
+from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.image_io import decode_image
 from edgeinspect.models.onnx_export import export_vision_onnx, quantize_vision_onnx
@@ -118,9 +120,12 @@ def main() -> None:
     loaders = {
         "torch fp32": lambda: TorchBackend(ckpt, "fp32"),
         "torch bf16": lambda: TorchBackend(ckpt, "bf16"),
+        "torch int8": lambda: TorchBackend(ckpt, "int8"),
         "onnxruntime fp32": lambda: OnnxBackend(fp32_onnx, ckpt.fingerprint, args.threads),
         "onnxruntime int8": lambda: OnnxBackend(int8_onnx, ckpt.fingerprint, args.threads),
     }
+    if not kernels.q8_fast():  # the plain-C loop: correct, but no candidate (services/vision/autobackend.py)
+        del loaders["torch int8"]
     rows, baseline, baseline_s = [], None, None
     for name, load in loaders.items():
         t0 = time.perf_counter()

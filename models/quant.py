@@ -201,6 +201,7 @@ class Int8Linear(nn.Module):
         self.kernel = kernel
         self.two_pass = two_pass and kernel in ("fbgemm", "vnni")  # the others keep activations in 16/32 bits
         self.rotate = rotate  # Hadamard block: q holds (W rotated) quantized, inputs are rotated alike (0: neither)
+        self.gelu = False  # GELU (tanh form) applied to the output here: the vision MLP's fc1 (models/vision.py)
         self.bias = None if bias is None else bias.float().contiguous()
         self.scales = scales.float()  # [N]
         # Only the form the kernel reads is kept: fbgemm holds its own packed copy of the int8 weight.
@@ -242,9 +243,9 @@ class Int8Linear(nn.Module):
             from edgeinspect.models import kernels
 
             y = kernels.q8_linear(
-                x2, self.qweight, self.scales, self.row_sums, self.two_pass, self.rotate, bias=self.bias
+                x2, self.qweight, self.scales, self.row_sums, self.two_pass, self.rotate, bias=self.bias, gelu=self.gelu
             )
-            return y.reshape(*shape[:-1], self.out_features)  # bias added in the kernel's scaling pass
+            return y.reshape(*shape[:-1], self.out_features)  # bias (and GELU) applied in the kernel's scaling pass
         elif self.kernel == "fbgemm":
             y = self._fbgemm(x2)
         elif self.kernel == "int8pack":
@@ -253,6 +254,8 @@ class Int8Linear(nn.Module):
             y = nn.functional.linear(x2, self.dequantized())
         if self.bias is not None:
             y = y + self.bias
+        if self.gelu:
+            y = nn.functional.gelu(y, approximate="tanh")
         return y.reshape(*shape[:-1], self.out_features)
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
@@ -315,7 +318,7 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in={self.in_features}, out={self.out_features}, kernel={self.kernel}, two_pass={self.two_pass}, "
-            f"rotate={self.rotate}"
+            f"rotate={self.rotate}, gelu={self.gelu}"
         )
 
 
@@ -380,6 +383,8 @@ class Half16Linear(nn.Module):
         y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features).float(), self.packed)
         if self.bias is not None:
             y = y + self.bias
+        if self.gelu:
+            y = nn.functional.gelu(y, approximate="tanh")
         return y.reshape(*shape[:-1], self.out_features)
 
 

@@ -46,9 +46,13 @@ def load_vision_tower(ckpt: Checkpoint, weights: str = "fp32") -> VisionTower:
             if buf.is_meta:
                 module.register_buffer(name, _rebuild_buffer(name, buf), persistent=False)
     if int8:
-        from edgeinspect.models.quant import quantize_linears
+        from edgeinspect.models.quant import Int8Linear, quantize_linears
 
         quantize_linears(tower)
+        for module in tower.modules():  # SiglipMLP: fc1 -> activation_fn -> fc2; fc1's kernel applies the GELU
+            fc1 = getattr(module, "fc1", None)
+            if isinstance(fc1, Int8Linear) and tower.vision_model.config.hidden_act == "gelu_pytorch_tanh":
+                fc1.gelu, module.activation_fn = True, nn.Identity()
     return tower.eval()
 
 

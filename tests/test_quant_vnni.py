@@ -57,15 +57,20 @@ def test_decode_rows_and_prompt_rows_compute_the_same_int8_arithmetic(n, k, rows
     assert err < (1e-7 if two_pass else 1e-4)
 
 
+@pytest.mark.parametrize("gelu", [False, True])
 @pytest.mark.parametrize("rows", [2, 577])  # a GEMV (bias added after it) and a prompt (added as rows are scaled)
-def test_a_bias_is_added_on_decode_and_prompt_rows_alike(rows):
+def test_a_bias_and_a_gelu_are_applied_on_decode_and_prompt_rows_alike(rows, gelu):
     g = torch.Generator().manual_seed(rows)
-    lin = nn.Linear(1024, 300).requires_grad_(False)  # SigLIP's linears carry a bias
-    nn.init.normal_(lin.weight, std=0.02, generator=g)
+    lin = nn.Linear(1024, 300).requires_grad_(False)  # SigLIP's linears carry a bias; its fc1 a GELU after
+    nn.init.normal_(lin.weight, std=0.05, generator=g)
     nn.init.normal_(lin.bias, std=1.0, generator=g)
     layer = Int8Linear.from_linear(lin, "vnni")
+    layer.gelu = gelu
     x = torch.randn(rows, 1024, generator=g)
     want = reference(x, layer.qweight, layer.scales, False) + lin.bias
+    assert float(want.min()) < -4 and float(want.max()) > 4  # both tails of the GELU are crossed
+    if gelu:
+        want = nn.functional.gelu(want, approximate="tanh")
     torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
     with pytest.raises(ValueError, match="without bias"):
         kernels.q8_linear(x, layer.qweight, layer.scales, layer.row_sums, False, gated=True, bias=layer.bias)

@@ -35,6 +35,8 @@ def test_the_int8_tower_encodes_the_sample_part_within_the_bound_of_the_fp32_one
     assert not torch.equal(got, want)  # it really ran int8
     linears = [m for m in int8.tower.modules() if isinstance(m, torch.nn.Linear | Int8Linear)]
     assert linears and all(isinstance(m, Int8Linear) for m in linears)
+    mlps = [m for m in int8.tower.modules() if hasattr(m, "fc1")]
+    assert mlps and all(m.fc1.gelu and isinstance(m.activation_fn, torch.nn.Identity) for m in mlps)  # fused in fc1
     assert int8.tower.vision_model.config._attn_implementation == NATIVE_ATTENTION
     assert fp32.tower.vision_model.config._attn_implementation == "sdpa"  # the reference stays SDPA
     assert ckpt.config.vision_config._attn_implementation != NATIVE_ATTENTION  # the checkpoint's config untouched

@@ -72,7 +72,7 @@ INT4_ABI_VERSION = 1
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
 ROWS_ABI_VERSION = 1
 Q8_SOURCE = Path(__file__).with_name("int8_vnni.c")
-Q8_ABI_VERSION = 7
+Q8_ABI_VERSION = 8
 PROMPT_SOURCE = Path(__file__).with_name("prompt_attention.c")
 PROMPT_ABI_VERSION = 2
 # Activation rows (both passes counted) up to which the vnni linear runs its own GEMV; above, the int32 GEMM
@@ -256,8 +256,10 @@ def _bind_q8(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ei_q8_prep.restype = i32
     lib.ei_q8_gemv_rows.argtypes = [i32, i32, i32, i32, i32, ptr, i64, ptr, ptr, ptr, ptr, i32]
     lib.ei_q8_gemv_rows.restype = i32
-    lib.ei_q8_finish.argtypes = [i32, i32, i32, ptr, ptr, ptr, ptr, ptr, i32]
+    lib.ei_q8_finish.argtypes = [i32, i32, i32, ptr, ptr, ptr, ptr, i32, ptr, i32]
     lib.ei_q8_finish.restype = None
+    lib.ei_gelu_tanh.argtypes = [i64, ptr]
+    lib.ei_gelu_tanh.restype = None
     lib.ei_q8_mm.argtypes = [i32, i32, i32, ptr, ptr, ptr, i32]
     lib.ei_q8_mm.restype = i32
     lib.ei_q8_simd.restype = i32
@@ -308,6 +310,7 @@ def q8_linear(
     rotate: int = 0,
     gated: bool = False,
     bias: torch.Tensor | None = None,
+    gelu: bool = False,
 ) -> torch.Tensor:
     """x [R, K] fp32 (rows may be strided) @ (weight [N, K] int8 * scales [N]).T -> [R, N] fp32, activations
     quantized per row to int8 (two passes: + the residual). Few rows: our GEMV; more: q8_int_mm.
@@ -320,15 +323,16 @@ def q8_linear(
     `gated`: the linear is a fused gate/up projection and the result is silu(gate) * up [R, N/2] (one pass);
     prompt rows go from q8_int_mm's int32 straight to it (ei_silu_mul_q8), the same bits as silu_mul(y).
 
-    `bias` [N] fp32 (ungated only): added as prompt rows are scaled (ei_q8_finish), after the GEMV for decode rows."""
+    `bias` [N] fp32 (ungated only): added as prompt rows are scaled (ei_q8_finish), after the GEMV for decode rows;
+    `gelu`: then GELU in its tanh form (the vision MLP's first linear), by the same C code on either path."""
     lib = q8_library()
     if x.dtype != torch.float32 or x.stride(1) != 1:
         x = x.float().contiguous()
     (r, k), n = x.shape, weight.shape[0]
     passes = 2 if two_pass else 1
     threads = torch.get_num_threads()
-    if gated and (two_pass or rotate or bias is not None):
-        raise ValueError("a gated linear takes one pass, unrotated, without bias")
+    if gated and (two_pass or rotate or bias is not None or gelu):
+        raise ValueError("a gated linear takes one pass, unrotated, without bias or GELU")
     if passes * r <= Q8_GEMV_ROWS and gated:
         return silu_mul(q8_linear(x, weight, scales, row_sums, False))
     y = torch.empty(r, n // 2 if gated else n)
@@ -339,7 +343,11 @@ def q8_linear(
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("int8 linear could not allocate its activation buffer")
-        return y if bias is None else y.add_(bias)
+        if bias is not None:
+            y.add_(bias)
+        if gelu:
+            lib.ei_gelu_tanh(y.numel(), y.data_ptr())
+        return y
     if rotate:
         two_pass, passes = False, 1
     block = max(Q8_GEMV_ROWS, Q8_OUTPUT_BYTES // (4 * n * passes))  # rows whose int32 output stays in the heap
@@ -360,7 +368,7 @@ def q8_linear(
             continue
         lib.ei_q8_finish(
             rows, n, int(two_pass), acc.data_ptr(), xs.data_ptr(), scales.data_ptr(),
-            None if bias is None else bias.data_ptr(), out.data_ptr(), threads,
+            None if bias is None else bias.data_ptr(), int(gelu), out.data_ptr(), threads,
         )  # fmt: skip
     return y
 

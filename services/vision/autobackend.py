@@ -57,7 +57,7 @@ def candidates(cfg: VisionSettings) -> list[str]:
     from edgeinspect.models import kernels
 
     out = ["torch-fp32", "torch-bf16"]
-    if kernels.q8_library() is not None and kernels.q8_fast():
+    if kernels.q8_fast():
         out.append("torch-int8")
     if importlib.util.find_spec("onnxruntime") is not None:
         out += ["onnxruntime-fp32", "onnxruntime-int8"]
