@@ -33,14 +33,20 @@
 #include <immintrin.h>
 #define EI_PA_SIMD 2 /* bf16 dot products */
 
-/* fp32 -> bf16, round to nearest even (what vcvtne2ps2bf16 does; inputs are finite). */
-static inline uint32_t bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+/* x[0, hd) -> hd / 2 bf16 pairs (dims 2i, 2i + 1 in the low, high half of dst[i]), rounded to nearest even by
+ * vcvtne2ps2bf16; zeros where x is NULL. */
+static inline void pack_pairs(uint32_t *dst, const float *x, int hd) {
+    int d = 0;
+    for (; d + 32 <= hd; d += 32)
+        _mm512_storeu_si512(dst + d / 2, x ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + d + 16),
+                                                                          _mm512_loadu_ps(x + d))
+                                           : _mm512_setzero_si512());
+    if (d < hd) /* the last 16 dims (hd is a multiple of 16) */
+        _mm256_storeu_si256((__m256i *)(dst + d / 2),
+                            _mm512_castsi512_si256(x ? (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(),
+                                                                                    _mm512_loadu_ps(x + d))
+                                                     : _mm512_setzero_si512()));
 }
-
-static inline uint32_t pair(float lo, float hi) { return bf16(lo) | bf16(hi) << 16; }
 
 static inline __m512 dp(__m512 acc, uint32_t a, const uint32_t *b) {
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)a), (__m512bh)_mm512_loadu_si512(b));
@@ -137,27 +143,38 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
     uint32_t *qp = malloc((size_t)heads * TP * h2 * 4);          /* [h][row][d2] */
     int rc = kp && vp && qp ? 0 : -1;
     if (rc == 0) {
+        /* Packed in vectors: scalar, the packing took a quarter of a vision tower's attention (576 x 16 x 64). */
+        const __m512i lanes = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                 _mm512_set1_epi32(h2));
+        static const uint16_t zip_order[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                               8,  24, 9,  25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+        const __m512i zip = _mm512_loadu_si512(zip_order); /* bf16 lanes i, 16 + i side by side */
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int g = 0; g < kv_heads; g++) {
             uint32_t *kg = kp + (int64_t)g * LK * h2, *vg = vp + (int64_t)g * (LK / 2) * hd;
-            for (int j = 0; j < LK; j++) { /* keys past L: zeros (their scores are never used) */
-                uint32_t *dst = kg + (int64_t)(j / KBLOCK) * h2 * KBLOCK + j % KBLOCK;
-                const float *kr = j < L ? k + (int64_t)j * k_row + g * k_head : NULL;
-                for (int d2 = 0; d2 < h2; d2++) dst[d2 * KBLOCK] = kr ? pair(kr[2 * d2], kr[2 * d2 + 1]) : 0;
+            uint32_t rows[KBLOCK * 512]; /* a block's keys as bf16 pairs, row by row (hd <= 1024) */
+            for (int j0 = 0; j0 < LK; j0 += KBLOCK) { /* keys past L: zeros (their scores are never used) */
+                for (int i = 0; i < KBLOCK; i++)
+                    pack_pairs(rows + i * h2, j0 + i < L ? k + (int64_t)(j0 + i) * k_row + g * k_head : NULL, hd);
+                uint32_t *dst = kg + (int64_t)(j0 / KBLOCK) * h2 * KBLOCK; /* [d2][16 keys]: one gather a d2 */
+                for (int d2 = 0; d2 < h2; d2++)
+                    _mm512_storeu_si512(dst + d2 * KBLOCK, _mm512_i32gather_epi32(lanes, rows + d2, 4));
             }
-            for (int j = 0; j < LK; j++) { /* position j in the low or high half of pair j / 2's lanes */
-                uint16_t *dst = (uint16_t *)(vg + (int64_t)(j / 2) * hd) + j % 2;
-                const float *vr = j < L ? v + (int64_t)j * v_row + g * v_head : NULL;
-                for (int d = 0; d < hd; d++) dst[2 * d] = vr ? (uint16_t)bf16(vr[d]) : 0;
+            for (int j = 0; j < LK; j += 2) { /* positions j, j + 1 in the low, high half of pair j / 2's lanes */
+                const float *v0 = j < L ? v + (int64_t)j * v_row + g * v_head : NULL;
+                const float *v1 = j + 1 < L ? v + (int64_t)(j + 1) * v_row + g * v_head : NULL;
+                for (int d = 0; d < hd; d += 16) {
+                    __m512 lo = v0 ? _mm512_loadu_ps(v0 + d) : _mm512_setzero_ps();
+                    __m512 hi = v1 ? _mm512_loadu_ps(v1 + d) : _mm512_setzero_ps();
+                    __m512i both = (__m512i)_mm512_cvtne2ps_pbh(hi, lo); /* lanes 0-15: position j, 16-31: j + 1 */
+                    _mm512_storeu_si512(vg + (int64_t)(j / 2) * hd + d, _mm512_permutexvar_epi16(zip, both));
+                }
             }
         }
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int h = 0; h < heads; h++)
-            for (int t = 0; t < TP; t++) { /* rows past T: zeros (qk4x4 scores four rows at a time) */
-                uint32_t *dst = qp + ((int64_t)h * TP + t) * h2;
-                const float *qr = t < T ? q + (int64_t)t * q_row + h * q_head : NULL;
-                for (int d2 = 0; d2 < h2; d2++) dst[d2] = qr ? pair(qr[2 * d2], qr[2 * d2 + 1]) : 0;
-            }
+            for (int t = 0; t < TP; t++) /* rows past T: zeros (qk4x4 scores four rows at a time) */
+                pack_pairs(qp + ((int64_t)h * TP + t) * h2, t < T ? q + (int64_t)t * q_row + h * q_head : NULL, hd);
         const int blocks = (T + QB - 1) / QB, tasks = heads * blocks;
 #pragma omp parallel num_threads(threads)
         {
