@@ -12,8 +12,8 @@
  *
  * Layout: q [T] rows of heads x head_dim, k/v [L] rows of kv_heads x head_dim (strides in floats, each head's
  * head_dim floats contiguous); query t sits at position past + t and sees keys 0..past + t (causal; else all L keys,
- * as a vision encoder's patches do); head h reads kv head
- * h / (heads / kv_heads). out [T] rows of heads x head_dim. head_dim must be a multiple of 16.
+ * as a vision encoder's patches do); head h reads kv head h / (heads / kv_heads). out [T] rows of heads x head_dim.
+ * head_dim must be a multiple of 16.
  * Keys are packed per kv head in blocks of 16 (lane = key, one bf16 pair of dimensions per 32-bit lane), values per
  * pair of positions (lane = dimension, the two positions' bf16 in one lane), queries as bf16 rows. Work is split
  * into (head, block of QB query rows) tasks; a task scores its rows against every key the last of them sees,
