@@ -5,12 +5,13 @@ each at two weight scales: std 0.3 (the tiny checkpoint's choice, so that greedy
 network chaotic: small weight errors grow from layer to layer) and std 0.02 (a trained model's scale); plus the
 1.3B-shaped checkpoint (std 0.02) on a text prompt. Formats: bf16, int8 with the default kernel (fbgemm: int8
 weights per channel, pair-bounded on CPUs without VNNI; 8-bit activations per token, two passes for down_proj; see
-models/quant.py), int8 weight-only (dequantized to fp32) and int4 (models/int4.py: q4_0 grid for decode rows,
-down_proj and lm_head int8, prompts through the int8 copy).
+models/quant.py), int8 weight-only (dequantized to fp32), int4 (models/int4.py: q4_0 grid for decode rows,
+down_proj and lm_head int8, prompts through the int8 copy) and int6 (the q6 grid on every linear, lm_head too;
+prompts through the int8 copy).
 Cosine is per step, teacher-forced on fp32's tokens; agreement is free-running greedy, position by position.
 
     .venv/bin/python bench/perf_accuracy.py [--tokens 16] [--big-tokens 6] [--no-big] [--only-big]
-        [--formats bf16,int8,int8-dequant,int4]   (--only-big/--formats merge into the existing JSON)
+        [--formats bf16,int8,int8-dequant,int4,int6]   (--only-big/--formats merge into the existing JSON)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
 BIG = Path(__file__).resolve().parents[1] / "var" / "checkpoints" / "deepseek-vl-1.3b"
 COSINE_TARGET = 0.99
 MID = dict(layers=8, hidden=512, heads=8, kv_heads=4, intermediate=1408, image_size=64, seed=2)
-FORMATS = [("bf16", None), ("int8", None), ("int8", "dequant"), ("int4", None)]
+FORMATS = [("bf16", None), ("int8", None), ("int8", "dequant"), ("int4", None), ("int6", None)]
 
 
 def image_case(path: Path):

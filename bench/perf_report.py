@@ -13,8 +13,8 @@ prefill, decode.
   >= 0.99 against torch fp32), the prompt built as the gateway builds it (models/prompt.py), then one
   whole-model StageExecutor for prefill and N-1 decode steps. A stage holds one weights format (the KV cache lives
   in its executor), so every candidate format (fp32; bf16, i.e. fbgemm packed fp16 linears on CPUs without bf16
-  instructions; int8; int4) runs the whole report, and the fastest whose first-token logits keep cosine >= 0.99
-  against fp32's on the same visual tokens, and whose 1.3B record in perf_accuracy.json is met (int8, int4), is
+  instructions; int8; int6; int4) runs the whole report, and the fastest whose first-token logits keep cosine >= 0.99
+  against fp32's on the same visual tokens, and whose 1.3B record in perf_accuracy.json is met (int8, int6, int4), is
   "ours" (a format failing its record is still measured and reported, never chosen; fp32 always
   runs, as that reference, once and unwarmed when other formats are asked for: its time is no target; cosine
   against the bf16 baseline is recorded too, but it carries the baseline's own bf16 error). `--rounds 3` takes the
@@ -27,13 +27,13 @@ prefill, decode.
   idle. It has no DeepSeek-VL vision path, so its figures are text only: our full report time (with vision) and
   our text-only time (prefill + decode) are both set against it. `--no-baseline` skips transformers (minutes).
 
-The baseline is freed before any stage loads and the fp32 stage before the next; the packed candidates (int8 +
-int4: ~2.5 GB at 1.3B) stay loaded for the interleaved rounds. Load times are not part of a report (transformers
+The baseline is freed before any stage loads and the fp32 stage before the next; the packed candidates (int8,
+int6, int4: ~6 GB at 1.3B) stay loaded for the interleaved rounds. Load times are not part of a report (transformers
 converts to bf16 while loading; an fp32 stage maps the safetensors files, so its first prefill also faults its
 weights in from the page cache).
 
     .venv/bin/python bench/perf_report.py [--checkpoint PATH] [--tokens 80] [--context-tokens 300] [--rounds 1]
-        [--formats fp32,bf16,int8,int4] [--warmup 1] [--no-baseline] [--no-llamacpp] [--llamacpp-reps 1]
+        [--formats fp32,bf16,int8,int6,int4] [--warmup 1] [--no-baseline] [--no-llamacpp] [--llamacpp-reps 1]
         [--out bench/results/perf_report.json]
 """
 
@@ -177,9 +177,11 @@ def ours_report(parts: dict, executor: StageExecutor, image_bytes: bytes, contex
 
 def linear_kernels(module) -> str:
     """What the stage's packed linears run, as read off them ("" for torch's own linears)."""
-    int4 = sorted({m.kernel for m in module.modules() if isinstance(m, Int4Linear)})
+    parts = []
+    for bits in (6, 4):  # Int6Linear is an Int4Linear on another grid
+        used = sorted({m.kernel for m in module.modules() if isinstance(m, Int4Linear) and m.bits == bits})
+        parts += [f"int{bits} {'/'.join(used)} (prompts int8)"] if used else []
     int8 = sorted({m.kernel for m in module.modules() if isinstance(m, Int8Linear)})
-    parts = [f"int4 {'/'.join(int4)} (prompts int8)"] if int4 else []
     return ", ".join(parts + ([f"int8 {'/'.join(int8)}"] if int8 else []))
 
 
@@ -252,7 +254,7 @@ def vision_choice(ckpt: Checkpoint, onnx_dir: Path, threads: int) -> tuple[Backe
 
 
 def format_allowed(fmt: str) -> tuple[bool, str]:
-    """Whether perf_accuracy.json's 1.3B logits-cosine record for a quantized format (int8, int4) is met."""
+    """Whether perf_accuracy.json's 1.3B logits-cosine record for a quantized format (int8, int6, int4) is met."""
     path = RESULTS_DIR / "perf_accuracy.json"
     if not path.is_file():
         return False, "no perf_accuracy.json"
@@ -337,7 +339,7 @@ def main() -> None:
     ap.add_argument("--context-tokens", type=int, default=300, help="spec-context tokens in the prompt")
     ap.add_argument("--rounds", type=int, default=1, help="timed reports per side (median)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed reports per format first (llama-bench warms up too)")
-    ap.add_argument("--formats", default="fp32,bf16,int8,int4", help="candidate stage weight formats for ours")
+    ap.add_argument("--formats", default="fp32,bf16,int8,int6,int4", help="candidate stage weight formats for ours")
     ap.add_argument("--no-baseline", action="store_true", help="skip transformers bf16 (slow; not the anchor)")
     ap.add_argument("--no-llamacpp", action="store_true", help="skip the llama.cpp anchor (bench/anchor_llamacpp)")
     ap.add_argument("--llamacpp-reps", type=int, default=1, help="llama-bench -r")
@@ -366,7 +368,7 @@ def main() -> None:
     print(f"  -> {vision['backend']}: {vision['why']}", flush=True)
     gc.collect()  # the losing towers are gone before any stage loads
     parts = {"processor": processor, "preprocess": ImagePreprocessor(ckpt), "vision": vision_backend}
-    gates = {f: format_allowed(f) for f in ("int8", "int4")}
+    gates = {f: format_allowed(f) for f in ("int8", "int6", "int4")}
     # Every asked format is measured; one whose 1.3B accuracy record is not met cannot be "ours".
     formats = [f for f in args.formats.split(",") if f]
     # fp32 is the accuracy reference: the other formats' first-token logits are compared with it on the same
@@ -397,7 +399,7 @@ def main() -> None:
             row["at_read_bound"] = decode_at_read_bound(executor, row["prompt_tokens"], row["weight_bytes_per_step"])
         row["kernel"] = linear_kernels(executor.module) or ("fbgemm fp16" if use_half16(fmt) else "torch " + fmt)
         candidates[fmt] = row
-        if fmt != "fp32":  # kept for the interleaved rounds below (int8 + int4 at 1.3B: ~2.5 GB)
+        if fmt != "fp32":  # kept for the interleaved rounds below (int8, int6, int4 at 1.3B: ~6 GB)
             kept[fmt] = executor
         del executor, runs
         gc.collect()

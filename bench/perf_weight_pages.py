@@ -36,7 +36,7 @@ def anon_huge_kib() -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CKPT, help="DeepSeek-VL checkpoint folder")
-    ap.add_argument("--weights", default="int8", choices=["int8", "int4"])
+    ap.add_argument("--weights", default="int8", choices=["int8", "int6", "int4"])
     ap.add_argument("--steps", type=int, default=120, help="decode steps per stage (the first 10 are not counted)")
     ap.add_argument("--depth", type=int, default=974, help="cached positions before the first step")
     ap.add_argument("--threads", type=int, default=2)

@@ -27,6 +27,7 @@ class WeightsDtype(StrEnum):
     bf16 = "bf16"
     int8 = "int8"  # decoder stages: int8 weights with per-channel scales (models/quant.py)
     int4 = "int4"  # decoder stages: q4_0-grid int4 weights for decode, int8 for prompts (models/int4.py)
+    int6 = "int6"  # decoder stages: q6-grid 6-bit weights for decode (0.81 of int8's bytes), int8 for prompts
     # decoder stages: the fastest format measured on this CPU at start-up among those within the accuracy bound
     # (models/autoformat.py; cached per CPU and checkpoint)
     auto = "auto"

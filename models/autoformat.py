@@ -39,7 +39,7 @@ from edgeinspect.models.quant import cpu_flags
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CANDIDATES = ("fp32", "bf16", "int8", "int4")
+CANDIDATES = ("fp32", "bf16", "int8", "int6", "int4")
 MEASURE_LAYERS = 2
 CONTEXT = 512  # cached positions the timed steps attend over (the report's decode runs at ~1,000)
 WARMUP_STEPS, TIMED_ROUNDS, STEPS_PER_ROUND = 2, 3, 3
@@ -208,7 +208,7 @@ def write_cached(path: Path, choice: Any) -> None:
 
 def choose_weights(ckpt: Checkpoint, candidates: tuple[str, ...] = CANDIDATES, refresh: bool = False) -> FormatChoice:
     """The format `weights: auto` runs for this checkpoint on this CPU: cached, else measured now (and cached)."""
-    candidates = tuple(c for c in candidates if c != "int4" or kernels.int4_library() is not None)
+    candidates = tuple(c for c in candidates if c not in ("int4", "int6") or kernels.int4_library() is not None)
     path = cache_dir() / f"{cache_key(ckpt, candidates)}.json"
     cached = None if refresh else read_cached(path, FormatChoice, "format")
     if cached is not None:

@@ -43,7 +43,7 @@ def layer_prefix(i: int) -> str:
 
 
 # Formats that are not a torch dtype on disk: read as this dtype, then converted by the stage (models/quant.py).
-QUANTIZED = {"int8": torch.float32, "int4": torch.float32}
+QUANTIZED = {"int8": torch.float32, "int4": torch.float32, "int6": torch.float32}
 
 
 def load_dtype(name: str) -> torch.dtype:

@@ -19,6 +19,14 @@ Grid (q4_0): per group of 32, d = v / -8 where v is the value of largest magnitu
 + 8 clamped to [0, 15], w ~ (q - 8) * d; the extreme value lands exactly on -8 * d.
 Packing (what the kernel reads): per row, blocks of 64 weights in 32 bytes, byte j holding element j (low nibble)
 and element j + 32 (high nibble).
+
+int6 (Int6Linear, `weights: int6`): the same scheme on a 64-step grid, d = v / -32, q in [0, 63] for (q - 32) * d,
+26 bytes per 32 weights (0.81 of int8's bytes). int4 cannot meet the logits-cosine target on the random 1.3B
+checkpoint (0.93; bench/perf_int4_bound.py: it needs >= 4.85 bits per weight there); q6's relative weight error
+is a quarter of q4_0's (0.021 vs 0.086) and every linear at 6 bits, down_proj too, kept min cosine 0.994 there.
+Packing: the int4 block's 32 bytes of low nibbles, then 16 bytes of top bit pairs, byte k holding bits 4-5 of
+elements k, k + 16, k + 32, k + 48 in its pairs 0-1, 2-3, 4-5, 6-7 (models/kernels/int4_gemm.c unpacks them with
+one broadcast load and per-lane shifts).
 """
 
 from __future__ import annotations
@@ -81,6 +89,44 @@ def unpack_q4(packed: torch.Tensor) -> torch.Tensor:
 def dequantize_q4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """[N, K] float32: (q - 8) * d per group."""
     q = unpack_q4(packed).float() - 8
+    n, k = q.shape
+    return (q.reshape(n, k // GROUP, GROUP) * scales.float()[..., None]).reshape(n, k)
+
+
+def quantize_q6(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [N, K] (K % 64 == 0) -> (q [N, K] uint8 in [0, 63], scales [N, K/32] fp16): q4_0's rule on 64 steps."""
+    n, k = weight.shape
+    w = weight.float().reshape(n, k // GROUP, GROUP)
+    idx = w.abs().argmax(dim=-1, keepdim=True)
+    d16 = (w.gather(-1, idx) / -32).squeeze(-1).half()
+    inv = torch.where(d16 != 0, 1 / d16.float(), torch.zeros_like(d16, dtype=torch.float32))
+    q = torch.clamp(torch.round(w * inv[..., None]) + 32, 0, 63).to(torch.uint8)
+    return q.reshape(n, k), d16
+
+
+def pack_q6(q: torch.Tensor) -> torch.Tensor:
+    """q [N, K] uint8 in [0, 63] -> [N, K * 3/4] uint8: per block of 64, the low nibbles as pack_q4 lays them, then
+    16 bytes of top bit pairs (see the module docstring)."""
+    n, k = q.shape
+    nibbles = pack_q4(q & 0x0F).reshape(n, k // BLOCK, 32)
+    top = (q >> 4).reshape(n, k // BLOCK, 4, 16)  # [N, B, quarter, 16]: element 16 * quarter + j
+    pairs = top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6)
+    return torch.cat([nibbles, pairs], dim=2).reshape(n, k // BLOCK * 48).contiguous()
+
+
+def unpack_q6(packed: torch.Tensor) -> torch.Tensor:
+    """[N, K * 3/4] -> q [N, K] uint8 (the inverse of pack_q6)."""
+    n = packed.shape[0]
+    blocks = packed.reshape(n, -1, 48)
+    low = unpack_q4(blocks[:, :, :32].reshape(n, -1))  # [N, K]
+    pairs = blocks[:, :, 32:]  # [N, B, 16]
+    top = torch.stack([(pairs >> (2 * i)) & 0x03 for i in range(4)], dim=2)  # [N, B, 4, 16]
+    return low | (top.reshape(n, -1) << 4)
+
+
+def dequantize_q6(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """[N, K] float32: (q - 32) * d per group."""
+    q = unpack_q6(packed).float() - 32
     n, k = q.shape
     return (q.reshape(n, k // GROUP, GROUP) * scales.float()[..., None]).reshape(n, k)
 
@@ -154,27 +200,32 @@ class Int4Linear(nn.Module):
     Kernels: "ours" (models/kernels/int4_gemm.c, int8 activations), "torch" (`_weight_int4pack_mm_for_cpu`, bf16
     activations; the same grid with zero points 0, scales rounded to bf16), "dequant" (fp32 F.linear)."""
 
+    bits = 4
+
     def __init__(self, linear: nn.Linear, two_pass: bool = False, prefill: bool = True, kernel: str | None = None):
         super().__init__()
         w = linear.weight.detach()
         self.out_features, self.in_features = w.shape
         if not fits(linear):
-            raise ValueError(f"int4 needs an input width divisible by {BLOCK}, got {self.in_features}")
+            raise ValueError(f"int{self.bits} needs an input width divisible by {BLOCK}, got {self.in_features}")
+        self.torch_packed = self.torch_scales = None
+        self._quantize(w, kernel)
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+        # The prompt path: int8 from the original weights (not from the int4 values). None: prompts dequantize.
+        self.prefill = Int8Linear.from_linear(linear, two_pass=two_pass, rotate=two_pass) if prefill else None
+
+    def _quantize(self, w: torch.Tensor, kernel: str | None) -> None:
         self.kernel = kernel or default_kernel()
         if self.kernel == "torch" and self.out_features % 16:  # torch's packing wants N divisible by 16
             self.kernel = "ours" if "ours" in available_kernels() else "dequant"
         q, self.scales = quantize_q4(w)  # scales [N, K/32] fp16
         self.packed = pack_q4(q)  # [N, K/2] uint8 (ours; also what dequantized() reads)
-        self.torch_packed = self.torch_scales = None
         if self.kernel == "torch":
             self.torch_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
             zeros = torch.zeros_like(self.scales)
             # [K/32, N, 2]: w = (q - 8) * scale + zero
             self.torch_scales = torch.stack([self.scales, zeros], -1).transpose(0, 1).contiguous().bfloat16()
             self.packed = None
-        self.bias = None if linear.bias is None else linear.bias.detach().float()
-        # The prompt path: int8 from the original weights (not from the int4 values). None: prompts dequantize.
-        self.prefill = Int8Linear.from_linear(linear, two_pass=two_pass, rotate=two_pass) if prefill else None
 
     def weight_bytes(self) -> int:
         """What a decode step reads: K/2 bytes + K/32 scales (fp16; torch's kernel: bf16 scale + zero) per row."""
@@ -201,7 +252,7 @@ class Int4Linear(nn.Module):
         if self.kernel == "torch":
             y = self._torch_mm(x2)
         elif self.kernel == "ours" and kernels.int4_library() is not None:
-            y = kernels.int4_gemm(x2, self.packed, self.scales)  # [R, N]
+            y = kernels.int4_gemm(x2, self.packed, self.scales, self.bits)  # [R, N]
         else:
             y = nn.functional.linear(x2.float(), self.dequantized())
         if self.bias is not None:
@@ -209,23 +260,51 @@ class Int4Linear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, group={GROUP}, kernel={self.kernel}, prefill=int8"
+        return (
+            f"in={self.in_features}, out={self.out_features}, bits={self.bits}, group={GROUP}, kernel={self.kernel},"
+            " prefill=int8"
+        )
 
 
-def int4_linears(module: nn.Module) -> tuple[int, int]:
-    """Replaces every nn.Linear under `module` by an Int4Linear where its width fits the kernel and it is not in
-    INT8_LINEARS, else by an Int8Linear; returns (int4 count, int8 count)."""
+class Int6Linear(Int4Linear):
+    """Int4Linear's scheme on the q6 grid (26 bytes per 32 weights, see the module docstring): decode rows on our
+    kernel (torch has no 6-bit matmul), prompt chunks on the int8 copy."""
+
+    bits = 6
+
+    def _quantize(self, w: torch.Tensor, kernel: str | None) -> None:
+        if kernel not in (None, "ours", "dequant"):
+            raise ValueError(f"int6 runs on our kernel or dequantizes, not {kernel!r}")
+        self.kernel = kernel or default_kernel()  # int4's pick on this CPU, our kernel where that is torch's
+        if self.kernel == "torch":
+            self.kernel = "ours" if kernels.int4_library() is not None else "dequant"
+        q, self.scales = quantize_q6(w)  # scales [N, K/32] fp16
+        self.packed = pack_q6(q)  # [N, K * 3/4] uint8
+
+    def weight_bytes(self) -> int:
+        """What a decode step reads: 3K/4 bytes + K/32 fp16 scales per row."""
+        return self.out_features * self.in_features * 3 // 4 + 2 * self.scales.numel()
+
+    def dequantized(self) -> torch.Tensor:
+        return dequantize_q6(self.packed, self.scales)
+
+
+def int4_linears(module: nn.Module, bits: int = 4) -> tuple[int, int]:
+    """Replaces every nn.Linear under `module` by an Int4Linear (bits 4; Int6Linear: 6) where its width fits the
+    kernel and, at 4 bits, it is not in INT8_LINEARS (6 bits keep every linear), else by an Int8Linear; returns
+    (int4/int6 count, int8 count)."""
+    cls, keep_int8 = (Int6Linear, frozenset()) if bits == 6 else (Int4Linear, INT8_LINEARS)
     n4 = n8 = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
             two_pass = name in TWO_PASS_LINEARS
-            if fits(child) and name not in INT8_LINEARS:
-                setattr(module, name, Int4Linear(child, two_pass=two_pass))
+            if fits(child) and name not in keep_int8:
+                setattr(module, name, cls(child, two_pass=two_pass))
                 n4 += 1
             else:
                 setattr(module, name, Int8Linear.from_linear(child, two_pass=two_pass, rotate=two_pass))
                 n8 += 1
         else:
-            a, b = int4_linears(child)
+            a, b = int4_linears(child, bits)
             n4, n8 = n4 + a, n8 + b
     return n4, n8

@@ -34,7 +34,7 @@ from edgeinspect.models.checkpoint import (
     layer_prefix,
     load_dtype,
 )
-from edgeinspect.models.int4 import int4_linears
+from edgeinspect.models.int4 import Int6Linear, fits, int4_linears
 from edgeinspect.models.kv import SCALE_BYTES, KVBuffer, encode_rows, row_width
 from edgeinspect.models.quant import (
     Int8Linear,
@@ -113,7 +113,7 @@ def load_stage(
 ) -> StageModule:
     """Builds the stage on the meta device and fills it with just its tensors from the safetensors files.
 
-    Tensors are read one layer at a time; with `weights="int8"` (or "int4", models/int4.py) each layer's linears
+    Tensors are read one layer at a time; with `weights="int8"` (or "int4"/"int6", models/int4.py) each layer's linears
     (and the lm_head) are quantized right after reading, so fp32 copies of at most one layer exist at once.
     """
     if weights == "auto":  # measured on this CPU for this checkpoint (cached): models/autoformat.py
@@ -137,8 +137,8 @@ def load_stage(
                 fuse_projections(layer)
             if weights == "int8":
                 quantize_linears(layer, int8_kernel)
-            elif weights == "int4":
-                int4_linears(layer)
+            elif weights in ("int4", "int6"):
+                int4_linears(layer, bits=int(weights[3:]))
             elif use_half16(weights):
                 half16_linears(layer)
                 layer.float()  # norms: activations stay fp32 beside the 16-bit packed weights
@@ -147,17 +147,22 @@ def load_stage(
         raise InvalidInput(f"checkpoint {ckpt.path} lacks weights for {', '.join(leftover[:5])}")
     if weights == "int8" and module.lm_head is not None:
         module.lm_head = Int8Linear.from_linear(module.lm_head, int8_kernel)
-    if weights in ("int8", "int4") and module.aligner is not None:  # 576 visual tokens: ~50 ms of fp32 GEMM at 1.3B
+    if (
+        weights in ("int8", "int4", "int6") and module.aligner is not None
+    ):  # 576 visual tokens: ~50 ms of fp32 GEMM at 1.3B
         quantize_linears(module.aligner, int8_kernel if weights == "int8" else None)
     if weights == "int4" and module.lm_head is not None:  # int8: its error lands on the logits (models/int4.py)
         module.lm_head = Int8Linear.from_linear(module.lm_head)
+    if weights == "int6" and module.lm_head is not None:  # 1/4 of q4_0's error: 6 bits hold there too
+        head = module.lm_head
+        module.lm_head = Int6Linear(head) if fits(head) else Int8Linear.from_linear(head)
     if use_half16(weights):
         for part in (module.aligner, module.norm):
             if part is not None:
                 part.float()
         if module.lm_head is not None:
             half16_linears(module)  # the lm_head (the layers are done); embeddings stay bf16, cast on lookup
-    if weights in ("int8", "int4"):  # decode streams them: one mapping on huge pages (models/weight_arena.py)
+    if weights in ("int8", "int4", "int6"):  # decode streams them: one mapping on huge pages (models/weight_arena.py)
         huge_page_weights(module)
     module.rotary_emb.to(torch.float32)
     module.weights = weights
@@ -265,7 +270,7 @@ class StageExecutor:
     depends on its row count, so only then does a batched fp32 step reproduce generate() to the last bits. On this
     CPU fp32 GEMM gains nothing from more rows anyway (bf16 and int8 do).
 
-    `native` (default on) lets packed-weight stages (int8, int4, and bf16 run as fp16 on CPUs without bf16) keep a
+    `native` (default on) lets packed-weight stages (int8, int6, int4, and bf16 run as fp16 on CPUs without bf16) keep a
     compact KV cache and run decode attention in the compiled kernel (models/kernels), read at memory speed:
     `kv_cache` "int8" (default: rows of int8 with a per-row scale, models/kv.py, ~0.52x fp16's bytes) or "fp16".
     Prompt chunks attend over their own keys/values as computed and an fp32 copy of the stored past, with bf16 dot

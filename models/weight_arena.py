@@ -28,13 +28,14 @@ MIN_BYTES = 4 * HUGE_PAGE  # below this a stage's weights fit a few huge pages' 
 
 
 def _streamed(module: nn.Module) -> list[tuple[nn.Module, str]]:
-    """(linear, attribute) for every weight tensor a decode step streams: int8 row-major weights, int4 packed ones."""
+    """(linear, attribute) for every weight tensor a decode step streams: int8 row-major weights, int4/int6 packed
+    ones (in torch's int4 layout where its kernel was picked)."""
     found = []
     for m in module.modules():
         if isinstance(m, Int8Linear) and m.qweight is not None:
             found.append((m, "qweight"))
         elif isinstance(m, Int4Linear):
-            found.append((m, "packed"))
+            found.append((m, "packed" if m.packed is not None else "torch_packed"))
     return found
 
 

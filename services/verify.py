@@ -31,13 +31,15 @@ from edgeinspect.services.client_options import CA, GATEWAY, TOKEN, TOKEN_FILE_O
 # Per-element rounding error of each format, relative to the values it rounds (edgeinspect/codec.py, DESIGN §3):
 # fp16 keeps 11 significant bits (round to nearest: 2^-11 relative), bf16 8 (2^-8); block-int8 errs by at most
 # scale / 2 with scale = block absmax / 127 (1/254 of the block's largest value); int8 weights likewise per output
-# channel, int4 (q4_0 grid, 16 steps over the absmax range) by 1/16. fp32 on the wire is lossless.
+# channel, int4 (q4_0 grid, 16 steps over the absmax range) by 1/16, int6 (64 steps) by 1/64. fp32 on the wire is
+# lossless.
 class Format(StrEnum):
     fp32 = "fp32"
     fp16 = "fp16"
     bf16 = "bf16"
     int8 = "int8"
     int4 = "int4"
+    int6 = "int6"
 
 
 UNIT_ERROR: dict[str, float] = {
@@ -46,6 +48,7 @@ UNIT_ERROR: dict[str, float] = {
     Format.bf16: 2.0**-8,
     Format.int8: 1 / 254,
     Format.int4: 1 / 16,
+    Format.int6: 1 / 64,
 }
 
 # How a unit error grows into a flipped top-1. A flip needs |dz[argmax] - dz[token]| >= margin (the reference's

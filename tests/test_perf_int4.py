@@ -89,17 +89,18 @@ def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double() + c.double()).float()
 
 
-def _int4_in_the_kernels_order(x: torch.Tensor, q: torch.Tensor, d16: torch.Tensor) -> torch.Tensor:
+def _int4_in_the_kernels_order(x: torch.Tensor, q: torch.Tensor, d16: torch.Tensor, offset: int = 8) -> torch.Tensor:
     """int4_gemm.c's SIMD arithmetic in torch: activations to int8 per group of 32, int32 lanes of four products
-    less the group's activation sum, one fp32 FMA per lane and block with the scale product, then the fixed
-    16-lane reduction (lo | hi halves, 128-bit halves, pairs)."""
+    less offset / 8 times the group's activation sum (q4: offset 8, q6: 32), one fp32 FMA per lane and block with
+    the scale product, then the fixed 16-lane reduction (lo | hi halves, 128-bit halves, pairs)."""
     r, k = x.shape
     n, g = q.shape[0], k // 32
     xg = x.reshape(r, g, 32)
     d = xg.abs().amax(-1) / 127
     inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
     xq = torch.round(xg * inv[..., None]).clamp(-127, 127).int()
-    lanes = (q.reshape(1, n, g, 8, 4).int() * xq.reshape(r, 1, g, 8, 4)).sum(-1) - xq.sum(-1)[:, None, :, None]
+    sums = xq.sum(-1)[:, None, :, None] * (offset // 8)
+    lanes = (q.reshape(1, n, g, 8, 4).int() * xq.reshape(r, 1, g, 8, 4)).sum(-1) - sums
     scale = (d16.float()[None] * d[:, None, :])[..., None]  # [R, N, G, 1]: one fp32 product per group
     lo = hi = torch.zeros(r, n, 8)
     for b in range(g // 2):
@@ -148,10 +149,11 @@ def mid_checkpoint(tmp_path_factory):
     return make_tiny(tmp_path_factory.mktemp("ckpt") / "mid", MID)
 
 
-@pytest.mark.slow  # a whole mid-size model twice (fp32 reference + int4): minutes on a loaded 2-core box
-def test_int4_logits_stay_close_to_fp32_at_trained_scale(mid_checkpoint, part_images):
-    acc = compare(*_case(mid_checkpoint, part_images[1]), "int4", NEW_TOKENS)
-    print(f"mid-size int4 vs fp32: {acc}")
+@pytest.mark.slow  # a whole mid-size model twice (fp32 reference + int4 or int6): minutes on a loaded 2-core box
+@pytest.mark.parametrize("weights", ["int4", "int6"])
+def test_int4_and_int6_logits_stay_close_to_fp32_at_trained_scale(mid_checkpoint, part_images, weights):
+    acc = compare(*_case(mid_checkpoint, part_images[1]), weights, NEW_TOKENS)
+    print(f"mid-size {weights} vs fp32: {acc}")
     assert acc.min_cosine >= 0.99  # the bound perf_accuracy gates formats with
 
 

@@ -215,7 +215,7 @@ def test_an_int8_cache_prompt_in_chunks_attends_over_the_stored_past(tiny_checkp
 
 
 @needs_kernels
-@pytest.mark.parametrize("weights", ["int8", "int4"])
+@pytest.mark.parametrize("weights", ["int8", "int6", "int4"])
 def test_native_decode_layers_compute_what_the_torch_ops_do(tiny_checkpoint, weights, monkeypatch):
     # Float linears (the real "dequant" kernels): the native elementwise steps round differently from torch's ops
     # (SIMD sum orders, compiled per ISA), and an 8-bit activation grid (vnni, fbgemm, our int4) turns a rounding

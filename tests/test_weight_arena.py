@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from edgeinspect.models.int4 import Int4Linear
+from edgeinspect.models.int4 import Int4Linear, available_kernels
 from edgeinspect.models.quant import Int8Linear
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 from edgeinspect.models.weight_arena import HUGE_PAGE, huge_page_weights
@@ -23,7 +23,7 @@ def linears(n_out: int, n_in: int, count: int) -> nn.Sequential:
     for i in range(count):
         lin = nn.Linear(n_in, n_out, bias=False).requires_grad_(False)
         lin.weight.normal_(0, 0.02, generator=g)
-        layers.append(Int4Linear(lin) if i == count - 1 else Int8Linear.from_linear(lin, "vnni"))
+        layers.append(Int4Linear(lin, kernel="ours") if i == count - 1 else Int8Linear.from_linear(lin, "vnni"))
     return nn.Sequential(*layers)
 
 
@@ -62,6 +62,22 @@ def test_weights_move_into_one_aligned_mapping_with_their_values_and_outputs():
         assert anon_huge_kib(tensors[0].data_ptr()) >= 2048  # the kernel really gave 2 MiB pages
 
 
+def test_int4_weights_in_torchs_layout_move_too(monkeypatch):
+    # where torch's int4 kernel is the faster (default_kernel picks per CPU) the linear holds only torch's layout
+    if "torch" not in available_kernels():
+        pytest.skip("this torch build has no CPU int4 packed matmul")
+    from edgeinspect.models import weight_arena
+
+    monkeypatch.setattr(weight_arena, "MIN_BYTES", 0)
+    lin = nn.Linear(1024, 512, bias=False)
+    int4 = Int4Linear(lin, kernel="torch", prefill=False)
+    assert int4.packed is None
+    x = torch.randn(2, 1024)
+    before = int4(x)
+    assert huge_page_weights(nn.ModuleList([int4])) == int4.torch_packed.numel() * int4.torch_packed.element_size()
+    assert int4.torch_packed.data_ptr() % HUGE_PAGE == 0 and torch.equal(int4(x), before)
+
+
 def test_a_small_stage_is_left_where_it_is():
     model = linears(64, 64, 3)
     ptrs = [m.qweight.data_ptr() for m in model[:-1]]
@@ -69,7 +85,7 @@ def test_a_small_stage_is_left_where_it_is():
     assert [m.qweight.data_ptr() for m in model[:-1]] == ptrs
 
 
-@pytest.mark.parametrize("weights", ["int8", "int4"])
+@pytest.mark.parametrize("weights", ["int8", "int6", "int4"])
 def test_a_loaded_stage_decodes_the_same_tokens_from_its_arena(tiny_checkpoint, weights, monkeypatch):
     """load_stage moves the weights; a stage whose weights stayed put decodes the same logits, bit for bit."""
     from edgeinspect.models import checkpoint, weight_arena

@@ -14,9 +14,9 @@ stages) reads 0.52x the bytes; with AVX-512 loads and software prefetch it took 
 to ~6.5-9.5 ms (fp16 rows then int8 rows, same process, min of 10; the spread is this box's memory speed).
 With several concurrent sessions this attention is what bounds batching (bench/README.md, perf_batching).
 
-int4_gemm.c is the int4-weight x int8-activation matmul of models/int4.py (q4_0 grid, VNNI dot products, or
-AVX2 ones with the same sums in the same order; a plain-C path where the CPU has neither, correct but slow, which
-`weights: auto` then measures as such).
+int4_gemm.c is the int4-weight (and int6-weight) x int8-activation matmul of models/int4.py (q4_0 and q6 grids,
+VNNI dot products, or AVX2 ones with the same sums in the same order; a plain-C path where the CPU has neither,
+correct but slow, which `weights: auto` then measures as such).
 
 int8_rows.c is the activation side of the fbgemm int8 linear (models/quant.py) fused into one pass in and one
 out: per-row scaling and the residual second pass, which as torch ops cost a prompt as much as the GEMM itself.
@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("decode_attention.c")
 ABI_VERSION = 6  # ei_abi_version() of the source this wrapper is written against
 INT4_SOURCE = Path(__file__).with_name("int4_gemm.c")
-INT4_ABI_VERSION = 1
+INT4_ABI_VERSION = 2
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
 ROWS_ABI_VERSION = 1
 Q8_SOURCE = Path(__file__).with_name("int8_vnni.c")
@@ -197,6 +197,8 @@ def _bind_int4(lib: ctypes.CDLL) -> ctypes.CDLL:
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
     lib.ei_int4_gemm.argtypes = [i32, i32, i32, ptr, i64, ptr, ptr, ptr, i64, i32]
     lib.ei_int4_gemm.restype = i32
+    lib.ei_int6_gemm.argtypes = lib.ei_int4_gemm.argtypes
+    lib.ei_int6_gemm.restype = i32
     lib.ei_int4_simd.restype = i32
     return _abi_checked(lib, "ei_int4_abi_version", INT4_ABI_VERSION, "int4 kernel")
 
@@ -379,15 +381,15 @@ def int4_fast() -> bool:
     return lib is not None and bool(lib.ei_int4_simd())
 
 
-def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def int4_gemm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bits: int = 4) -> torch.Tensor:
     """x [R, K] fp32 (rows may be strided) @ the int4 weight (packed [N, K/2] uint8, scales [N, K/32] fp16).T
-    -> [R, N] fp32."""
+    -> [R, N] fp32; bits 6: the q6 weight (packed [N, K * 3/4], models/int4.py)."""
     lib = int4_library()
     n, k = scales.shape[0], x.shape[1]
     if x.dtype != torch.float32 or x.stride(1) != 1:
         x = x.float().contiguous()
     y = torch.empty(x.shape[0], n)
-    rc = lib.ei_int4_gemm(
+    rc = (lib.ei_int6_gemm if bits == 6 else lib.ei_int4_gemm)(
         x.shape[0], n, k, x.data_ptr(), x.stride(0), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), n,
         torch.get_num_threads(),
     )  # fmt: skip
@@ -556,14 +558,17 @@ class DecodeLayers:
         self.keep = list(layers)  # the structs point into these modules' tensors
         self.layers = (Q8Layer * len(self.keep))()
         int4 = int4_library()
-        int4_gemm = ctypes.cast(int4.ei_int4_gemm, ctypes.c_void_p).value if int4 is not None else None
+        gemms = (
+            {b: ctypes.cast(getattr(int4, f"ei_int{b}_gemm"), ctypes.c_void_p).value for b in (4, 6)} if int4 else {}
+        )
         for j, layer in enumerate(self.keep):
             attn, mlp = layer.self_attn, layer.mlp
             parts = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
             for name, lin in parts.items():
                 shape = (lin.out_features, lin.in_features)
-                if isinstance(lin, Int4Linear):  # its decode rows: ei_int4_gemm, as its forward calls it
-                    weight = Q8Weight(lin.packed.data_ptr(), lin.scales.data_ptr(), None, *shape, 0, 0, int4_gemm)
+                if isinstance(lin, Int4Linear):  # its decode rows: ei_int4_gemm (int6: ei_int6_gemm), as its forward
+                    gemm = gemms.get(lin.bits)
+                    weight = Q8Weight(lin.packed.data_ptr(), lin.scales.data_ptr(), None, *shape, 0, 0, gemm)
                 else:
                     tensors = (lin.qweight.data_ptr(), lin.scales.data_ptr(), lin.row_sums.data_ptr())
                     weight = Q8Weight(*tensors, *shape, int(lin.two_pass), lin.rotate)

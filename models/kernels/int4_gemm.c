@@ -1,4 +1,4 @@
-/* int4 weight x int8 activation matmul for decode rows: y[R, N] = x[R, K] @ W[N, K]^T.
+/* int4 (and int6) weight x int8 activation matmul for decode rows: y[R, N] = x[R, K] @ W[N, K]^T.
  *
  * Built and loaded at run time by models/kernels/__init__.py (ctypes), like decode_attention.c.
  *
@@ -12,6 +12,12 @@
  * multiplies the unsigned nibbles by the signed activations, and the 8 * sum(xq) term is folded in by starting
  * each of the group's 8 accumulator lanes at -sum(xq). One fp32 FMA per group and row applies both scales.
  * Rows of x are processed 4 at a time so each weight block is unpacked once per 4 rows.
+ *
+ * int6 (ei_int6_gemm, models/int4.py's q6 grid: q in [0, 63] for (q - 32) * d, one fp16 scale per 32): a block is
+ * the int4 block's 32 bytes of low nibbles followed by 16 bytes of top bits, byte k holding bits 4-5 of elements
+ * k, k + 16, k + 32 and k + 48 in its bit pairs 0-1, 2-3, 4-5 and 6-7, so one 16-byte load broadcast to four lanes
+ * and shifted by 0, 2, 4 and 6 puts every element's top bits at its own byte: 26 bytes per 32 weights (0.81 of
+ * int8's bytes). Offset 32 instead of 8; both entry points share every loop, the format a compile-time constant.
  * Returns 0, or -1 when the activation buffers cannot be allocated.
  */
 #include <math.h>
@@ -21,6 +27,9 @@
 
 #define GROUP 32
 #define BLOCK 64
+/* Bytes per 64-weight block: 32 of nibbles (+ 16 of top bit pairs for int6); the value offset (-8 / -32 * d). */
+#define BLOCK_BYTES(bits) ((bits) == 6 ? 48 : 32)
+#define OFFSET(bits) ((bits) == 6 ? 32 : 8)
 #define ROWS 4
 /* Bytes ahead of the weight stream that are prefetched into L2 (int8_vnni.c's AVX-512 distance and level). One
  * prefetch per 32-byte block, so two per cache line: once per line measured slower on the Zen 4 (1.26-1.34x vs
@@ -59,13 +68,14 @@ static void quantize_rows(int R, int K, const float *x, int64_t x_row, int8_t *x
 #define EI_INT4_SIMD 1
 #define EI_INT4_LANE_SCALES 1 /* rows_simd takes the activation scales spread over lanes */
 
-/* One block's 64 weights as bytes in [0, 15]: [32 low nibbles | 32 high nibbles]. The 32 bytes are broadcast to both
- * halves by the load itself and the upper half shifted by 4, so no 256 -> 512-bit insert competes for the shuffle
- * port with the scale permute. */
-static inline __m512i unpack_block(const uint8_t *p) {
-    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_and_si512(_mm512_srlv_epi16(both, shift), _mm512_set1_epi8(0x0F));
+/* int6: a block's top bit pairs (its bytes 32-47) at each element's own byte, as values 0-3: the 16 bytes in all
+ * four 128-bit lanes, lane L shifted right by 2L (16-bit shifts: a byte's pair never crosses into its neighbour once
+ * masked). */
+static inline __m512i q6_top_bits(const uint8_t *blk) {
+    const __m512i shift = _mm512_set_epi64(0x0006000600060006, 0x0006000600060006, 0x0004000400040004,
+                                           0x0004000400040004, 0x0002000200020002, 0x0002000200020002, 0, 0);
+    __m512i four = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 32)));
+    return _mm512_and_si512(_mm512_srlv_epi16(four, shift), _mm512_set1_epi8(0x03));
 }
 
 /* Output rows [n0, n1) for x rows [r0, r0 + nr), nr <= ROWS: each weight row read to its end before the next, one
@@ -77,23 +87,26 @@ static inline __m512i unpack_block(const uint8_t *p) {
  * 2 KiB ahead and 1.16x into L2 8 KiB ahead (medians of 21-31 interleaved rounds; at 37 GB/s it is compute-bound:
  * 1.51x). Tried there and slower: one 64-byte load per two blocks with the activations pre-arranged to match, a
  * second accumulator. */
-static void rows_simd(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, const uint16_t *wd,
-                      const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
-    const int blocks = K / BLOCK, groups = K / GROUP;
-    (void)groups;
+static inline __attribute__((always_inline)) void rows_vnni(int n0, int n1, int r0, int nr, int K, const int bits,
+                                                            const uint8_t *qw, const uint16_t *wd, const int8_t *xq,
+                                                            const float *xd, const int32_t *xs, float *y,
+                                                            int64_t y_row) {
+    const int blocks = K / BLOCK, groups = K / GROUP, bb = BLOCK_BYTES(bits);
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     for (int n = n0; n < n1; n++) {
-        const uint8_t *wrow = qw + (int64_t)n * (K / 2);
+        const uint8_t *wrow = qw + (int64_t)n * blocks * bb;
         const uint16_t *drow = wd + (int64_t)n * groups;
         __m512 acc[ROWS];
         for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
         for (int b = 0; b < blocks; b++) {
-            _mm_prefetch((const char *)(wrow + (int64_t)b * 32 + PREFETCH), _MM_HINT_T1);
-            __m256i packed = _mm256_loadu_si256((const __m256i *)(wrow + (int64_t)b * 32));
+            const uint8_t *blk = wrow + (int64_t)b * bb;
+            _mm_prefetch((const char *)(blk + PREFETCH), _MM_HINT_T1);
+            __m256i packed = _mm256_loadu_si256((const __m256i *)blk);
             __m256i lo = _mm256_and_si256(packed, low4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
             __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* [group 2b | group 2b + 1] */
+            if (bits == 6) w = _mm512_or_si512(w, _mm512_slli_epi16(q6_top_bits(blk), 4));
             uint32_t two;
             memcpy(&two, drow + 2 * b, 4);
             __m512 wscale = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(two))));
@@ -108,6 +121,14 @@ static void rows_simd(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, 
         }
         for (int r = 0; r < nr; r++) y[(int64_t)(r0 + r) * y_row + n] = _mm512_reduce_add_ps(acc[r]);
     }
+}
+
+static void rows_simd(int n0, int n1, int r0, int nr, int K, int bits, const uint8_t *qw, const uint16_t *wd,
+                      const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
+    if (bits == 6)
+        rows_vnni(n0, n1, r0, nr, K, 6, qw, wd, xq, xd, xs, y, y_row);
+    else
+        rows_vnni(n0, n1, r0, nr, K, 4, qw, wd, xq, xd, xs, y, y_row);
 }
 
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -132,14 +153,16 @@ static inline float reduce16(__m256 lo, __m256 hi) {
  * groups per multiply, and each block broadcasts its two from memory (a load, no shuffle or multiply): fewer
  * operations per block, the same products, the same bits. nr is a constant where rows_avx2 is inlined. */
 static inline __attribute__((always_inline)) void rows_avx2(int n0, int n1, int r0, const int nr, int K,
-                                                            const uint8_t *qw, const uint16_t *wd, const int8_t *xq,
-                                                            const float *xd, const int32_t *xs, float *y,
-                                                            int64_t y_row) {
-    const int blocks = K / BLOCK, groups = K / GROUP;
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+                                                            const int bits, const uint8_t *qw, const uint16_t *wd,
+                                                            const int8_t *xq, const float *xd, const int32_t *xs,
+                                                            float *y, int64_t y_row) {
+    const int blocks = K / BLOCK, groups = K / GROUP, bb = BLOCK_BYTES(bits);
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), low2 = _mm256_set1_epi8(0x03);
+    /* int6 top bit pairs: elements 0-31 sit in pairs 0-1 (k) and 2-3 (k + 16), elements 32-63 in 4-5 and 6-7 */
+    const __m256i shift_lo = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0), shift_hi = _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4);
     float prod[nr * groups];
     for (int n = n0; n < n1; n++) {
-        const uint8_t *wrow = qw + (int64_t)n * (K / 2);
+        const uint8_t *wrow = qw + (int64_t)n * blocks * bb;
         const uint16_t *drow = wd + (int64_t)n * groups;
         for (int r = 0; r < nr; r++) {
             const float *xr = xd + (int64_t)(r0 + r) * groups;
@@ -154,10 +177,16 @@ static inline __attribute__((always_inline)) void rows_avx2(int n0, int n1, int 
         __m256 lo_acc[ROWS], hi_acc[ROWS];
         for (int r = 0; r < nr; r++) lo_acc[r] = hi_acc[r] = _mm256_setzero_ps();
         for (int b = 0; b < blocks; b++) {
-            _mm_prefetch((const char *)(wrow + (int64_t)b * 32 + PREFETCH), _MM_HINT_T1);
-            __m256i packed = _mm256_loadu_si256((const __m256i *)(wrow + (int64_t)b * 32));
+            const uint8_t *blk = wrow + (int64_t)b * bb;
+            _mm_prefetch((const char *)(blk + PREFETCH), _MM_HINT_T1);
+            __m256i packed = _mm256_loadu_si256((const __m256i *)blk);
             __m256i lo = _mm256_and_si256(packed, low4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+            if (bits == 6) { /* values <= 63: vpmaddubsw's pairs stay below 2 * 63 * 127 < 32768 */
+                __m256i two = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 32)));
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi32(two, shift_lo), low2), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi32(two, shift_hi), low2), 4));
+            }
             for (int r = 0; r < nr; r++) {
                 int64_t rb = ((int64_t)(r0 + r) * blocks + b) * 16; /* this row's lanes for block b */
                 const int8_t *xb = xq + (int64_t)(r0 + r) * K + (int64_t)b * BLOCK;
@@ -175,14 +204,21 @@ static inline __attribute__((always_inline)) void rows_avx2(int n0, int n1, int 
 }
 
 /* xd here is the per-group scales [R, K / 32] (the VNNI loop takes them spread over lanes). */
-static void rows_simd(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, const uint16_t *wd,
+static void rows_simd(int n0, int n1, int r0, int nr, int K, int bits, const uint8_t *qw, const uint16_t *wd,
                       const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
-    switch (nr) {
-    case 1: rows_avx2(n0, n1, r0, 1, K, qw, wd, xq, xd, xs, y, y_row); break;
-    case 2: rows_avx2(n0, n1, r0, 2, K, qw, wd, xq, xd, xs, y, y_row); break;
-    case 3: rows_avx2(n0, n1, r0, 3, K, qw, wd, xq, xd, xs, y, y_row); break;
-    default: rows_avx2(n0, n1, r0, 4, K, qw, wd, xq, xd, xs, y, y_row); break;
+#define EI_ROWS_AVX2(b)                                                                                                \
+    switch (nr) {                                                                                                      \
+    case 1: rows_avx2(n0, n1, r0, 1, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                       \
+    case 2: rows_avx2(n0, n1, r0, 2, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                       \
+    case 3: rows_avx2(n0, n1, r0, 3, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                       \
+    default: rows_avx2(n0, n1, r0, 4, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                      \
     }
+    if (bits == 6) {
+        EI_ROWS_AVX2(6)
+    } else {
+        EI_ROWS_AVX2(4)
+    }
+#undef EI_ROWS_AVX2
 }
 
 #else
@@ -191,25 +227,30 @@ static void rows_simd(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, 
 #endif
 
 /* Portable path: the same arithmetic in plain C (no VNNI here: slower, but exact to the same int32 sums). */
-static void rows_plain(int n0, int n1, int r0, int nr, int K, const uint8_t *qw, const uint16_t *wd,
+static inline int32_t weight_q(const uint8_t *blk, int e, int bits) {
+    int32_t q = e < 32 ? blk[e] & 0x0F : blk[e - 32] >> 4;
+    return bits == 6 ? q | ((blk[32 + e % 16] >> (2 * (e / 16)) & 0x03) << 4) : q;
+}
+
+static void rows_plain(int n0, int n1, int r0, int nr, int K, int bits, const uint8_t *qw, const uint16_t *wd,
                        const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
-    const int blocks = K / BLOCK, groups = K / GROUP;
+    const int blocks = K / BLOCK, groups = K / GROUP, bb = BLOCK_BYTES(bits), offset = OFFSET(bits);
     for (int n = n0; n < n1; n++) {
-        const uint8_t *wrow = qw + (int64_t)n * (K / 2);
+        const uint8_t *wrow = qw + (int64_t)n * blocks * bb;
         for (int r = r0; r < r0 + nr; r++) {
             const int8_t *xrow = xq + (int64_t)r * K;
             float acc = 0.f;
             for (int b = 0; b < blocks; b++) {
                 int32_t s0 = 0, s1 = 0;
-                const uint8_t *blk = wrow + (int64_t)b * 32;
+                const uint8_t *blk = wrow + (int64_t)b * bb;
                 const int8_t *xb = xrow + (int64_t)b * BLOCK;
                 for (int j = 0; j < 32; j++) {
-                    s0 += (int32_t)(blk[j] & 0x0F) * xb[j];
-                    s1 += (int32_t)(blk[j] >> 4) * xb[j + 32];
+                    s0 += weight_q(blk, j, bits) * xb[j];
+                    s1 += weight_q(blk, j + 32, bits) * xb[j + 32];
                 }
                 int64_t g = (int64_t)r * groups + 2 * b;
-                s0 -= 8 * xs[g];
-                s1 -= 8 * xs[g + 1];
+                s0 -= offset * xs[g];
+                s1 -= offset * xs[g + 1];
                 acc += (float)s0 * half_to_float(wd[(int64_t)n * groups + 2 * b]) * xd[g];
                 acc += (float)s1 * half_to_float(wd[(int64_t)n * groups + 2 * b + 1]) * xd[g + 1];
             }
@@ -218,8 +259,8 @@ static void rows_plain(int n0, int n1, int r0, int nr, int K, const uint8_t *qw,
     }
 }
 
-int ei_int4_gemm(int R, int N, int K, const float *x, int64_t x_row, const uint8_t *qw, const uint16_t *wd, float *y,
-                 int64_t y_row, int threads) {
+static int gemm(int bits, int R, int N, int K, const float *x, int64_t x_row, const uint8_t *qw, const uint16_t *wd,
+                float *y, int64_t y_row, int threads) {
     if (K % BLOCK) return -2;
     const int groups = K / GROUP, blocks = K / BLOCK;
     int8_t *xq = malloc((size_t)R * K);
@@ -237,7 +278,7 @@ int ei_int4_gemm(int R, int N, int K, const float *x, int64_t x_row, const uint8
     for (int64_t rb = 0; rb < (int64_t)R * blocks; rb++)
         for (int l = 0; l < 16; l++) {
             if (EI_INT4_LANE_SCALES) xdl[rb * 16 + l] = xd[rb * 2 + l / 8];
-            xsl[rb * 16 + l] = -xs[rb * 2 + l / 8];
+            xsl[rb * 16 + l] = -OFFSET(bits) / 8 * xs[rb * 2 + l / 8]; /* 8 lanes per group: -offset * sum */
         }
     const int chunk = 16; /* output rows per task: 16 rows of a 2048-wide weight are 16 KiB */
     int tasks = (N + chunk - 1) / chunk;
@@ -247,9 +288,9 @@ int ei_int4_gemm(int R, int N, int K, const float *x, int64_t x_row, const uint8
         for (int r0 = 0; r0 < R; r0 += ROWS) {
             int nr = R - r0 < ROWS ? R - r0 : ROWS;
 #if EI_INT4_SIMD
-            rows_simd(n0, n1, r0, nr, K, qw, wd, xq, EI_INT4_LANE_SCALES ? xdl : xd, xsl, y, y_row);
+            rows_simd(n0, n1, r0, nr, K, bits, qw, wd, xq, EI_INT4_LANE_SCALES ? xdl : xd, xsl, y, y_row);
 #else
-            rows_plain(n0, n1, r0, nr, K, qw, wd, xq, xd, xs, y, y_row);
+            rows_plain(n0, n1, r0, nr, K, bits, qw, wd, xq, xd, xs, y, y_row);
 #endif
         }
     }
@@ -262,7 +303,18 @@ done:
     return rc;
 }
 
+/* Both take the same arguments, so the native decode layer (int8_vnni.c) calls either through one pointer. */
+int ei_int4_gemm(int R, int N, int K, const float *x, int64_t x_row, const uint8_t *qw, const uint16_t *wd, float *y,
+                 int64_t y_row, int threads) {
+    return gemm(4, R, N, K, x, x_row, qw, wd, y, y_row, threads);
+}
+
+int ei_int6_gemm(int R, int N, int K, const float *x, int64_t x_row, const uint8_t *qw, const uint16_t *wd, float *y,
+                 int64_t y_row, int threads) {
+    return gemm(6, R, N, K, x, x_row, qw, wd, y, y_row, threads);
+}
+
 /* 1 where the VNNI or the AVX2 path was compiled in (the plain path is a correctness fallback, not fast). */
 int ei_int4_simd(void) { return EI_INT4_SIMD; }
 
-int ei_int4_abi_version(void) { return 1; }
+int ei_int4_abi_version(void) { return 2; }
