@@ -18,7 +18,8 @@ prefill, decode.
   "ours" (a format failing its record is still measured and reported, never chosen; fp32 always
   runs, as that reference, once and unwarmed when other formats are asked for: its time is no target; cosine
   against the bf16 baseline is recorded too, but it carries the baseline's own bf16 error). `--rounds 3` takes the
-  median of three reports per format; the llama.cpp anchor then runs interleaved with our chosen format: `--rounds`
+  median of three reports per format, the formats taking turns round by round (the box drifts within minutes);
+  the llama.cpp anchor then runs interleaved with our chosen format: `--rounds`
   rounds of (our report, each quant's llama-bench -r 1), and the targets set the medians over those rounds side
   by side (with `--rounds 1`, llama-bench runs once after ours, `-r --llamacpp-reps`).
 
@@ -324,6 +325,22 @@ def interleaved_rounds(report, ckpt: Checkpoint, prompt_tokens: int, args) -> tu
     return llamacpp, interleaved
 
 
+def format_row(fmt: str, executor: StageExecutor, runs: list[dict], reference: list[dict], base_runs, load_s) -> dict:
+    """One candidate's figures: its phases (median over rounds), its first-token logits against fp32's (and the
+    baseline's), and, for the packed formats, its decode step against the read bound at the report's depth."""
+    row = summarise(runs)
+    row["load_s"] = round(load_s, 1)
+    if base_runs:
+        row["first_logits_cosine_vs_baseline"] = round(cosine(runs[0]["first_logits"], base_runs[0]["first_logits"]), 6)
+    row["text_only_s"] = round(text_only_s(row), 4)
+    row["first_logits_cosine_vs_fp32"] = round(cosine(runs[0]["first_logits"], reference[0]["first_logits"]), 6)
+    row["weight_bytes_per_step"] = step_bytes(executor.module)
+    if fmt != "fp32":  # fp32 is the accuracy reference; its decode is not a target
+        row["at_read_bound"] = decode_at_read_bound(executor, row["prompt_tokens"], row["weight_bytes_per_step"])
+    row["kernel"] = linear_kernels(executor.module) or ("fbgemm fp16" if use_half16(fmt) else "torch " + fmt)
+    return row
+
+
 def run_baseline(ckpt: Checkpoint, processor, image_bytes: bytes, context: str, args) -> tuple[list[dict], int]:
     """The baseline's timed reports and the bytes one of its decode steps reads (layers, norm, lm_head)."""
     ref = load_reference_model(ckpt, "bf16")
@@ -375,34 +392,32 @@ def main() -> None:
     # visual tokens (the baseline's own bf16 error would otherwise count against them).
     formats = ["fp32", *(f for f in formats if f != "fp32")]
     whole = LayerRange(0, ckpt.num_layers, ckpt.num_layers)
-    candidates, kept = {}, {}
+    candidates, kept, runs, load_s = {}, {}, {}, {}
     for fmt in formats:
         print(f"ours: {vision['backend']} vision + StageExecutor {fmt}", flush=True)
         t0 = time.perf_counter()
         executor = StageExecutor(load_stage(ckpt, whole, fmt))
-        load_s = time.perf_counter() - t0
-        reference_only = fmt == "fp32" and len(formats) > 1  # ~40 s a report at 1.3B: one, for its logits
-        rounds, warmup = (1, 0) if reference_only else (args.rounds, args.warmup)
-        runs = timed(lambda ex=executor: ours_report(parts, ex, image_bytes, context, args.tokens), rounds, warmup)
-        row = summarise(runs)
-        row["load_s"] = round(load_s, 1)
-        if base_runs:
-            row["first_logits_cosine_vs_baseline"] = round(
-                cosine(runs[0]["first_logits"], base_runs[0]["first_logits"]), 6
-            )
-        row["text_only_s"] = round(text_only_s(row), 4)
-        if fmt == "fp32":
-            reference_logits = runs[0]["first_logits"]
-        row["first_logits_cosine_vs_fp32"] = round(cosine(runs[0]["first_logits"], reference_logits), 6)
-        row["weight_bytes_per_step"] = step_bytes(executor.module)
-        if fmt != "fp32":  # fp32 is the accuracy reference; its decode is not a target
-            row["at_read_bound"] = decode_at_read_bound(executor, row["prompt_tokens"], row["weight_bytes_per_step"])
-        row["kernel"] = linear_kernels(executor.module) or ("fbgemm fp16" if use_half16(fmt) else "torch " + fmt)
-        candidates[fmt] = row
-        if fmt != "fp32":  # kept for the interleaved rounds below (int8, int6, int4 at 1.3B: ~6 GB)
+        load_s[fmt] = time.perf_counter() - t0
+        if fmt == "fp32" and len(formats) > 1:  # ~40 s a report at 1.3B: one, unwarmed, for its logits
+            runs[fmt] = timed(lambda ex=executor: ours_report(parts, ex, image_bytes, context, args.tokens), 1, 0)
+            candidates[fmt] = format_row(fmt, executor, runs[fmt], runs[fmt], base_runs, load_s[fmt])
+            del executor
+            gc.collect()  # freed before the next stage loads
+        else:  # kept for the rounds below and the interleaved rounds against llama.cpp (int8, int6, int4: ~6 GB)
             kept[fmt] = executor
-        del executor, runs
-        gc.collect()
+    # The packed formats' reports in interleaved rounds (each format once per round): the box's memory speed and
+    # load drift by tens of percent within minutes here, and a format timed in a slow spell lost to one timed in a
+    # fast one (int6's prefill 0.6 s behind int8's in a sequential run, 0.1 s in an interleaved one).
+    for fmt, executor in kept.items():
+        for _ in range(args.warmup):
+            ours_report(parts, executor, image_bytes, context, args.tokens)
+        runs[fmt] = []
+    for r in range(args.rounds):
+        for fmt, executor in kept.items():
+            runs[fmt].append(ours_report(parts, executor, image_bytes, context, args.tokens))
+            print(f"  round {r}: {fmt} {runs[fmt][-1]['total_s']:.2f} s", flush=True)
+    for fmt, executor in kept.items():
+        candidates[fmt] = format_row(fmt, executor, runs[fmt], runs[formats[0]], base_runs, load_s[fmt])
 
     eligible = {
         f: r

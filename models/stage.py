@@ -34,7 +34,7 @@ from edgeinspect.models.checkpoint import (
     layer_prefix,
     load_dtype,
 )
-from edgeinspect.models.int4 import Int6Linear, fits, int4_linears
+from edgeinspect.models.int4 import Int4Linear, Int6Linear, fits, int4_linears
 from edgeinspect.models.kv import SCALE_BYTES, KVBuffer, encode_rows, row_width
 from edgeinspect.models.quant import (
     Int8Linear,
@@ -505,7 +505,7 @@ class StageExecutor:
             return mlp
 
         def fused(h: torch.Tensor) -> torch.Tensor:
-            if native and isinstance(mlp.gate_up_proj, Int8Linear):
+            if native and isinstance(mlp.gate_up_proj, (Int8Linear, Int4Linear)):
                 return mlp.down_proj(mlp.gate_up_proj.silu_mul(h))  # [R, I]
             gate_up = mlp.gate_up_proj(h)  # [R, 2I]
             if native:

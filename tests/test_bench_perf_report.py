@@ -18,14 +18,15 @@ def test_perf_report_writes_baseline_ours_phases_and_the_ratio_target(tiny_check
         "--context-tokens",
         "40",
         "--formats",
-        "fp32,bf16",
+        "fp32,bf16,int6",
         "--onnx-dir",
         str(tmp_path / "onnx"),
         out=out,
     )
     rec = data["targets"]["report_time_ours_vs_transformers_bf16"]
     assert set(rec) == {"value", "target", "met"} and rec["target"] == 0.4 and rec["value"] > 0
-    assert data["ours"]["format"] in {"fp32", "bf16"}
+    assert data["ours"]["format"] in {"fp32", "bf16", "int6"}
+    assert data["candidates"]["int6"]["kernel"].startswith("int6 ") and data["format_gates"]["int6"]["allowed"]
     # the vision tower as the vision node's backend: auto picks it, measured in the same run
     vision = data["vision"]
     assert vision["backend"] in vision["eligible"] and data["ours"]["vision"] == vision["backend"]
