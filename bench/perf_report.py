@@ -19,9 +19,9 @@ prefill, decode.
   runs, as that reference, once and unwarmed when other formats are asked for: its time is no target; cosine
   against the bf16 baseline is recorded too, but it carries the baseline's own bf16 error). `--rounds 3` takes the
   median of three reports per format, the formats taking turns round by round (the box drifts within minutes);
-  the llama.cpp anchor then runs interleaved with our chosen format: `--rounds`
-  rounds of (our report, each quant's llama-bench -r 1), and the targets set the medians over those rounds side
-  by side (with `--rounds 1`, llama-bench runs once after ours, `-r --llamacpp-reps`).
+  the llama.cpp anchor then runs interleaved with our chosen format: `--rounds` rounds of (our report, each
+  quant's llama-bench -r 1), each side warmed up right before its timed run, and the targets set the medians over
+  those rounds side by side (with `--rounds 1`, llama-bench runs once after ours, `-r --llamacpp-reps`).
 
 - llama.cpp (bench/anchor_llamacpp.py; skipped with the reason recorded where it cannot be built): the same LM as
   GGUF q8_0 and q4_0, `llama-bench` with our prompt length, generated tokens and threads, while our stages are
@@ -292,10 +292,15 @@ def text_only_s(report: dict) -> float:
 
 def interleaved_rounds(report, ckpt: Checkpoint, prompt_tokens: int, args) -> tuple[dict, dict]:
     """`args.rounds` rounds of (our report, then each llama.cpp quant's llama-bench -r 1): drifting load and memory
-    speed land on both sides alike. Returns llama.cpp's figures (each the median over rounds, as measure() returns
-    them) and ours per round, with the medians the targets use."""
+    speed land on both sides alike. Each side warms up right before its timed run: llama-bench runs an untimed
+    prompt and generation pass before its reps, so ours runs `args.warmup` untimed reports first (without them ours
+    ran 0.7-1.0 s slower right after llama-bench than in its own rounds, three runs on the Zen 4). Returns
+    llama.cpp's figures (each the median over rounds, as measure() returns them) and ours per round, with the
+    medians the targets use."""
     ours, theirs = [], []
     for r in range(args.rounds):
+        for _ in range(args.warmup):
+            report()
         ours.append(report())
         print(f"  interleaved round {r}: ours {ours[-1]['total_s']:.2f} s", flush=True)
         theirs.append(

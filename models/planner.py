@@ -7,6 +7,9 @@ Cost model (decode, one token):
                stage: final norm + lm_head) + sending the hidden state to the next node (bytes / link rate +
                latency; the last stage sends only a token id back, so just its link latency).
   stage memory = its layers' weight bytes + the extras it holds.
+Packed formats (int8, int6, int4; models/quant.py, models/int4.py) hold more than a step reads: int6 and int4
+linears keep an int8 copy for prompt chunks beside the 6- or 4-bit weights decode streams, so each layer has
+held bytes (memory) and read bytes (time); their norms and embeddings stay fp32.
 Every node gets at least one layer: the nodes are an explicit inventory, and a node with no layers would be a
 pointless network hop (drop it from the list instead). The search is exact: a dynamic programme over
 (node, layers covered) minimises the bottleneck, then a second one minimises the total time per token among the
@@ -28,6 +31,8 @@ from edgeinspect.errors import CheckpointError, InvalidInput, PlanInfeasible
 # bf16 decode of the 1.3B model reads 2.85 GB per token in ~381 ms (DESIGN.md §5), about 7.5 GB/s.
 REF_BYTES_PER_S = 7.5e9
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+PACKED = ("int8", "int6", "int4")  # formats the stage quantizes after reading fp32 (see _linear_bytes)
+BLOCK = 64  # int4/int6 kernels' block width: a linear whose input width is not a multiple stays int8
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class NodeTimings:
 class LayerCosts:
     """What the model costs: weight bytes per layer and the extras held by the first and last stage."""
 
-    layer_bytes: tuple[int, ...]  # weights of each decoder layer
+    layer_bytes: tuple[int, ...]  # weights of each decoder layer (held in memory)
     head_bytes: int = 0  # embeddings (+ aligner): held by the first stage
     tail_bytes: int = 0  # final norm + lm_head: held by the last stage
     head_read_bytes: int = 0  # weight bytes stage 0's extras read per token (an embedding lookup reads one row)
@@ -51,6 +56,7 @@ class LayerCosts:
     shared_bytes: int = 0  # in both head and tail (tied embeddings), held once when one stage holds both
     hidden_size: int = 0  # values per token sent between stages
     measured: Mapping[str, NodeTimings] = field(default_factory=dict)  # by node name, where measured
+    layer_read_bytes: tuple[int, ...] | None = None  # per token by each layer; None: all of layer_bytes
 
     @property
     def num_layers(self) -> int:
@@ -128,7 +134,8 @@ class _Stages:
                 self.tail_s.append(m.tail_seconds)
             else:
                 rate = ref_rate * node.speed
-                self.time_prefix.append(_prefix([b / rate for b in costs.layer_bytes]))
+                read = costs.layer_bytes if costs.layer_read_bytes is None else costs.layer_read_bytes
+                self.time_prefix.append(_prefix([b / rate for b in read]))
                 self.head_s.append(costs.head_read_bytes / rate)
                 self.tail_s.append(tail_read / rate)
         hidden_wire = costs.hidden_size * wire_bytes_per_value
@@ -293,12 +300,36 @@ def plan_partition(
 
 
 def dtype_bytes_of(weights: str | int) -> int:
+    """Bytes per value of an unpacked format (fp32, bf16, fp16) or an explicit count."""
     if isinstance(weights, int):
         return weights
+    if weights == "auto":
+        raise InvalidInput(
+            "weights: auto is picked by each stage at start-up by measurement (its log says 'weights auto -> ...'); "
+            f"plan with the format it picks: one of {', '.join(FORMATS)}"
+        )
     try:
         return DTYPE_BYTES[str(weights)]
     except KeyError:
-        raise InvalidInput(f"unknown weights dtype {weights!r}; choose one of {', '.join(DTYPE_BYTES)}") from None
+        raise InvalidInput(f"unknown weights dtype {weights!r}; choose one of {', '.join(FORMATS)}") from None
+
+
+FORMATS = (*DTYPE_BYTES, *PACKED)
+
+
+def _linear_bytes(weights: str | int, n: int, k: int, role: str = "") -> tuple[int, int]:
+    """(held, read per decode step) bytes of an [n, k] linear's weights in format `weights`. int8: k bytes + an fp32
+    scale per row (+ an int32 row sum held beside them). int6 / int4: the int8 copy for prompts + 3k/4 (k/2) bytes and an fp16 scale per 32
+    weights, of which decode reads the latter; int4 keeps down_proj and the lm_head int8 (models/int4.py), and either
+    keeps a linear whose width does not fit the 64-wide blocks int8."""
+    if weights not in PACKED:
+        b = n * k * dtype_bytes_of(weights)
+        return b, b
+    int8 = n * k + 8 * n
+    if weights == "int8" or k % BLOCK or (weights == "int4" and role in ("down_proj", "lm_head")):
+        return int8, n * k + 4 * n
+    packed = n * k * (3 if weights == "int6" else 2) // 4 + n * k // 16
+    return int8 + packed, packed
 
 
 def layer_costs_from_config(
@@ -308,7 +339,8 @@ def layer_costs_from_config(
     aligner_in_features: int = 0,
     tie_word_embeddings: bool | None = None,
 ) -> LayerCosts:
-    """Weight bytes of a LLaMA-style language model from its config dict (DeepSeek-VL's `text_config`).
+    """Weight bytes of a LLaMA-style language model from its config dict (DeepSeek-VL's `text_config`), in a
+    16/32-bit format or a packed one (int8, int6, int4: held and read bytes differ, see _linear_bytes).
 
     aligner_in_features: the vision tower's width when stage 0 also holds the aligner (Linear-GELU-Linear).
     tie_word_embeddings: overrides the config's own flag (DeepSeek-VL keeps the governing one at the top level).
@@ -322,24 +354,37 @@ def layer_costs_from_config(
     kv = c.get("num_key_value_heads") or heads
     hd = c.get("head_dim") or h // heads
     tie = bool(c.get("tie_word_embeddings", False)) if tie_word_embeddings is None else tie_word_embeddings
-    nb = dtype_bytes_of(dtype_bytes)
+    packed = dtype_bytes in PACKED
+    nb = 4 if packed else dtype_bytes_of(dtype_bytes)  # packed stages keep norms, biases, embeddings fp32
 
-    attn = 2 * h * heads * hd + 2 * h * kv * hd  # q, o; k, v
+    linears = [  # (out, in, name) of one layer (q/k/v and gate/up fused on a stage: the same bytes)
+        (heads * hd + 2 * kv * hd, h, "qkv_proj"),
+        (h, heads * hd, "o_proj"),
+        (2 * inter, h, "gate_up_proj"),
+        (h, inter, "down_proj"),
+    ]
+    sized = [_linear_bytes(dtype_bytes, n, k, name) for n, k, name in linears]
+    other = 2 * h  # two RMSNorm weights
     if c.get("attention_bias"):
-        attn += heads * hd + 2 * kv * hd + h
-    mlp = 3 * h * inter  # gate, up, down
+        other += heads * hd + 2 * kv * hd + h
     if c.get("mlp_bias"):
-        mlp += 2 * inter + h
-    layer = attn + mlp + 2 * h  # + two RMSNorm weights
+        other += 2 * inter + h
+    layer_held = sum(held for held, _ in sized) + other * nb
+    layer_read = sum(read for _, read in sized) + other * nb
     embed = vocab * h
-    aligner = (aligner_in_features * h + h + h * h + h) if aligner_in_features else 0
+    aligner = 0
+    if aligner_in_features:  # packed stages run it int8 (576 visual tokens a prompt)
+        fc = [_linear_bytes("int8" if packed else dtype_bytes, h, k)[0] for k in (aligner_in_features, h)]
+        aligner = sum(fc) + 2 * h * nb
+    head_held, head_read = _linear_bytes(dtype_bytes, vocab, h, "lm_head")
     return LayerCosts(
-        layer_bytes=(layer * nb,) * n_layers,
-        head_bytes=(embed + aligner) * nb,
-        tail_bytes=(h + embed) * nb,  # final norm + lm_head (a copy of the embeddings when tied)
+        layer_bytes=(layer_held,) * n_layers,
+        layer_read_bytes=(layer_read,) * n_layers if packed else None,
+        head_bytes=embed * nb + aligner,
+        tail_bytes=h * nb + head_held,  # final norm + lm_head (a copy of the embeddings when tied)
         head_read_bytes=h * nb,  # one embedding row per token; the aligner runs only at prefill
-        tail_read_bytes=(h + embed) * nb,
-        shared_bytes=embed * nb if tie else 0,
+        tail_read_bytes=h * nb + head_read,
+        shared_bytes=embed * nb if tie and not packed else 0,  # a packed lm_head is its own copy
         hidden_size=h,
     )
 

@@ -67,16 +67,17 @@ def test_interleaved_rounds_pair_each_of_our_reports_with_llamacpp_runs_and_take
         rows = {q: {"report_text_only_s": t * (1.5 if q == "q8_0" else 1.0), "loadavg_before": [1.0]} for q in quants}
         return {"what": "llama-bench", "quants": rows}
 
-    ours = iter([5.0, 4.0, 6.0])
+    ours = iter([99.0, 5.0, 99.0, 4.0, 99.0, 6.0])  # each timed report follows an untimed warm-up one
 
     def report():
         calls.append("ours")
         return {"total_s": next(ours), "preprocess_s": 0.0, "vision_s": 0.5, "decode_ms_per_token": 30.0}
 
     monkeypatch.setattr(perf_report.anchor_llamacpp, "measure", measure)
-    args = SimpleNamespace(rounds=3, tokens=80, threads=2)
+    args = SimpleNamespace(rounds=3, tokens=80, threads=2, warmup=1)
     llamacpp, interleaved = perf_report.interleaved_rounds(report, None, 974, args)
-    assert calls == ["ours", "llama"] * 3  # alternating, ours first in each round
+    # alternating, ours first in each round, warmed up as llama-bench warms itself up before its timed rep
+    assert calls == ["ours", "ours", "llama"] * 3
     assert llamacpp["quants"]["q4_0"]["report_text_only_s"] == 9.0  # medians over rounds
     assert llamacpp["quants"]["q8_0"]["report_text_only_s"] == 13.5
     assert interleaved["ours_total_s_median"] == 5.0 and interleaved["ours_text_only_s_median"] == 4.5

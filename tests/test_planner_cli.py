@@ -78,3 +78,16 @@ def test_malformed_nodes_file_is_a_usage_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["plan", "--nodes", str(nodes)], env={"COLUMNS": "200"})
     assert result.exit_code == 2
     assert "memory_gb" in result.output
+
+
+def test_packed_formats_plan_faster_stages_and_auto_is_refused_plainly() -> None:
+    # DEPLOY.md tells users to plan with --weights int8: the packed formats read fewer bytes per token than bf16
+    times = {}
+    for weights in ("bf16", "int8", "int6"):
+        result = runner.invoke(app, ["plan", "--nodes", str(EXAMPLE), "--weights", weights], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        assert f"{weights} weights" in result.output
+        times[weights] = max(float(row[5]) for row in _rows(result.output).values())
+    assert times["int6"] < times["int8"] < times["bf16"]
+    result = runner.invoke(app, ["plan", "--nodes", str(EXAMPLE), "--weights", "auto"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1 and "plan with the format it picks" in " ".join(result.output.split())

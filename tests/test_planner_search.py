@@ -228,3 +228,37 @@ def test_layer_costs_from_checkpoint_match_the_safetensors(tiny_checkpoint) -> N
     costs = layer_costs_from_checkpoint(tiny_checkpoint, "fp32")
     assert costs.layer_bytes[0] == 4 * layer0
     assert costs.total_bytes == 4 * sum(lm.values())
+
+
+@pytest.mark.parametrize("weights", ["int8", "int6", "int4"])
+def test_packed_formats_cost_what_a_loaded_stage_reads_per_step(tiny_checkpoint, weights) -> None:
+    import torch
+
+    from edgeinspect.models.checkpoint import open_checkpoint
+    from edgeinspect.models.int4 import Int4Linear
+    from edgeinspect.models.quant import Int8Linear
+    from edgeinspect.models.stage import LayerRange, load_stage
+
+    ckpt = open_checkpoint(tiny_checkpoint)
+    module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), weights)
+    costs = layer_costs_from_checkpoint(tiny_checkpoint, weights)
+
+    def read(part: torch.nn.Module) -> int:  # what a decode step streams (bench/perf_decode.py's step_bytes)
+        if isinstance(part, (Int8Linear, Int4Linear)):
+            return part.weight_bytes()
+        own = sum(p.numel() * p.element_size() for p in part.parameters(recurse=False))
+        return own + sum(read(child) for child in part.children())
+
+    assert costs.layer_read_bytes == tuple(read(layer) for layer in module.layers)
+    assert costs.tail_read_bytes == read(module.norm) + read(module.lm_head)
+    assert all(held > r for held, r in zip(costs.layer_bytes, costs.layer_read_bytes, strict=True))
+
+
+def test_int6_reads_less_than_int8_and_holds_more_and_auto_cannot_be_planned() -> None:
+    int8, int6, int4 = (layer_costs_from_config(TEXT_1_3B, w) for w in ("int8", "int6", "int4"))
+    assert int4.layer_read_bytes[0] < int6.layer_read_bytes[0] < int8.layer_read_bytes[0]
+    assert 0.80 < int6.layer_read_bytes[0] / int8.layer_read_bytes[0] < 0.83  # 26 bytes per 32 weights
+    assert int8.layer_bytes[0] < int4.layer_bytes[0] < int6.layer_bytes[0]  # the int8 prompt copy is held too
+    assert int8.head_bytes == 4 * 102400 * 2048  # packed stages keep the embeddings fp32
+    with pytest.raises(InvalidInput, match="picked by each stage at start-up"):
+        layer_costs_from_config(TEXT_1_3B, "auto")

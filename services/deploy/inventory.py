@@ -141,7 +141,10 @@ class Plant(BaseModel):
     )
     checkpoint: str = Field(..., description="checkpoint folder name under data_dir/checkpoints")
     vision_hef: str | None = Field(None, description="compiled Hailo HEF under data_dir/checkpoints (Hailo boxes)")
-    weights: WeightsDtype = Field(WeightsDtype.bf16, description="decoder weight dtype (fp32 | bf16)")
+    weights: WeightsDtype = Field(
+        WeightsDtype.bf16,
+        description="decoder weight format (fp32 | bf16 | int8 | int6 | int4; auto cannot be planned)",
+    )
     codec: WireCodec = Field(WireCodec.fp16, description="tensor codec between nodes (fp32 | fp16 | int8)")
     zstd: bool = Field(False, description="zstd on top of the codec")
     chained: bool = Field(False, description="stages forward to each other instead of via the gateway")

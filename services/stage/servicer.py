@@ -12,7 +12,7 @@ import grpc
 
 from edgeinspect import codec
 from edgeinspect.errors import EdgeInspectError, InvalidInput, ResourceExhausted, Unavailable
-from edgeinspect.models.planner import DTYPE_BYTES, layer_costs_from_checkpoint
+from edgeinspect.models.planner import FORMATS, layer_costs_from_checkpoint
 from edgeinspect.models.sampling import SamplingParams
 from edgeinspect.models.stage import StepInput
 from edgeinspect.services.common import metrics
@@ -70,7 +70,7 @@ def memory_available() -> int:
 def range_weight_bytes(ckpt, start: int, end: int, weights: str) -> int:
     """Bytes of the weights of layers [start, end) (+ embeddings on the first stage, norm + lm_head on the last)."""
     try:
-        costs = layer_costs_from_checkpoint(ckpt.path, weights if weights in DTYPE_BYTES else "fp32")
+        costs = layer_costs_from_checkpoint(ckpt.path, weights if weights in FORMATS else "fp32")
     except EdgeInspectError:
         return 0
     head = costs.head_bytes if start == 0 else 0
@@ -216,7 +216,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             home_layer_start=self.home[0],
             home_layer_end=self.home[1],
             memory_available_bytes=memory_available(),
-            weight_bytes=range_weight_bytes(b.ckpt, b.range.start, b.range.end, b.cfg.weights.value),
+            weight_bytes=range_weight_bytes(b.ckpt, b.range.start, b.range.end, b.executor.module.weights),
         )
 
     async def LoadLayers(self, request: stage_pb2.LoadLayersRequest, context) -> stage_pb2.StageStats:
@@ -227,7 +227,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             raise InvalidInput(f"layer range [{start}, {end}) is not within the model's {total} layers")
         if (start, end) != (b.range.start, b.range.end):
             async with self._reloading:
-                need = range_weight_bytes(b.ckpt, start, end, b.cfg.weights.value)
+                need = range_weight_bytes(b.ckpt, start, end, b.executor.module.weights)
                 have = memory_available()
                 if have and need > have:
                     raise ResourceExhausted(
