@@ -319,9 +319,9 @@ FORMATS = (*DTYPE_BYTES, *PACKED)
 
 def _linear_bytes(weights: str | int, n: int, k: int, role: str = "") -> tuple[int, int]:
     """(held, read per decode step) bytes of an [n, k] linear's weights in format `weights`. int8: k bytes + an fp32
-    scale per row (+ an int32 row sum held beside them). int6 / int4: the int8 copy for prompts + 3k/4 (k/2) bytes and an fp16 scale per 32
-    weights, of which decode reads the latter; int4 keeps down_proj and the lm_head int8 (models/int4.py), and either
-    keeps a linear whose width does not fit the 64-wide blocks int8."""
+    scale per row (+ an int32 row sum held beside them). int6 / int4: the int8 copy for prompts + 3k/4 (k/2) bytes
+    and an fp16 scale per 32 weights, of which decode reads the latter; int4 keeps down_proj and the lm_head int8
+    (models/int4.py), and either keeps a linear whose width does not fit the 64-wide blocks int8."""
     if weights not in PACKED:
         b = n * k * dtype_bytes_of(weights)
         return b, b
