@@ -23,7 +23,8 @@ and element j + 32 (high nibble).
 int6 (Int6Linear, `weights: int6`): the same scheme on a 64-step grid, d = v / -32, q in [0, 63] for (q - 32) * d,
 26 bytes per 32 weights (0.81 of int8's bytes). int4 cannot meet the logits-cosine target on the random 1.3B
 checkpoint (0.93; bench/perf_int4_bound.py: it needs >= 4.85 bits per weight there); q6's relative weight error
-is a quarter of q4_0's (0.021 vs 0.086) and every linear at 6 bits, down_proj too, kept min cosine 0.994 there.
+is a quarter of q4_0's (0.021 vs 0.086), and with every linear at 6 bits, down_proj and the lm_head too, the 1.3B
+logits kept min cosine 0.992 (int8 0.996; bench/results/perf_accuracy.json).
 Packing: the int4 block's 32 bytes of low nibbles, then 16 bytes of top bit pairs, byte k holding bits 4-5 of
 elements k, k + 16, k + 32, k + 48 in its pairs 0-1, 2-3, 4-5, 6-7 (models/kernels/int4_gemm.c unpacks them with
 one broadcast load and per-lane shifts).

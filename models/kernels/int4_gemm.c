@@ -32,8 +32,9 @@
 #define OFFSET(bits) ((bits) == 6 ? 32 : 8)
 #define ROWS 4
 /* Bytes ahead of the weight stream that are prefetched into L2 (int8_vnni.c's AVX-512 distance and level). One
- * prefetch per 32-byte block, so two per cache line: once per line measured slower on the Zen 4 (1.26-1.34x vs
- * 1.23-1.24x). The AVX2 loop on a Zen 3 measured alike at 2, 4 and 8 KiB (1.15-1.18x a sum's time), 1 KiB 1.24x. */
+ * prefetch per 32-byte block (int6: 48), so two per cache line: once per line measured slower on the Zen 4
+ * (1.26-1.34x vs 1.23-1.24x). The AVX2 loop on a Zen 3 measured alike at 2, 4 and 8 KiB (1.15-1.18x a sum's time),
+ * 1 KiB 1.24x. */
 #define PREFETCH 8192
 
 static inline float half_to_float(uint16_t h) {
