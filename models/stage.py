@@ -30,6 +30,7 @@ from edgeinspect.models.checkpoint import (
     ALIGNER_PREFIX,
     EMBED_KEY,
     NORM_KEY,
+    QUANTIZED,
     Checkpoint,
     layer_prefix,
     load_dtype,
@@ -147,9 +148,7 @@ def load_stage(
         raise InvalidInput(f"checkpoint {ckpt.path} lacks weights for {', '.join(leftover[:5])}")
     if weights == "int8" and module.lm_head is not None:
         module.lm_head = Int8Linear.from_linear(module.lm_head, int8_kernel)
-    if (
-        weights in ("int8", "int4", "int6") and module.aligner is not None
-    ):  # 576 visual tokens: ~50 ms of fp32 GEMM at 1.3B
+    if weights in QUANTIZED and module.aligner is not None:  # 576 visual tokens: ~50 ms of fp32 GEMM at 1.3B
         quantize_linears(module.aligner, int8_kernel if weights == "int8" else None)
     if weights == "int4" and module.lm_head is not None:  # int8: its error lands on the logits (models/int4.py)
         module.lm_head = Int8Linear.from_linear(module.lm_head)
@@ -162,7 +161,7 @@ def load_stage(
                 part.float()
         if module.lm_head is not None:
             half16_linears(module)  # the lm_head (the layers are done); embeddings stay bf16, cast on lookup
-    if weights in ("int8", "int4", "int6"):  # decode streams them: one mapping on huge pages (models/weight_arena.py)
+    if weights in QUANTIZED:  # int8/int4/int6: decode streams them: one mapping on huge pages (models/weight_arena.py)
         huge_page_weights(module)
     module.rotary_emb.to(torch.float32)
     module.weights = weights
