@@ -24,9 +24,17 @@ class VisionTower(nn.Module):
         cfg._attn_implementation = attention
         with torch.device("meta"):
             self.vision_model = AutoModel.from_config(cfg)
+        self.vision_model.embeddings.register_forward_hook(_contiguous)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.vision_model(pixel_values).last_hidden_state
+
+
+def _contiguous(module, args, output: torch.Tensor) -> torch.Tensor:
+    """SigLIP's patch embeddings come out of the convolution transposed ([B, C, N] memory seen as [B, N, C]); the
+    encoder's residual adds then kept that layout all the way through, each add mixing layouts (~1 ms a time) and
+    each layer norm copying it: ~50 ms of a 0.8 s int8 encode on a 2-core Zen 4. One copy here, the same values."""
+    return output.contiguous()
 
 
 def load_vision_tower(ckpt: Checkpoint, weights: str = "fp32") -> VisionTower:
