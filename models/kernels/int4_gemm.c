@@ -48,8 +48,9 @@ static inline float half_to_float(uint16_t h) {
 }
 
 /* x [R, K] -> xq [R, K] int8, xd [R, K / 32] scales, xs [R, K / 32] sums of each group's int8 values. The AVX-512
- * loop takes the same steps per element as the scalar one (absmax, / 127, 1 / d, round to nearest even, clamp), so
- * both give the same bytes; the scalar loop (fmaxf a call) took ~6 us per decode row, ~0.5 ms of a 1.3B step. */
+ * and AVX2 loops take the same steps per element as the scalar one (absmax, / 127, 1 / d, round to nearest even,
+ * clamp), so all give the same bytes; the scalar loop (fmaxf a call) took ~6 us per decode row on the Zen 4, ~0.5 ms
+ * of a 1.3B step. */
 static void quantize_rows(int R, int K, const float *x, int64_t x_row, int8_t *xq, float *xd, int32_t *xs) {
     int groups = K / GROUP;
     for (int r = 0; r < R; r++)
@@ -68,6 +69,30 @@ static void quantize_rows(int R, int K, const float *x, int64_t x_row, int8_t *x
             _mm_storeu_si128((__m128i *)(dst + 16), _mm512_cvtepi32_epi8(qb));
             xd[(int64_t)r * groups + g] = d;
             xs[(int64_t)r * groups + g] = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+#elif defined(__AVX2__)
+            const __m256 sign = _mm256_set1_ps(-0.f);
+            __m256 v[4], m = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i] = _mm256_loadu_ps(src + 8 * i)));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+            const __m256 vinv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+            __m256i q[4], sum = _mm256_setzero_si256();
+            for (int i = 0; i < 4; i++) {
+                __m256 t = _mm256_round_ps(_mm256_mul_ps(v[i], vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                q[i] = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(t, hi), lo));
+                sum = _mm256_add_epi32(sum, q[i]);
+            }
+            /* the two packs interleave 4-value runs per 128-bit lane; one dword permute puts them back in order */
+            __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)dst, bytes);
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+            xd[(int64_t)r * groups + g] = d;
+            xs[(int64_t)r * groups + g] = _mm_cvtsi128_si32(s4);
 #else
             float amax = 0.f;
             for (int i = 0; i < GROUP; i++) amax = fmaxf(amax, fabsf(src[i]));
