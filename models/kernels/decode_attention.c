@@ -21,6 +21,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 /* Rows from which the row-wise steps (norms, silu * up) split over threads: prompt chunks, not decode steps. */
 #define PARALLEL_ROWS 64
@@ -33,10 +36,21 @@ static inline float row_scale(const int8_t *row, int head_dim) {
 
 /* One row quantized as models/kv.py quantize_rows does (fp32 division, round half to even, |q| <= 127). */
 static void quantize_row(int8_t *dst, const float *x, int head_dim) {
+    /* The largest |x| in 8 lanes, then across them: a max is exact in any order. As one running max, written
+     * plainly, it stayed scalar and took 3/4 of storing a 1.3B prompt's keys and values. */
     float amax = 0.f;
-    for (int d = 0; d < head_dim; d++) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+    int d = 0;
+#if defined(__AVX2__)
+    __m256 m = _mm256_setzero_ps();
+    for (; d + 8 <= head_dim; d += 8)
+        m = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), _mm256_loadu_ps(x + d)), m);
+    float lane[8];
+    _mm256_storeu_ps(lane, m);
+    for (int i = 0; i < 8; i++) amax = lane[i] > amax ? lane[i] : amax;
+#endif
+    for (; d < head_dim; d++) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
     float s = amax / 127.f, div = s > 0.f ? s : 1.f;
-    for (int d = 0; d < head_dim; d++) {
+    for (d = 0; d < head_dim; d++) {
         float r = nearbyintf(x[d] / div);
         dst[d] = (int8_t)(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
     }
@@ -421,8 +435,12 @@ void ei_add_rmsnorm(int R, int D, const float *x, int64_t x_row, const float *ad
             for (int d = 0; d < D; d++) dst[d] = src[d] + ar[d];
             src = dst;
         }
-        float ss = 0.f;
-        for (int d = 0; d < D; d++) ss += src[d] * src[d];
+        float part[16] = {0.f}, ss = 0.f; /* 16 running sums, then added in order: one took 60% of this call */
+        int d = 0;
+        for (; d + 16 <= D; d += 16)
+            for (int i = 0; i < 16; i++) part[i] += src[d + i] * src[d + i];
+        for (; d < D; d++) ss += src[d] * src[d];
+        for (int i = 0; i < 16; i++) ss += part[i];
         float inv = 1.f / sqrtf(ss / (float)D + eps);
         float *o = out + (int64_t)r * D;
         for (int d = 0; d < D; d++) o[d] = w[d] * (src[d] * inv);
@@ -434,6 +452,7 @@ void ei_add_rmsnorm(int R, int D, const float *x, int64_t x_row, const float *ad
 void ei_rope(int R, int heads, int kv_heads, int hd, float *q, int64_t q_row, float *k, int64_t k_row,
              const float *cos, const float *sin) {
     int half = hd / 2;
+#pragma omp parallel for schedule(static) if (R >= PARALLEL_ROWS)
     for (int r = 0; r < R; r++) {
         const float *c = cos + (int64_t)r * hd, *s = sin + (int64_t)r * hd;
         for (int which = 0; which < 2; which++) {
