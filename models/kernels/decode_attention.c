@@ -25,7 +25,7 @@
 #include <immintrin.h>
 #endif
 
-/* Rows from which the row-wise steps (norms, silu * up) split over threads: prompt chunks, not decode steps. */
+/* Rows from which the row-wise steps (norms, rope, silu * up) split over threads: prompt chunks, not decode steps. */
 #define PARALLEL_ROWS 64
 
 static inline float row_scale(const int8_t *row, int head_dim) {
