@@ -21,8 +21,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__)
-#include <immintrin.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include "simd8.h" /* hmax8 for quantize_row; exp8 and hsum8 for the decode loops below */
 #endif
 
 /* Rows from which the row-wise steps (norms, rope, silu * up) split over threads: prompt chunks, not decode steps. */
@@ -40,13 +40,11 @@ static void quantize_row(int8_t *dst, const float *x, int head_dim) {
      * plainly, it stayed scalar and took 3/4 of storing a 1.3B prompt's keys and values. */
     float amax = 0.f;
     int d = 0;
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__FMA__)
     __m256 m = _mm256_setzero_ps();
     for (; d + 8 <= head_dim; d += 8)
         m = _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.f), _mm256_loadu_ps(x + d)), m);
-    float lane[8];
-    _mm256_storeu_ps(lane, m);
-    for (int i = 0; i < 8; i++) amax = lane[i] > amax ? lane[i] : amax;
+    amax = hmax8(m);
 #endif
     for (; d < head_dim; d++) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
     float s = amax / 127.f, div = s > 0.f ? s : 1.f;
@@ -58,10 +56,6 @@ static void quantize_row(int8_t *dst, const float *x, int head_dim) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-
-#include "simd8.h"
-
 static inline __m256 load8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 static inline float to_float(uint16_t h) { return _cvtsh_ss(h); }
 static inline uint16_t to_half(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
@@ -443,7 +437,7 @@ void ei_add_rmsnorm(int R, int D, const float *x, int64_t x_row, const float *ad
         for (int i = 0; i < 16; i++) ss += part[i];
         float inv = 1.f / sqrtf(ss / (float)D + eps);
         float *o = out + (int64_t)r * D;
-        for (int d = 0; d < D; d++) o[d] = w[d] * (src[d] * inv);
+        for (d = 0; d < D; d++) o[d] = w[d] * (src[d] * inv);
     }
 }
 

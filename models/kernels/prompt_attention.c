@@ -259,12 +259,6 @@ int ei_prompt_attention(int T, int past, int heads, int kv_heads, int hd, const 
 
 #include "simd8.h"
 
-static inline float hmax8(__m256 v) {
-    __m128 u = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    u = _mm_max_ps(u, _mm_movehl_ps(u, u));
-    return _mm_cvtss_f32(_mm_max_ss(u, _mm_movehdup_ps(u)));
-}
-
 /* Scores of 4 query rows (q[r]: hd floats each) x KTILE key blocks (kb: [block][d][8 keys]) -> s, times scale. */
 static inline void qk4x3(const float *const q[4], const float *kb, int hd, float scale, float *s, int ld) {
     __m256 a[4][KTILE];

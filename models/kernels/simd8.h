@@ -1,5 +1,5 @@
 /* 8-lane fp32 helpers shared by the kernels (each .c is built into its own library and includes this;
- * models/kernels/__init__.py keys every build by the headers too): exp8 and hsum8. Include under AVX2 + FMA. */
+ * models/kernels/__init__.py keys every build by the headers too): exp8, hsum8 and hmax8. Include under AVX2 + FMA. */
 #ifndef EI_SIMD8_H
 #define EI_SIMD8_H
 #include <immintrin.h>
@@ -9,6 +9,13 @@ static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+/* The largest of 8 lanes (a max is exact in any order). */
+static inline float hmax8(__m256 v) {
+    __m128 u = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    u = _mm_max_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_max_ss(u, _mm_movehdup_ps(u)));
 }
 
 /* exp(x) for x <= 0, 8 lanes: 2^(x log2 e) as 2^n * 2^f, f in [-0.5, 0.5], degree-6 polynomial (relative error
