@@ -35,11 +35,15 @@
 #define BLOCK_BYTES(bits) ((bits) == 6 ? 48 : 32)
 #define OFFSET(bits) ((bits) == 6 ? 32 : 8)
 #define ROWS 4
-/* Bytes ahead of the weight stream that are prefetched into L2 (int8_vnni.c's AVX-512 distance and level). One
- * prefetch per 32-byte block (int6: 48), so two per cache line: once per line measured slower on the Zen 4
- * (1.26-1.34x vs 1.23-1.24x). The AVX2 loop on a Zen 3 measured alike at 2, 4 and 8 KiB (1.15-1.18x a sum's time),
- * 1 KiB 1.24x. */
+/* Bytes ahead of the weight stream that are prefetched into L2. One prefetch per 32-byte block (int6: 48), so two
+ * per cache line: once per line measured slower on the Zen 4 (1.26-1.34x vs 1.23-1.24x). The AVX2 loop on a Zen 3
+ * measured alike at 2, 4 and 8 KiB (1.15-1.18x a sum's time), 1 KiB 1.24x. The AVX-512 loop's distance depends on
+ * the format (Zen 4 EPYC, 1.3B shapes x 24 + lm_head, 2 threads, each chain right after a sum of as many bytes,
+ * 80-120 interleaved rounds, medians): int4 at 4 KiB 1.05-1.13x the sum's time while memory read at 30-38 GB/s,
+ * 8 KiB 1.18-1.29x, 2 KiB 1.24x (at 38-60 GB/s, where the loop is compute-bound, 1.42x vs 1.39x); int6 at 8 KiB
+ * 1.00-1.05x (at 38-60 GB/s 1.18-1.22x), 4 KiB 1.06x (1.34x), 2 KiB 1.09x (1.50x), 12 and 16 KiB as 8. */
 #define PREFETCH 8192
+#define PREFETCH_512(bits) ((bits) == 4 ? 4096 : 8192)
 
 static inline float half_to_float(uint16_t h) {
     _Float16 f;
@@ -125,7 +129,7 @@ static inline __m512i q6_top_bits(const uint8_t *blk) {
 }
 
 /* Output rows [n0, n1) for x rows [r0, r0 + nr), nr <= ROWS: each weight row read to its end before the next, one
- * sequential stream per thread, prefetched into L2 PREFETCH bytes ahead. A decode row (nr 1) used to read four
+ * sequential stream per thread, prefetched into L2 PREFETCH_512 bytes ahead. A decode row (nr 1) used to read four
  * weight rows side by side, sharing the activation loads: the faster on an AVX512 Xeon, but on a Zen 5 EPYC (1.3B
  * layer shapes x 24, 0.54 GB, 2 threads, against a plain sum of the same bytes) 0.69x of the sum's speed where this
  * loop read at 0.79-0.84x (without software prefetch). On a Zen 4 EPYC (512-bit ops on 256-bit units; memory at
@@ -161,7 +165,7 @@ static inline __attribute__((always_inline)) void rows_vnni(int n0, int n1, int 
         for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
         for (int b = 0; b < blocks; b++) {
             const uint8_t *blk = wrow + (int64_t)b * bb;
-            _mm_prefetch((const char *)(blk + PREFETCH), _MM_HINT_T1);
+            _mm_prefetch((const char *)(blk + PREFETCH_512(bits)), _MM_HINT_T1);
 #ifdef __GFNI__ /* [group 2b | group 2b + 1] */
             __m512i w = _mm512_gf2p8affine_epi64_epi8(
                 _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk)), nibbles, 0);

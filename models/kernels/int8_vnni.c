@@ -3,21 +3,25 @@
  * Built and loaded at run time by models/kernels/__init__.py (ctypes), like decode_attention.c.
  *
  * ei_q8_prep quantizes each activation row symmetrically to int8 (s = absmax / 127, round half to even of x * 1/s);
- * with two_pass, rows R..2R-1 hold each row's rounding residual on a grid 254x finer (|residual| <= s / 2), so
- * the two passes together carry ~15 bits. Decode rows then go to ei_q8_gemv: VNNI's vpdpbusd multiplies unsigned
- * bytes by signed ones in int32, so the activations are read as unsigned (q + 128, one xor per load) and
- * 128 * rowsum(W) is taken off after. Weights are read from memory once per block of 4 output rows for all
- * activation rows, two activation rows per read of a weight row (a two-pass row and its residual, as in the down
- * projection, cost one pass over the block, not two), each row to its end before the next: one sequential
- * stream per thread, with software prefetch into L2 8 KiB ahead. On a Zen 5 EPYC (1.3B shapes, 1.44 GB, 2 threads,
- * against a four-accumulator AVX-512 sum of as many bytes just before each round) that took 1.00-1.02x the sum's
- * time while memory read at 40-50 GB/s and 1.15-1.3x at 60-75 GB/s (prefetch into L1 2 KiB ahead; two streams per
- * thread, prefetch distances 0-8 KiB, hints, dynamic chunks: none closed that); the block's four rows read side by
- * side (four streams per thread, the previous form) were slower at every speed, fbgemm's packed GEMV slower still.
- * On a Zen 4 EPYC (memory at 28-40 GB/s) prefetching into L1 2 KiB ahead took 1.52-1.75x the sum's time and into
- * L2 8 KiB ahead 1.05-1.13x (medians of 21-31 interleaved rounds; T2 alike, L1 at 8-32 KiB 1.45x). Long
- * prompts go to torch._int_mm (oneDNN) over the same weights instead (on AVX2 without VNNI to ei_q8_mm below), and
- * ei_q8_finish applies the scales to its int32 output.
+ * with two_pass, rows R..2R-1 hold each row's rounding residual on a grid 254x finer (|residual| <= s / 2), so the
+ * two passes together carry ~15 bits. Decode rows then go to ei_q8_gemv: VNNI's vpdpbusd multiplies unsigned bytes
+ * by signed ones in int32, so the activations are read as unsigned (q + 128, one xor per load) and 128 * rowsum(W)
+ * is taken off after. Weights are read from memory once per block of 4 output rows for all activation rows, two
+ * activation rows per read of a weight row (a two-pass row and its residual, as in the down projection, cost one
+ * pass over the block, not two), each row to its end before the next: one sequential stream per thread, with
+ * software prefetch into L2 (AVX-512: 4 KiB ahead). On a Zen 5 EPYC (1.3B shapes, 1.44 GB, 2 threads, against a
+ * four-accumulator AVX-512 sum of as many bytes just before each round) that took 1.00-1.02x the sum's time while
+ * memory read at 40-50 GB/s and 1.15-1.3x at 60-75 GB/s (prefetch into L1 2 KiB ahead; two streams per thread,
+ * prefetch distances 0-8 KiB, hints, dynamic chunks: none closed that); the block's four rows read side by side
+ * (four streams per thread, the previous form) were slower at every speed, fbgemm's packed GEMV slower still. On a
+ * Zen 4 EPYC (memory at 28-40 GB/s) prefetching into L1 2 KiB ahead took 1.52-1.75x the sum's time and into L2 8 KiB
+ * ahead 1.05-1.13x (medians of 21-31 interleaved rounds; T2 alike, L1 at 8-32 KiB 1.45x). On that Zen 4 later (1.3B
+ * decode shapes as one chain, 75-150 interleaved rounds against the sum) into L2 2-4 KiB ahead took 0.98-0.99x the
+ * sum's time while memory read at 30-38 GB/s and 1.01x at 38-60 GB/s, 8 KiB 1.05x and 1.24-1.26x, 6 KiB 1.02x and
+ * 1.19x, 16 KiB 1.05x, none 1.03x and 1.18x, L1 (T0) 4 KiB 1.08x and 1.34x; a whole int8 decode step at depth 974
+ * (both builds in one process, interleaved) went from 1.42x its read bound to 1.29x at 40-60 GB/s and from 1.12x to
+ * 1.09x below 40. Long prompts go to torch._int_mm (oneDNN) over the same weights instead (on AVX2 without VNNI to
+ * ei_q8_mm below), and ei_q8_finish applies the scales to its int32 output.
  *
  * With `rotate` = B (a power of two, 16..512), a row is multiplied by the B x B Hadamard matrix block by block before
  * it is quantized (the weights were stored rotated the same way, models/quant.py, so the product is unchanged): an
@@ -36,7 +40,7 @@
  * rounds against a sum) 8 KiB ahead took 1.25x the sum's time, 1 KiB 1.15-1.19x, 512 B 1.23x, 2 KiB 1.20x, 4 KiB
  * 1.27x; a whole 1.3B stage's decode step at depth 974 went from 1.21-1.22x its read bound to 1.17-1.20x. */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define PREFETCH 8192
+#define PREFETCH 4096
 #else
 #define PREFETCH 1024
 #endif
