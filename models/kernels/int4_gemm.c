@@ -41,9 +41,16 @@
  * the format (Zen 4 EPYC, 1.3B shapes x 24 + lm_head, 2 threads, each chain right after a sum of as many bytes,
  * 80-120 interleaved rounds, medians): int4 at 4 KiB 1.05-1.13x the sum's time while memory read at 30-38 GB/s,
  * 8 KiB 1.18-1.29x, 2 KiB 1.24x (at 38-60 GB/s, where the loop is compute-bound, 1.42x vs 1.39x); int6 at 8 KiB
- * 1.00-1.05x (at 38-60 GB/s 1.18-1.22x), 4 KiB 1.06x (1.34x), 2 KiB 1.09x (1.50x), 12 and 16 KiB as 8. */
+ * 1.00-1.05x (at 38-60 GB/s 1.18-1.22x), 4 KiB 1.06x (1.34x), 2 KiB 1.09x (1.50x), 12 and 16 KiB as 8
+ * (bench/prefetch_sweep.py). */
 #define PREFETCH 8192
-#define PREFETCH_512(bits) ((bits) == 4 ? 4096 : 8192)
+#ifndef PREFETCH_INT4 /* -D overrides both (bench/prefetch_sweep.py builds one library per distance) */
+#define PREFETCH_INT4 4096
+#endif
+#ifndef PREFETCH_INT6
+#define PREFETCH_INT6 8192
+#endif
+#define PREFETCH_512(bits) ((bits) == 4 ? PREFETCH_INT4 : PREFETCH_INT6)
 
 static inline float half_to_float(uint16_t h) {
     _Float16 f;

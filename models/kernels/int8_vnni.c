@@ -20,8 +20,10 @@
  * sum's time while memory read at 30-38 GB/s and 1.01x at 38-60 GB/s, 8 KiB 1.05x and 1.24-1.26x, 6 KiB 1.02x and
  * 1.19x, 16 KiB 1.05x, none 1.03x and 1.18x, L1 (T0) 4 KiB 1.08x and 1.34x; a whole int8 decode step at depth 974
  * (both builds in one process, interleaved) went from 1.42x its read bound to 1.29x at 40-60 GB/s and from 1.12x to
- * 1.09x below 40. Long prompts go to torch._int_mm (oneDNN) over the same weights instead (on AVX2 without VNNI to
- * ei_q8_mm below), and ei_q8_finish applies the scales to its int32 output.
+ * 1.09x below 40. bench/prefetch_sweep.py repeats the chain per distance: 2 KiB measured 0.996-1.041x at 52 GB/s
+ * where 4 KiB took 1.065-1.093x; 4 KiB stays, twice the lead time for CPUs whose memory answers more slowly.
+ * Long prompts go to torch._int_mm (oneDNN) over the same weights instead (on AVX2 without VNNI to ei_q8_mm below),
+ * and ei_q8_finish applies the scales to its int32 output.
  *
  * With `rotate` = B (a power of two, 16..512), a row is multiplied by the B x B Hadamard matrix block by block before
  * it is quantized (the weights were stored rotated the same way, models/quant.py, so the product is unchanged): an
@@ -39,10 +41,12 @@
  * AVX2 GEMV has its own: on an AVX2 Zen 3 EPYC (1.3B decode shapes as separate calls, 1.44 GB, 20 interleaved
  * rounds against a sum) 8 KiB ahead took 1.25x the sum's time, 1 KiB 1.15-1.19x, 512 B 1.23x, 2 KiB 1.20x, 4 KiB
  * 1.27x; a whole 1.3B stage's decode step at depth 974 went from 1.21-1.22x its read bound to 1.17-1.20x. */
+#ifndef PREFETCH /* -DPREFETCH=bytes overrides it (bench/prefetch_sweep.py builds one library per distance) */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define PREFETCH 4096
 #else
 #define PREFETCH 1024
+#endif
 #endif
 
 #if (defined(__AVX512F__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__))
