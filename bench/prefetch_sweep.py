@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import mmap
 import statistics
 import tempfile
 import time
@@ -34,11 +33,11 @@ import torch
 from common import cpu_flags, load_average, machine_info, skip, write_json
 
 from edgeinspect.models import kernels
+from edgeinspect.models.weight_arena import huge_page_buffer
 
 D, INTERMEDIATE, VOCAB = 2048, 5632, 102400
 DOWN_ROTATION = 512  # the int8 down_proj's Hadamard block at the 1.3B width (models/quant.py)
 MACRO = {"int8": ("PREFETCH",), "int4": ("PREFETCH_INT4",), "int6": ("PREFETCH_INT6",)}
-HUGE_PAGE = 2 << 20
 
 
 def shapes(layers: int) -> list[tuple[int, int, bool]]:
@@ -47,12 +46,10 @@ def shapes(layers: int) -> list[tuple[int, int, bool]]:
     return per_layer * layers + [(VOCAB, D, False)]
 
 
-def weight_bytes(fmt: str, n: int, k: int) -> tuple[int, int]:
-    """(weight bytes, scale bytes) of one [n, k] linear: int8 row-major + fp32 per row; int4/int6 packed 64-weight
-    blocks (32 / 48 bytes) + an fp16 scale per 32 weights."""
-    if fmt == "int8":
-        return n * k, 4 * n
-    return n * k // 64 * (32 if fmt == "int4" else 48), n * k // 32 * 2
+def weight_bytes(fmt: str, n: int, k: int) -> int:
+    """Streamed bytes of one [n, k] linear's weights: int8 row-major; int4/int6 packed 64-weight blocks (32 / 48
+    bytes; their fp16 scales, one per 32 weights, are counted apart)."""
+    return n * k if fmt == "int8" else n * k // 64 * (32 if fmt == "int4" else 48)
 
 
 def build(fmt: str, distance: int, folder: Path) -> ctypes.CDLL:
@@ -66,25 +63,15 @@ def build(fmt: str, distance: int, folder: Path) -> ctypes.CDLL:
     return kernels._bind_q8(lib) if fmt == "int8" else kernels._bind_int4(lib)
 
 
-def arena(nbytes: int) -> tuple[mmap.mmap, torch.Tensor]:
-    """nbytes of random bytes in one mapping advised for huge pages, starting on a huge-page boundary."""
-    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        mapping.madvise(mmap.MADV_HUGEPAGE)
-    raw = torch.frombuffer(mapping, dtype=torch.uint8)
-    start = -raw.data_ptr() % HUGE_PAGE
-    data = raw[start : start + nbytes]
-    chunk = torch.randint(0, 256, (64 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    for i in range(0, nbytes, chunk.numel()):
-        data[i : i + chunk.numel()] = chunk[: min(chunk.numel(), nbytes - i)]
-    return mapping, data
-
-
 def step_linears(fmt: str, layers: int):
-    """The step's weights in one arena, and per linear (n, k, down, weight address, scale address)."""
+    """One step's weights as random bytes in one huge-page mapping (as a stage's, models/weight_arena.py), and per
+    linear (n, k, down, weight address, scale address); the tensors to keep alive; the bytes a step reads."""
     plan = shapes(layers)
-    sizes = [weight_bytes(fmt, n, k)[0] for n, k, _ in plan]
-    mapping, data = arena(sum(sizes))
+    sizes = [weight_bytes(fmt, n, k) for n, k, _ in plan]
+    data, _ = huge_page_buffer(sum(sizes))
+    chunk = torch.randint(0, 256, (64 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    for i in range(0, data.numel(), chunk.numel()):
+        data[i : i + chunk.numel()] = chunk[: data.numel() - i]
     scales, linears, offset = [], [], 0
     for (n, k, down), size in zip(plan, sizes, strict=True):
         # fp32 per row (int8), fp16 per 32 weights (int4/int6): finite values (random bytes could be NaNs)
@@ -92,7 +79,7 @@ def step_linears(fmt: str, layers: int):
         scales.append(s)
         linears.append((n, k, down, data.data_ptr() + offset, s.data_ptr()))
         offset += size
-    return (mapping, data, scales), linears, sum(sizes) + sum(s.numel() * s.element_size() for s in scales)
+    return (data, scales), linears, sum(sizes) + sum(s.numel() * s.element_size() for s in scales)
 
 
 def runner(fmt: str, lib: ctypes.CDLL, linears, threads: int):
@@ -112,7 +99,9 @@ def runner(fmt: str, lib: ctypes.CDLL, linears, threads: int):
                 raise RuntimeError(f"int8 GEMV failed ({rc})")
         return time.perf_counter() - t0
 
-    gemm = lib.ei_int4_gemm if fmt == "int4" else getattr(lib, "ei_int6_gemm", None)
+    if fmt == "int8":
+        return run_int8
+    gemm = lib.ei_int4_gemm if fmt == "int4" else lib.ei_int6_gemm
 
     def run_packed() -> float:
         t0 = time.perf_counter()
@@ -121,7 +110,7 @@ def runner(fmt: str, lib: ctypes.CDLL, linears, threads: int):
                 raise RuntimeError(f"{fmt} kernel failed")
         return time.perf_counter() - t0
 
-    return run_int8 if fmt == "int8" else run_packed
+    return run_packed
 
 
 def summarise(samples: list[tuple[float, float, float]], split: float) -> dict:

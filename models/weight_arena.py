@@ -39,6 +39,22 @@ def _streamed(module: nn.Module) -> list[tuple[nn.Module, str]]:
     return found
 
 
+def huge_page_buffer(nbytes: int) -> tuple[torch.Tensor, bool]:
+    """nbytes (uint8) in a fresh anonymous mapping advised MADV_HUGEPAGE, starting on a huge-page boundary, and
+    whether the kernel took the advice. The tensor, and any view of it, keeps the mapping alive."""
+    arena = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice, advised = getattr(mmap, "MADV_HUGEPAGE", None), False
+    if advice is not None:
+        try:
+            arena.madvise(advice)
+            advised = True
+        except OSError as e:  # a kernel built without THP: ordinary pages, still one mapping
+            log.info("4 KiB pages: the kernel refused huge pages (%s)", e)
+    raw = torch.frombuffer(arena, dtype=torch.uint8)
+    start = -raw.data_ptr() % HUGE_PAGE
+    return raw[start : start + nbytes], advised
+
+
 def huge_page_weights(module: nn.Module) -> int:
     """Moves the module's streamed weights (see _streamed) into one mapping advised for huge pages, tensor by tensor
     (so memory peaks at the weights plus one tensor); returns the bytes moved, 0 where there was too little to
@@ -49,16 +65,8 @@ def huge_page_weights(module: nn.Module) -> int:
     total = sum(-(-size // ALIGN) * ALIGN for size in sizes)
     if total < MIN_BYTES:
         return 0
-    arena = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    advice, advised = getattr(mmap, "MADV_HUGEPAGE", None), False
-    if advice is not None:
-        try:
-            arena.madvise(advice)
-            advised = True
-        except OSError as e:  # a kernel built without THP: ordinary pages, still one mapping
-            log.info("weights stay on 4 KiB pages: the kernel refused huge pages (%s)", e)
-    raw = torch.frombuffer(arena, dtype=torch.uint8)  # keeps the mapping alive as long as any view of it lives
-    offset = -raw.data_ptr() % HUGE_PAGE  # the first tensor starts on a huge-page boundary
+    raw, advised = huge_page_buffer(total)
+    offset = 0
     for (m, name), size in zip(targets, sizes, strict=True):
         old = getattr(m, name).contiguous()
         new = raw[offset : offset + size].view(old.dtype).view(old.shape)
