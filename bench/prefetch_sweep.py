@@ -37,7 +37,7 @@ from edgeinspect.models.weight_arena import huge_page_buffer
 
 D, INTERMEDIATE, VOCAB = 2048, 5632, 102400
 DOWN_ROTATION = 512  # the int8 down_proj's Hadamard block at the 1.3B width (models/quant.py)
-MACRO = {"int8": ("PREFETCH",), "int4": ("PREFETCH_INT4",), "int6": ("PREFETCH_INT6",)}
+MACRO = {"int8": "PREFETCH", "int4": "PREFETCH_INT4", "int6": "PREFETCH_INT6"}  # each format's distance
 
 
 def shapes(layers: int) -> list[tuple[int, int, bool]]:
@@ -55,9 +55,9 @@ def weight_bytes(fmt: str, n: int, k: int) -> int:
 def build(fmt: str, distance: int, folder: Path) -> ctypes.CDLL:
     """The format's kernel source compiled with its distance macro set (the project's flags, an uncached file)."""
     cc = kernels._compiler()
-    source = kernels.SOURCE.with_name("int8_vnni.c" if fmt == "int8" else "int4_gemm.c")
+    source = kernels.Q8_SOURCE if fmt == "int8" else kernels.INT4_SOURCE
     out = folder / f"{fmt}-{distance}.so"
-    flags = kernels.BASE_FLAGS + kernels.ARCH_FLAGS + tuple(f"-D{m}={distance}" for m in MACRO[fmt])
+    flags = (*kernels.BASE_FLAGS, *kernels.ARCH_FLAGS, f"-D{MACRO[fmt]}={distance}")
     kernels._build(cc, flags, out, source)
     lib = ctypes.CDLL(str(out))
     return kernels._bind_q8(lib) if fmt == "int8" else kernels._bind_int4(lib)
@@ -141,7 +141,7 @@ def main() -> None:
     if kernels._compiler() is None:
         skip("no C compiler (set CC or install gcc): the kernels cannot be built per distance")
     if args.format != "int8" and not {"avx512f", "avx512bw", "avx512_vnni"} <= set(cpu_flags()):
-        skip(f"the {args.format} distance is the AVX512-VNNI loop's (PREFETCH_{args.format.upper()}): not this CPU's")
+        skip(f"the {args.format} distance is the AVX512-VNNI loop's ({MACRO[args.format]}): not this CPU's")
     distances = [int(d) for d in args.distances.split(",")]
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="prefetch-sweep-") as folder:
