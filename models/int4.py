@@ -17,16 +17,20 @@ a decode step reads only the 0.56.
 
 Grid (q4_0): per group of 32, d = v / -8 where v is the value of largest magnitude (sign kept), q = round(w / d)
 + 8 clamped to [0, 15], w ~ (q - 8) * d; the extreme value lands exactly on -8 * d.
-Packing (what the kernel reads): per row, blocks of 64 weights in 32 bytes, byte j holding element j (low nibble)
-and element j + 32 (high nibble).
+Packing (what the kernel reads): per row, vectors V of 64 weights in 32 bytes, byte j holding V[j] (low nibble)
+and V[j + 32] (high nibble). In each full super-block of 512 weights (16 groups) vector v's 4-byte lane g holds
+group g's elements 4v..4v+3 (vector_order), so each of the kernel's dot-product lanes sums one group and its scales
+are applied once per 512 weights, not per 64 (on the Zen 4, 1.3B decode shapes with memory at 38-60 GB/s: int6
+1.17x -> 1.10x the time of a sum of as many bytes, int4 1.43x -> 1.10x); the last K % 512 weights are plain
+blocks, V = 64 consecutive elements.
 
 int6 (Int6Linear, `weights: int6`): the same scheme on a 64-step grid, d = v / -32, q in [0, 63] for (q - 32) * d,
 26 bytes per 32 weights (0.81 of int8's bytes). int4 cannot meet the logits-cosine target on the random 1.3B
 checkpoint (0.93; bench/perf_int4_bound.py: it needs >= 4.85 bits per weight there); q6's relative weight error
 is a quarter of q4_0's (0.021 vs 0.086), and with every linear at 6 bits, down_proj and the lm_head too, the 1.3B
 logits kept min cosine 0.992 (int8 0.996; bench/results/perf_accuracy.json).
-Packing: the int4 block's 32 bytes of low nibbles, then 16 bytes of top bit pairs, byte k holding bits 4-5 of
-elements k, k + 16, k + 32, k + 48 in its pairs 0-1, 2-3, 4-5, 6-7 (models/kernels/int4_gemm.c unpacks them with
+Packing: the int4 vector's 32 bytes of low nibbles, then 16 bytes of top bit pairs, byte k holding bits 4-5 of
+V[k], V[k + 16], V[k + 32], V[k + 48] in its pairs 0-1, 2-3, 4-5, 6-7 (models/kernels/int4_gemm.c unpacks them with
 one broadcast load and per-lane shifts).
 """
 
@@ -48,6 +52,7 @@ log = logging.getLogger(__name__)
 GROUP = 32
 KERNEL_TRIAL_ROUNDS = 15
 BLOCK = 64  # the kernel's unit: two groups in one 32-byte load
+SUPER = 512  # 16 groups whose lanes share each vector (see the module docstring)
 DECODE_ROWS = 8  # steps of at most this many rows (decode, batched decode) read the int4 weights
 # Linears an int4 stage keeps in int8 (as llama.cpp's Q4_K_M keeps some tensors at higher precision): down_proj
 # reads the heavy-tailed silu(gate) * up and its error is what int4 adds most to; the lm_head's error lands on the
@@ -73,18 +78,43 @@ def quantize_q4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(n, k), d16
 
 
+def vector_order(k: int) -> torch.Tensor:
+    """[K] int64: the natural element index at each position of the kernel's vectors (see the module docstring):
+    in each full super-block of 512, vector v's 4-byte lane g holds group g's elements 4v..4v+3; the last K % 512
+    stay in order."""
+    head = k // SUPER * SUPER
+    lanes = torch.arange(head).reshape(-1, SUPER // GROUP, GROUP // 4, 4).transpose(1, 2)  # [S, v, g, 4]
+    return torch.cat([lanes.reshape(-1), torch.arange(head, k)])
+
+
+def _pack_nibbles(v: torch.Tensor) -> torch.Tensor:
+    """[N, K] values < 16 in vector order -> [N, K/2]: per vector of 64, byte j = V[j] | V[j + 32] << 4."""
+    n, k = v.shape
+    blocks = v.reshape(n, k // BLOCK, 2, 32)  # [N, B, half, 32]
+    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    n, half = packed.shape
+    blocks = packed.reshape(n, half // 32, 32)
+    return torch.stack([blocks & 0x0F, blocks >> 4], dim=2).reshape(n, half * 2)
+
+
+def _natural(v: torch.Tensor) -> torch.Tensor:
+    """[N, K] in vector order -> natural order."""
+    q = torch.empty_like(v)
+    q[:, vector_order(v.shape[1])] = v
+    return q
+
+
 def pack_q4(q: torch.Tensor) -> torch.Tensor:
     """q [N, K] uint8 in [0, 15] -> [N, K/2] uint8 in the kernel's layout (see the module docstring)."""
-    n, k = q.shape
-    blocks = q.reshape(n, k // BLOCK, 2, 32)  # [N, B, half, 32]
-    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    return _pack_nibbles(q[:, vector_order(q.shape[1])])
 
 
 def unpack_q4(packed: torch.Tensor) -> torch.Tensor:
     """[N, K/2] -> q [N, K] uint8 (the inverse of pack_q4)."""
-    n, half = packed.shape
-    blocks = packed.reshape(n, half // 32, 32)
-    return torch.stack([blocks & 0x0F, blocks >> 4], dim=2).reshape(n, half * 2)
+    return _natural(_unpack_nibbles(packed))
 
 
 def dequantize_q4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -106,11 +136,12 @@ def quantize_q6(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pack_q6(q: torch.Tensor) -> torch.Tensor:
-    """q [N, K] uint8 in [0, 63] -> [N, K * 3/4] uint8: per block of 64, the low nibbles as pack_q4 lays them, then
+    """q [N, K] uint8 in [0, 63] -> [N, K * 3/4] uint8: per vector of 64, the low nibbles as pack_q4 lays them, then
     16 bytes of top bit pairs (see the module docstring)."""
     n, k = q.shape
-    nibbles = pack_q4(q & 0x0F).reshape(n, k // BLOCK, 32)
-    top = (q >> 4).reshape(n, k // BLOCK, 4, 16)  # [N, B, quarter, 16]: element 16 * quarter + j
+    v = q[:, vector_order(k)]
+    nibbles = _pack_nibbles(v & 0x0F).reshape(n, k // BLOCK, 32)
+    top = (v >> 4).reshape(n, k // BLOCK, 4, 16)  # [N, B, quarter, 16]: V[16 * quarter + j]
     pairs = top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6)
     return torch.cat([nibbles, pairs], dim=2).reshape(n, k // BLOCK * 48).contiguous()
 
@@ -119,10 +150,10 @@ def unpack_q6(packed: torch.Tensor) -> torch.Tensor:
     """[N, K * 3/4] -> q [N, K] uint8 (the inverse of pack_q6)."""
     n = packed.shape[0]
     blocks = packed.reshape(n, -1, 48)
-    low = unpack_q4(blocks[:, :, :32].reshape(n, -1))  # [N, K]
+    low = _unpack_nibbles(blocks[:, :, :32].reshape(n, -1))  # [N, K] in vector order
     pairs = blocks[:, :, 32:]  # [N, B, 16]
     top = torch.stack([(pairs >> (2 * i)) & 0x03 for i in range(4)], dim=2)  # [N, B, 4, 16]
-    return low | (top.reshape(n, -1) << 4)
+    return _natural(low | (top.reshape(n, -1) << 4))
 
 
 def dequantize_q6(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

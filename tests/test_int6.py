@@ -65,6 +65,13 @@ def test_packing_round_trips_in_three_quarters_of_the_bytes():
     assert int(block[0]) & 0x0F == int(q[0, 0]) & 0x0F and int(block[0]) >> 4 == int(q[0, 32]) & 0x0F
     for i in range(4):
         assert (int(block[32 + 5]) >> (2 * i)) & 0x03 == int(q[0, 5 + 16 * i]) >> 4
+    # in a super-block, vector v's byte 4g + c is group g's element 4v + c: top bits of V[5 + 16 i] in vector 2
+    q = torch.randint(0, 64, (2, 512), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    packed = pack_q6(q)
+    assert torch.equal(unpack_q6(packed), q)
+    for i in range(4):
+        lane = 5 + 16 * i  # group lane // 4, element 4 * 2 + lane % 4
+        assert (int(packed[1, 2 * 48 + 32 + 5]) >> (2 * i)) & 0x03 == int(q[1, 32 * (lane // 4) + 8 + lane % 4]) >> 4
 
 
 @needs_int4_library
@@ -96,7 +103,7 @@ def test_the_simd_int6_kernel_sums_in_the_int4_kernels_order_bit_for_bit(rows):
     if not kernels.int4_fast():
         pytest.skip("this CPU builds only the plain-C int4/int6 loop (no AVX2/F16C or VNNI)")
     g = torch.Generator().manual_seed(7)
-    for n, k in ((40, 192), (17, 320), (33, 2048)):
+    for n, k in ((40, 192), (17, 320), (33, 2048), (9, 640)):
         q, d16 = quantize_q6(torch.randn(n, k, generator=g))
         x = torch.randn(rows, k, generator=g) * torch.rand(rows, 1, generator=g) * 4
         x[0, :32] = 0.0  # a group of zeros: scale 0, its lanes add nothing

@@ -48,6 +48,14 @@ def test_packing_round_trips_and_halves_the_bytes():
     packed = pack_q4(q)
     assert packed.shape == (8, 64)
     assert torch.equal(unpack_q4(packed), q)
+    # one super-block and two plain blocks: the documented layout
+    q = torch.randint(0, 16, (3, 640), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    packed = pack_q4(q)
+    assert packed.shape == (3, 320) and torch.equal(unpack_q4(packed), q)
+    byte = int(packed[1, 32 + 5])  # vector 1, V[5] and V[37]: lanes 1 and 9, each its group's element 4 + 1
+    assert byte & 0x0F == int(q[1, 32 * 1 + 5]) and byte >> 4 == int(q[1, 32 * 9 + 5])
+    byte = int(packed[1, 8 * 32 + 3])  # the first plain block: elements 512 + 3 and 544 + 3
+    assert byte & 0x0F == int(q[1, 515]) and byte >> 4 == int(q[1, 547])
 
 
 @pytest.mark.parametrize("kernel", ["ours", "torch", "dequant"])
@@ -90,23 +98,30 @@ def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 
 def _int4_in_the_kernels_order(x: torch.Tensor, q: torch.Tensor, d16: torch.Tensor, offset: int = 8) -> torch.Tensor:
-    """int4_gemm.c's SIMD arithmetic in torch: activations to int8 per group of 32, int32 lanes of four products
-    less offset / 8 times the group's activation sum (q4: offset 8, q6: 32), one fp32 FMA per lane and block with
-    the scale product, then the fixed 16-lane reduction (lo | hi halves, 128-bit halves, pairs)."""
+    """int4_gemm.c's SIMD arithmetic in torch: activations to int8 per group of 32; 16 fp32 lanes per row, each
+    super-block of 512 weights adding its 16 groups' whole int32 sums (less offset times the group's activation
+    sum) one per lane, then each plain block (the last K % 512) adding four-product partial sums (less offset / 8
+    times the sum), 8 lanes per group; one fp32 FMA per lane with the group's scale product, then the fixed 16-lane
+    reduction (lo | hi halves, 128-bit halves, pairs)."""
     r, k = x.shape
     n, g = q.shape[0], k // 32
     xg = x.reshape(r, g, 32)
     d = xg.abs().amax(-1) / 127
     inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
     xq = torch.round(xg * inv[..., None]).clamp(-127, 127).int()
-    sums = xq.sum(-1)[:, None, :, None] * (offset // 8)
-    lanes = (q.reshape(1, n, g, 8, 4).int() * xq.reshape(r, 1, g, 8, 4)).sum(-1) - sums
-    scale = (d16.float()[None] * d[:, None, :])[..., None]  # [R, N, G, 1]: one fp32 product per group
-    lo = hi = torch.zeros(r, n, 8)
-    for b in range(g // 2):
-        lo = _fma(lanes[:, :, 2 * b].float(), scale[:, :, 2 * b], lo)
-        hi = _fma(lanes[:, :, 2 * b + 1].float(), scale[:, :, 2 * b + 1], hi)
-    t = hi + lo
+    sums = xq.sum(-1)[:, None, :]  # [R, 1, G]
+    lanes = (q.reshape(1, n, g, 8, 4).int() * xq.reshape(r, 1, g, 8, 4)).sum(-1)  # [R, N, G, 8]
+    scale = d16.float()[None] * d[:, None, :]  # [R, N, G]: one fp32 product per group
+    acc = torch.zeros(r, n, 16)
+    supers = k // 512
+    for s in range(supers):
+        gs = slice(16 * s, 16 * s + 16)
+        acc = _fma((lanes[:, :, gs].sum(-1) - offset * sums[:, :, gs]).float(), scale[:, :, gs], acc)
+    for b in range(supers * 8, k // 64):
+        gs = slice(2 * b, 2 * b + 2)
+        part = (lanes[:, :, gs] - offset // 8 * sums[:, :, gs, None]).reshape(r, n, 16)
+        acc = _fma(part.float(), scale[:, :, gs].repeat_interleave(8, -1), acc)
+    t = acc[..., 8:] + acc[..., :8]
     u = t[..., 4:] + t[..., :4]
     u = u + u[..., [2, 3, 0, 1]]
     return u[..., 0] + u[..., 1]
@@ -119,7 +134,8 @@ def test_the_simd_int4_kernel_sums_in_its_documented_order_bit_for_bit(rows):
     if not kernels.int4_fast():
         pytest.skip("this CPU builds only the plain-C int4 loop (no AVX2/F16C or VNNI)")
     g = torch.Generator().manual_seed(7)
-    for n, k in ((40, 192), (17, 320), (33, 2048)):  # tails of the 16-row tasks; K not a multiple of eight groups
+    # tails of the 16-row tasks; K of plain blocks only, of super-blocks only, and both
+    for n, k in ((40, 192), (17, 320), (33, 2048), (9, 640)):
         q, d16 = quantize_q4(torch.randn(n, k, generator=g))
         x = torch.randn(rows, k, generator=g) * torch.rand(rows, 1, generator=g) * 4
         x[0, :32] = 0.0  # a group of zeros: scale 0, its lanes add nothing

@@ -2,22 +2,27 @@
  *
  * Built and loaded at run time by models/kernels/__init__.py (ctypes), like decode_attention.c.
  *
- * Weights (models/int4.py packs them): per row n, K / 64 blocks of 32 bytes. Byte j of a block holds element j
- * of the block in its low nibble and element j + 32 in its high nibble, so one 32-byte load splits into the
- * block's two 32-element groups with an AND and a shift. Each value q in [0, 15] stands for (q - 8) * d, with one
- * fp16 scale d per group of 32 (llama.cpp's q4_0 grid): 18 bytes per 32 weights.
+ * Weights (models/int4.py packs them): per row n, K / 64 chunks of 32 bytes, each the nibbles of one 64-byte vector
+ * V: byte j holds V[j] in its low nibble and V[j + 32] in its high nibble, so one 32-byte load splits into the
+ * vector's two halves with an AND and a shift. Each value q in [0, 15] stands for (q - 8) * d, with one fp16 scale d
+ * per group of 32 (llama.cpp's q4_0 grid): 18 bytes per 32 weights. Which weights a vector holds: in each full
+ * super-block of 512 weights (16 groups), vector v's 32-bit lane g holds elements 4v..4v+3 of group g, so one
+ * vpdpbusd per vector adds four products to each of the 16 groups' own lanes, eight vectors complete every group's
+ * sum, and one convert and one FMA apply the 16 groups' scales (per 512 weights, where a vector of two groups
+ * needed them per 64). The last K % 512 weights are plain blocks: V holds 64 consecutive elements, two groups.
  *
  * Activations are quantized here per row and group of 32 to int8 with an fp32 scale (absmax / 127, like
- * llama.cpp's q8_0). A group's dot product is then sum(q * xq) - 8 * sum(xq), all in int32: VNNI's vpdpbusd
- * multiplies the unsigned nibbles by the signed activations, and the 8 * sum(xq) term is folded in by starting
- * each of the group's 8 accumulator lanes at -sum(xq). One fp32 FMA per group and row applies both scales.
- * Rows of x are processed 4 at a time so each weight block is unpacked once per 4 rows.
+ * llama.cpp's q8_0) and arranged as the weights are. A group's dot product is then sum(q * xq) - 8 * sum(xq), all
+ * in int32: VNNI's vpdpbusd multiplies the unsigned nibbles by the signed activations, and the 8 * sum(xq) term is
+ * folded in by starting the group's lanes at -8 * sum(xq) (a plain block: each of its 8 lanes at -sum(xq)). One
+ * fp32 FMA per lane applies both scales. Rows of x are processed up to 4 at a time so each vector is unpacked once
+ * per 4 rows.
  *
- * int6 (ei_int6_gemm, models/int4.py's q6 grid: q in [0, 63] for (q - 32) * d, one fp16 scale per 32): a block is
- * the int4 block's 32 bytes of low nibbles followed by 16 bytes of top bits, byte k holding bits 4-5 of elements
- * k, k + 16, k + 32 and k + 48 in its bit pairs 0-1, 2-3, 4-5 and 6-7, so one 16-byte load broadcast to four lanes
- * and shifted by 0, 2, 4 and 6 (with GFNI: one affine byte transform) puts every element's top bits at its own
- * byte: 26 bytes per 32 weights (0.81 of int8's bytes). Offset 32 instead of 8; both entry points share every
+ * int6 (ei_int6_gemm, models/int4.py's q6 grid: q in [0, 63] for (q - 32) * d, one fp16 scale per 32): a chunk is
+ * the int4 chunk's 32 bytes of low nibbles followed by 16 bytes of top bits, byte k holding bits 4-5 of V[k],
+ * V[k + 16], V[k + 32] and V[k + 48] in its bit pairs 0-1, 2-3, 4-5 and 6-7, so one 16-byte load broadcast to four
+ * lanes and shifted by 0, 2, 4 and 6 (with GFNI: one affine byte transform) puts every element's top bits at its
+ * own byte: 26 bytes per 32 weights (0.81 of int8's bytes). Offset 32 instead of 8; both entry points share every
  * loop, the format a compile-time constant.
  * Returns 0, or -1 when the activation buffers cannot be allocated.
  */
@@ -31,6 +36,8 @@
 
 #define GROUP 32
 #define BLOCK 64
+#define SUPER 512 /* weights per super-block: 16 groups, 8 vectors */
+#define SUPER_BLOCKS (SUPER / BLOCK)
 /* Bytes per 64-weight block: 32 of nibbles (+ 16 of top bit pairs for int6); the value offset (-8 / -32 * d). */
 #define BLOCK_BYTES(bits) ((bits) == 6 ? 48 : 32)
 #define OFFSET(bits) ((bits) == 6 ? 32 : 8)
@@ -135,6 +142,37 @@ static inline __m512i q6_top_bits(const uint8_t *blk) {
     return _mm512_and_si512(_mm512_srlv_epi16(four, shift), _mm512_set1_epi8(0x03));
 }
 
+/* One chunk's 64-byte vector V (see the top), each value at its own byte. */
+static inline __attribute__((always_inline)) __m512i unpack_vector(const uint8_t *blk, const int bits) {
+#ifdef __GFNI__
+    /* vgf2p8affineqb moves bits within each byte by an 8 x 8 bit matrix per qword (result bit i = parity of matrix
+     * byte 7 - i AND the source byte), so one instruction masks and shifts lanes differently: the chunk's 32 bytes in
+     * both halves, the low half keeping bits 0-3, the high half moving bits 4-7 to 0-3; for int6 the 16 bytes of top
+     * bits in all four lanes, lane L moving bits 2L, 2L + 1 to 4, 5. On the Zen 4 the int6 loop took 2.2 ns per
+     * block and core from L2 against 2.6-2.9 with the shifts, masks and lane insert below (one thread, 1.3B
+     * shapes). */
+    const long long low_nibble = 0x0102040800000000ll, high_nibble = 0x1020408000000000ll;
+    const __m512i nibbles = _mm512_set_epi64(high_nibble, high_nibble, high_nibble, high_nibble, low_nibble,
+                                             low_nibble, low_nibble, low_nibble);
+    const __m512i top_pairs = _mm512_set_epi64(0x40800000ll, 0x40800000ll, 0x10200000ll, 0x10200000ll, 0x04080000ll,
+                                               0x04080000ll, 0x01020000ll, 0x01020000ll);
+    __m512i w = _mm512_gf2p8affine_epi64_epi8(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk)),
+                                              nibbles, 0);
+    if (bits == 6)
+        w = _mm512_or_si512(w, _mm512_gf2p8affine_epi64_epi8(
+                                   _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 32))), top_pairs, 0));
+    return w;
+#else
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256i packed = _mm256_loadu_si256((const __m256i *)blk);
+    __m256i lo = _mm256_and_si256(packed, low4);
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+    __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    if (bits == 6) w = _mm512_or_si512(w, _mm512_slli_epi16(q6_top_bits(blk), 4));
+    return w;
+#endif
+}
+
 /* Output rows [n0, n1) for x rows [r0, r0 + nr), nr <= ROWS: each weight row read to its end before the next, one
  * sequential stream per thread, prefetched into L2 PREFETCH_512 bytes ahead. A decode row (nr 1) used to read four
  * weight rows side by side, sharing the activation loads: the faster on an AVX512 Xeon, but on a Zen 5 EPYC (1.3B
@@ -143,73 +181,60 @@ static inline __m512i q6_top_bits(const uint8_t *blk) {
  * 25-28 GB/s) the loop took 1.40-1.77x the sum's time without software prefetch, 1.17-1.38x prefetching into L1
  * 2 KiB ahead and 1.16x into L2 8 KiB ahead (medians of 21-31 interleaved rounds; at 37 GB/s it is compute-bound:
  * 1.51x). Tried there and slower: one 64-byte load per two blocks with the activations pre-arranged to match, a
- * second accumulator. */
-static inline __attribute__((always_inline)) void rows_vnni(int n0, int n1, int r0, int nr, int K, const int bits,
-                                                            const uint8_t *qw, const uint16_t *wd, const int8_t *xq,
-                                                            const float *xd, const int32_t *xs, float *y,
-                                                            int64_t y_row) {
+ * second accumulator. xs and xd are per row and unit (a super-block, then each plain block) 16 lanes: the unit's
+ * start values and activation scales. nr is a constant where rows_vnni is inlined. */
+static inline __attribute__((always_inline)) void rows_vnni(int n0, int n1, int r0, const int nr, int K,
+                                                            const int bits, const uint8_t *qw, const uint16_t *wd,
+                                                            const int8_t *xq, const float *xd, const int32_t *xs,
+                                                            float *y, int64_t y_row) {
     const int blocks = K / BLOCK, groups = K / GROUP, bb = BLOCK_BYTES(bits);
+    const int supers = K / SUPER, units = supers + blocks % SUPER_BLOCKS;
     const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-#ifdef __GFNI__
-    /* vgf2p8affineqb moves bits within each byte by an 8 x 8 bit matrix per qword (result bit i = parity of matrix
-     * byte 7 - i AND the source byte), so one instruction masks and shifts lanes differently: the block's 32 bytes in
-     * both halves, the low half keeping bits 0-3 (elements 0-31), the high half moving bits 4-7 to 0-3 (elements
-     * 32-63); for int6 the 16 bytes of top bits in all four lanes, lane L moving bits 2L, 2L + 1 to 4, 5. On the Zen 4
-     * the int6 loop took 2.2 ns per block and core from L2 against 2.6-2.9 with the shifts, masks and lane insert
-     * below (one thread, 1.3B shapes). */
-    const long long low_nibble = 0x0102040800000000ll, high_nibble = 0x1020408000000000ll;
-    const __m512i nibbles = _mm512_set_epi64(high_nibble, high_nibble, high_nibble, high_nibble, low_nibble,
-                                             low_nibble, low_nibble, low_nibble);
-    const __m512i top_pairs = _mm512_set_epi64(0x40800000ll, 0x40800000ll, 0x10200000ll, 0x10200000ll, 0x04080000ll,
-                                               0x04080000ll, 0x01020000ll, 0x01020000ll);
-#else
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-#endif
     for (int n = n0; n < n1; n++) {
         const uint8_t *wrow = qw + (int64_t)n * blocks * bb;
         const uint16_t *drow = wd + (int64_t)n * groups;
         __m512 acc[ROWS];
         for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
-        for (int b = 0; b < blocks; b++) {
+        for (int s = 0; s < supers; s++) {
+            __m512i dot[ROWS];
+            for (int r = 0; r < nr; r++)
+                dot[r] = _mm512_loadu_si512((const void *)(xs + ((int64_t)(r0 + r) * units + s) * 16));
+            for (int v = 0; v < SUPER_BLOCKS; v++) {
+                const uint8_t *blk = wrow + (int64_t)(s * SUPER_BLOCKS + v) * bb;
+                _mm_prefetch((const char *)(blk + PREFETCH_512(bits)), _MM_HINT_T1);
+                __m512i w = unpack_vector(blk, bits);
+                for (int r = 0; r < nr; r++)
+                    dot[r] = _mm512_dpbusd_epi32(
+                        dot[r], w,
+                        _mm512_loadu_si512((const void *)(xq + (int64_t)(r0 + r) * K + (int64_t)s * SUPER + v * 64)));
+            }
+            __m512 wscale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(drow + 16 * s)));
+            for (int r = 0; r < nr; r++) {
+                __m512 xscale = _mm512_loadu_ps(xd + ((int64_t)(r0 + r) * units + s) * 16);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(wscale, xscale), acc[r]);
+            }
+        }
+        for (int b = supers * SUPER_BLOCKS; b < blocks; b++) { /* plain blocks: groups 2b | 2b + 1 */
             const uint8_t *blk = wrow + (int64_t)b * bb;
             _mm_prefetch((const char *)(blk + PREFETCH_512(bits)), _MM_HINT_T1);
-#ifdef __GFNI__ /* [group 2b | group 2b + 1] */
-            __m512i w = _mm512_gf2p8affine_epi64_epi8(
-                _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk)), nibbles, 0);
-            if (bits == 6)
-                w = _mm512_or_si512(w, _mm512_gf2p8affine_epi64_epi8(
-                                           _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 32))),
-                                           top_pairs, 0));
-#else
-            __m256i packed = _mm256_loadu_si256((const __m256i *)blk);
-            __m256i lo = _mm256_and_si256(packed, low4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
-            __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* [group 2b | group 2b + 1] */
-            if (bits == 6) w = _mm512_or_si512(w, _mm512_slli_epi16(q6_top_bits(blk), 4));
-#endif
+            __m512i w = unpack_vector(blk, bits);
             uint32_t two;
             memcpy(&two, drow + 2 * b, 4);
             __m512 wscale = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(two))));
+            const int64_t u = supers + b - supers * SUPER_BLOCKS;
             for (int r = 0; r < nr; r++) {
-                int64_t rb = ((int64_t)(r0 + r) * blocks + b) * 16; /* this row's lanes for block b */
-                __m512i start = _mm512_loadu_si512((const void *)(xs + rb));
-                __m512 xscale = _mm512_loadu_ps(xd + rb);
+                int64_t lanes = ((int64_t)(r0 + r) * units + u) * 16;
                 __m512i xv = _mm512_loadu_si512((const void *)(xq + (int64_t)(r0 + r) * K + (int64_t)b * BLOCK));
-                __m512i dot = _mm512_dpbusd_epi32(start, w, xv);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wscale, xscale), acc[r]);
+                __m512i dot = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(xs + lanes)), w, xv);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(wscale, _mm512_loadu_ps(xd + lanes)),
+                                         acc[r]);
             }
         }
         for (int r = 0; r < nr; r++) y[(int64_t)(r0 + r) * y_row + n] = _mm512_reduce_add_ps(acc[r]);
     }
 }
 
-static void rows_simd(int n0, int n1, int r0, int nr, int K, int bits, const uint8_t *qw, const uint16_t *wd,
-                      const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
-    if (bits == 6)
-        rows_vnni(n0, n1, r0, nr, K, 6, qw, wd, xq, xd, xs, y, y_row);
-    else
-        rows_vnni(n0, n1, r0, nr, K, 4, qw, wd, xq, xd, xs, y, y_row);
-}
+#define ROWS_LOOP rows_vnni
 
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -225,21 +250,37 @@ static inline float reduce16(__m256 lo, __m256 hi) {
     return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 0x55)));
 }
 
+/* One chunk's vector V (see the top) as its halves V[0..31] and V[32..63], each value at its own byte. */
+static inline __attribute__((always_inline)) void unpack_halves(const uint8_t *blk, const int bits, __m256i *lo,
+                                                                __m256i *hi) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(0x03);
+    /* int6 top bit pairs: V[0..31] sit in pairs 0-1 (k) and 2-3 (k + 16), V[32..63] in 4-5 and 6-7 */
+    const __m256i shift_lo = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0), shift_hi = _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4);
+    __m256i packed = _mm256_loadu_si256((const __m256i *)blk);
+    *lo = _mm256_and_si256(packed, low4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+    if (bits == 6) { /* values <= 63: vpmaddubsw's pairs stay below 2 * 63 * 127 < 32768 */
+        __m256i two = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 32)));
+        *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi32(two, shift_lo), low2), 4));
+        *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi32(two, shift_hi), low2), 4));
+    }
+}
+
 /* The VNNI loop above on AVX2: nibbles (unsigned, <= 15) times int8 activations by vpmaddubsw cannot saturate
  * (2 * 15 * 127 < 32768), vpmaddwd by ones adds the pairs into the same four-product int32 lanes vpdpbusd makes;
- * each block's two groups keep 8 lanes each (lo, hi) as the 512-bit accumulator's two halves do. AVX2 runs this
- * loop short of memory speed (an AVX2 Zen 3 at 8.4 cycles per block from cache), so the scale products every lane
- * needs (weight scale x activation scale, the same fp32 product per group) are formed once per weight row, eight
- * groups per multiply, and each block broadcasts its two from memory (a load, no shuffle or multiply): fewer
- * operations per block, the same products, the same bits. nr is a constant where rows_avx2 is inlined. */
+ * a vector's halves (lo, hi) keep 8 lanes each as the 512-bit accumulator's two halves do (a super-block's groups
+ * 0-7 and 8-15, a plain block's two groups). AVX2 runs this loop short of memory speed (an AVX2 Zen 3 at 8.4 cycles
+ * per block from cache), so the scale products every lane needs (weight scale x activation scale, the same fp32
+ * product per group) are formed once per weight row, eight groups per multiply, and a super-block loads its 16, a
+ * plain block broadcasts its two (a load, no shuffle or multiply): fewer operations per block, the same products,
+ * the same bits. nr is a constant where rows_avx2 is inlined. */
 static inline __attribute__((always_inline)) void rows_avx2(int n0, int n1, int r0, const int nr, int K,
                                                             const int bits, const uint8_t *qw, const uint16_t *wd,
                                                             const int8_t *xq, const float *xd, const int32_t *xs,
                                                             float *y, int64_t y_row) {
     const int blocks = K / BLOCK, groups = K / GROUP, bb = BLOCK_BYTES(bits);
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), low2 = _mm256_set1_epi8(0x03);
-    /* int6 top bit pairs: elements 0-31 sit in pairs 0-1 (k) and 2-3 (k + 16), elements 32-63 in 4-5 and 6-7 */
-    const __m256i shift_lo = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0), shift_hi = _mm256_set_epi32(6, 6, 6, 6, 4, 4, 4, 4);
+    const int supers = K / SUPER, units = supers + blocks % SUPER_BLOCKS;
+    const __m256i ones = _mm256_set1_epi16(1);
     float prod[nr * groups];
     for (int n = n0; n < n1; n++) {
         const uint8_t *wrow = qw + (int64_t)n * blocks * bb;
@@ -256,24 +297,43 @@ static inline __attribute__((always_inline)) void rows_avx2(int n0, int n1, int 
         }
         __m256 lo_acc[ROWS], hi_acc[ROWS];
         for (int r = 0; r < nr; r++) lo_acc[r] = hi_acc[r] = _mm256_setzero_ps();
-        for (int b = 0; b < blocks; b++) {
-            const uint8_t *blk = wrow + (int64_t)b * bb;
-            _mm_prefetch((const char *)(blk + PREFETCH), _MM_HINT_T1);
-            __m256i packed = _mm256_loadu_si256((const __m256i *)blk);
-            __m256i lo = _mm256_and_si256(packed, low4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
-            if (bits == 6) { /* values <= 63: vpmaddubsw's pairs stay below 2 * 63 * 127 < 32768 */
-                __m256i two = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 32)));
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi32(two, shift_lo), low2), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi32(two, shift_hi), low2), 4));
+        for (int s = 0; s < supers; s++) { /* lo: groups 16s..16s+7, hi: 16s+8..16s+15, as the VNNI loop's lanes */
+            __m256i lo_dot[ROWS], hi_dot[ROWS];
+            for (int r = 0; r < nr; r++) {
+                const int32_t *start = xs + ((int64_t)(r0 + r) * units + s) * 16;
+                lo_dot[r] = _mm256_loadu_si256((const __m256i *)start);
+                hi_dot[r] = _mm256_loadu_si256((const __m256i *)(start + 8));
+            }
+            for (int v = 0; v < SUPER_BLOCKS; v++) {
+                const uint8_t *blk = wrow + (int64_t)(s * SUPER_BLOCKS + v) * bb;
+                _mm_prefetch((const char *)(blk + PREFETCH), _MM_HINT_T1);
+                __m256i lo, hi;
+                unpack_halves(blk, bits, &lo, &hi);
+                for (int r = 0; r < nr; r++) {
+                    const int8_t *xb = xq + (int64_t)(r0 + r) * K + (int64_t)s * SUPER + v * 64;
+                    lo_dot[r] = _mm256_add_epi32(lo_dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xb)), ones));
+                    hi_dot[r] = _mm256_add_epi32(hi_dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xb + 32))), ones));
+                }
             }
             for (int r = 0; r < nr; r++) {
-                int64_t rb = ((int64_t)(r0 + r) * blocks + b) * 16; /* this row's lanes for block b */
+                const float *pb = prod + r * groups + 16 * s;
+                lo_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo_dot[r]), _mm256_loadu_ps(pb), lo_acc[r]);
+                hi_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi_dot[r]), _mm256_loadu_ps(pb + 8), hi_acc[r]);
+            }
+        }
+        for (int b = supers * SUPER_BLOCKS; b < blocks; b++) { /* plain blocks: groups 2b | 2b + 1 */
+            const uint8_t *blk = wrow + (int64_t)b * bb;
+            _mm_prefetch((const char *)(blk + PREFETCH), _MM_HINT_T1);
+            __m256i lo, hi;
+            unpack_halves(blk, bits, &lo, &hi);
+            const int64_t u = supers + b - supers * SUPER_BLOCKS;
+            for (int r = 0; r < nr; r++) {
+                const int32_t *start = xs + ((int64_t)(r0 + r) * units + u) * 16;
                 const int8_t *xb = xq + (int64_t)(r0 + r) * K + (int64_t)b * BLOCK;
                 __m256i lo_dot = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xb)), ones);
                 __m256i hi_dot = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xb + 32))), ones);
-                lo_dot = _mm256_add_epi32(lo_dot, _mm256_loadu_si256((const __m256i *)(xs + rb)));
-                hi_dot = _mm256_add_epi32(hi_dot, _mm256_loadu_si256((const __m256i *)(xs + rb + 8)));
+                lo_dot = _mm256_add_epi32(lo_dot, _mm256_loadu_si256((const __m256i *)start));
+                hi_dot = _mm256_add_epi32(hi_dot, _mm256_loadu_si256((const __m256i *)(start + 8)));
                 const float *pb = prod + r * groups + 2 * b;
                 lo_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo_dot), _mm256_broadcast_ss(pb), lo_acc[r]);
                 hi_acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi_dot), _mm256_broadcast_ss(pb + 1), hi_acc[r]);
@@ -283,33 +343,44 @@ static inline __attribute__((always_inline)) void rows_avx2(int n0, int n1, int 
     }
 }
 
-/* xd here is the per-group scales [R, K / 32] (the VNNI loop takes them spread over lanes). */
-static void rows_simd(int n0, int n1, int r0, int nr, int K, int bits, const uint8_t *qw, const uint16_t *wd,
-                      const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
-#define EI_ROWS_AVX2(b)                                                                                                \
-    switch (nr) {                                                                                                      \
-    case 1: rows_avx2(n0, n1, r0, 1, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                       \
-    case 2: rows_avx2(n0, n1, r0, 2, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                       \
-    case 3: rows_avx2(n0, n1, r0, 3, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                       \
-    default: rows_avx2(n0, n1, r0, 4, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                      \
-    }
-    if (bits == 6) {
-        EI_ROWS_AVX2(6)
-    } else {
-        EI_ROWS_AVX2(4)
-    }
-#undef EI_ROWS_AVX2
-}
+#define ROWS_LOOP rows_avx2
 
 #else
 #define EI_INT4_SIMD 0
 #define EI_INT4_LANE_SCALES 0
 #endif
 
+#if EI_INT4_SIMD
+/* The loop with the row count and format as constants. xd: the VNNI loop takes the activation scales on lanes, per
+ * row and unit; the AVX2 loop per group [R, K / 32]. */
+static void rows_simd(int n0, int n1, int r0, int nr, int K, int bits, const uint8_t *qw, const uint16_t *wd,
+                      const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
+#define EI_ROWS(b)                                                                                                     \
+    switch (nr) {                                                                                                      \
+    case 1: ROWS_LOOP(n0, n1, r0, 1, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                       \
+    case 2: ROWS_LOOP(n0, n1, r0, 2, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                       \
+    case 3: ROWS_LOOP(n0, n1, r0, 3, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                       \
+    default: ROWS_LOOP(n0, n1, r0, 4, K, b, qw, wd, xq, xd, xs, y, y_row); break;                                      \
+    }
+    if (bits == 6) {
+        EI_ROWS(6)
+    } else {
+        EI_ROWS(4)
+    }
+#undef EI_ROWS
+}
+#endif
+
 /* Portable path: the same arithmetic in plain C (no VNNI here: slower, but exact to the same int32 sums). */
-static inline int32_t weight_q(const uint8_t *blk, int e, int bits) {
-    int32_t q = e < 32 ? blk[e] & 0x0F : blk[e - 32] >> 4;
-    return bits == 6 ? q | ((blk[32 + e % 16] >> (2 * (e / 16)) & 0x03) << 4) : q;
+static inline int32_t weight_q(const uint8_t *wrow, int K, int e, int bits) {
+    if (e < K / SUPER * SUPER) { /* natural element e of a super-block: group g's element j is in vector j / 4 */
+        int s = e / SUPER, g = e % SUPER / GROUP, j = e % GROUP;
+        e = s * SUPER + j / 4 * 64 + 4 * g + j % 4;
+    }
+    const uint8_t *blk = wrow + (int64_t)(e / BLOCK) * BLOCK_BYTES(bits);
+    int i = e % BLOCK;
+    int32_t q = i < 32 ? blk[i] & 0x0F : blk[i - 32] >> 4;
+    return bits == 6 ? q | ((blk[32 + i % 16] >> (2 * (i / 16)) & 0x03) << 4) : q;
 }
 
 static void rows_plain(int n0, int n1, int r0, int nr, int K, int bits, const uint8_t *qw, const uint16_t *wd,
@@ -322,11 +393,9 @@ static void rows_plain(int n0, int n1, int r0, int nr, int K, int bits, const ui
             float acc = 0.f;
             for (int b = 0; b < blocks; b++) {
                 int32_t s0 = 0, s1 = 0;
-                const uint8_t *blk = wrow + (int64_t)b * bb;
-                const int8_t *xb = xrow + (int64_t)b * BLOCK;
                 for (int j = 0; j < 32; j++) {
-                    s0 += weight_q(blk, j, bits) * xb[j];
-                    s1 += weight_q(blk, j + 32, bits) * xb[j + 32];
+                    s0 += weight_q(wrow, K, b * BLOCK + j, bits) * xrow[b * BLOCK + j];
+                    s1 += weight_q(wrow, K, b * BLOCK + j + 32, bits) * xrow[b * BLOCK + j + 32];
                 }
                 int64_t g = (int64_t)r * groups + 2 * b;
                 s0 -= offset * xs[g];
@@ -339,27 +408,49 @@ static void rows_plain(int n0, int n1, int r0, int nr, int K, int bits, const ui
     }
 }
 
+/* xq [R, K] in natural order -> xa [R, K] as the weights are laid out (see the top): in each super-block, vector v's
+ * lane g takes elements 4v..4v+3 of group g, a 16 x 8 transpose of 4-byte pieces; plain blocks stay as they are. */
+static void arrange_rows(int R, int K, const int8_t *xq, int8_t *xa) {
+    const int supers = K / SUPER;
+    for (int r = 0; r < R; r++) {
+        const int8_t *src = xq + (int64_t)r * K;
+        int8_t *dst = xa + (int64_t)r * K;
+        for (int s = 0; s < supers; s++)
+            for (int v = 0; v < SUPER_BLOCKS; v++)
+                for (int g = 0; g < 16; g++)
+                    memcpy(dst + s * SUPER + v * 64 + 4 * g, src + s * SUPER + g * GROUP + 4 * v, 4);
+        memcpy(dst + supers * SUPER, src + supers * SUPER, K - supers * SUPER);
+    }
+}
+
 static int gemm(int bits, int R, int N, int K, const float *x, int64_t x_row, const uint8_t *qw, const uint16_t *wd,
                 float *y, int64_t y_row, int threads) {
     if (K % BLOCK) return -2;
-    const int groups = K / GROUP, blocks = K / BLOCK;
-    int8_t *xq = malloc((size_t)R * K);
+    const int groups = K / GROUP, blocks = K / BLOCK, supers = K / SUPER, units = supers + blocks % SUPER_BLOCKS;
+    int8_t *xq = malloc((size_t)R * K), *xa = malloc((size_t)R * K);
     float *xd = malloc(sizeof(float) * (size_t)R * groups);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)R * groups);
-    /* SIMD path: each block's two groups spread over 16 lanes (8 each), the sums negated (the accumulator start) */
-    float *xdl = EI_INT4_LANE_SCALES ? malloc(sizeof(float) * (size_t)R * blocks * 16) : NULL; /* VNNI loop only */
-    int32_t *xsl = malloc(sizeof(int32_t) * (size_t)R * blocks * 16);
+    /* SIMD paths: per row and unit (a super-block, then each plain block) 16 lanes of accumulator starts (-offset
+     * times a group's activation sum: a super-block lane per group, a plain block's 8 lanes per group a share each);
+     * the VNNI loop takes the activation scales on the same lanes */
+    float *xdl = EI_INT4_LANE_SCALES ? malloc(sizeof(float) * (size_t)R * units * 16) : NULL; /* VNNI loop only */
+    int32_t *xsl = malloc(sizeof(int32_t) * (size_t)R * units * 16);
     int rc = 0;
-    if (!xq || !xd || !xs || (EI_INT4_LANE_SCALES && !xdl) || !xsl) {
+    if (!xq || !xa || !xd || !xs || (EI_INT4_LANE_SCALES && !xdl) || !xsl) {
         rc = -1;
         goto done;
     }
     quantize_rows(R, K, x, x_row, xq, xd, xs);
-    for (int64_t rb = 0; rb < (int64_t)R * blocks; rb++)
-        for (int l = 0; l < 16; l++) {
-            if (EI_INT4_LANE_SCALES) xdl[rb * 16 + l] = xd[rb * 2 + l / 8];
-            xsl[rb * 16 + l] = -OFFSET(bits) / 8 * xs[rb * 2 + l / 8]; /* 8 lanes per group: -offset * sum */
-        }
+    arrange_rows(R, K, xq, xa);
+    for (int64_t r = 0; r < R; r++)
+        for (int u = 0; u < units; u++)
+            for (int l = 0; l < 16; l++) {
+                /* a super-block's lane l is group 16u + l; plain block b's lanes 0-7 group 2b, 8-15 group 2b + 1 */
+                int super = u < supers;
+                int64_t g = r * groups + (super ? 16 * u + l : 2 * (supers * SUPER_BLOCKS + u - supers) + l / 8);
+                if (EI_INT4_LANE_SCALES) xdl[(r * units + u) * 16 + l] = xd[g];
+                xsl[(r * units + u) * 16 + l] = -OFFSET(bits) * xs[g] / (super ? 1 : 8);
+            }
     const int chunk = 16; /* output rows per task: 16 rows of a 2048-wide weight are 16 KiB */
     int tasks = (N + chunk - 1) / chunk;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -368,7 +459,7 @@ static int gemm(int bits, int R, int N, int K, const float *x, int64_t x_row, co
         for (int r0 = 0; r0 < R; r0 += ROWS) {
             int nr = R - r0 < ROWS ? R - r0 : ROWS;
 #if EI_INT4_SIMD
-            rows_simd(n0, n1, r0, nr, K, bits, qw, wd, xq, EI_INT4_LANE_SCALES ? xdl : xd, xsl, y, y_row);
+            rows_simd(n0, n1, r0, nr, K, bits, qw, wd, xa, EI_INT4_LANE_SCALES ? xdl : xd, xsl, y, y_row);
 #else
             rows_plain(n0, n1, r0, nr, K, bits, qw, wd, xq, xd, xs, y, y_row);
 #endif
@@ -376,6 +467,7 @@ static int gemm(int bits, int R, int N, int K, const float *x, int64_t x_row, co
     }
 done:
     free(xq);
+    free(xa);
     free(xd);
     free(xs);
     free(xdl);
@@ -397,4 +489,4 @@ int ei_int6_gemm(int R, int N, int K, const float *x, int64_t x_row, const uint8
 /* 1 where the VNNI or the AVX2 path was compiled in (the plain path is a correctness fallback, not fast). */
 int ei_int4_simd(void) { return EI_INT4_SIMD; }
 
-int ei_int4_abi_version(void) { return 2; }
+int ei_int4_abi_version(void) { return 3; }
