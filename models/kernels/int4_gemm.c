@@ -42,20 +42,21 @@
 #define BLOCK_BYTES(bits) ((bits) == 6 ? 48 : 32)
 #define OFFSET(bits) ((bits) == 6 ? 32 : 8)
 #define ROWS 4
-/* Bytes ahead of the weight stream that are prefetched into L2. One prefetch per 32-byte block (int6: 48), so two
+/* Bytes ahead of the weight stream that are prefetched into L2. One prefetch per 32-byte chunk (int6: 48), so two
  * per cache line: once per line measured slower on the Zen 4 (1.26-1.34x vs 1.23-1.24x). The AVX2 loop on a Zen 3
  * measured alike at 2, 4 and 8 KiB (1.15-1.18x a sum's time), 1 KiB 1.24x. The AVX-512 loop's distance depends on
- * the format (Zen 4 EPYC, 1.3B shapes x 24 + lm_head, 2 threads, each chain right after a sum of as many bytes,
- * 80-120 interleaved rounds, medians): int4 at 4 KiB 1.05-1.13x the sum's time while memory read at 30-38 GB/s,
- * 8 KiB 1.18-1.29x, 2 KiB 1.24x (at 38-60 GB/s, where the loop is compute-bound, 1.42x vs 1.39x); int6 at 8 KiB
- * 1.00-1.05x (at 38-60 GB/s 1.18-1.22x), 4 KiB 1.06x (1.34x), 2 KiB 1.09x (1.50x), 12 and 16 KiB as 8
- * (bench/prefetch_sweep.py). */
+ * the format and the loop (Zen 4 EPYC, 1.3B shapes x 24 + lm_head, 2 threads, each chain right after a sum of as
+ * many bytes, 100-200 interleaved rounds, medians; bench/prefetch_sweep.py). With the super-blocks: int6 at 2 KiB
+ * 0.99-1.01x the sum's time while memory read at 31-35 GB/s, 8 KiB 1.05-1.06x; at 53 GB/s 2 KiB 1.08-1.15x, 8 KiB
+ * 1.13x, 3-4 KiB 1.27x (1 KiB as 2); int4 at 2 KiB 0.99x, 4 KiB 1.01x, 8 KiB 1.04x (31-35 GB/s). Before them the
+ * loop was compute-bound at fast memory, and longer distances were the better there (int6 8 KiB 1.28x, 2 KiB
+ * 1.65x). */
 #define PREFETCH 8192
 #ifndef PREFETCH_INT4 /* -D overrides both (bench/prefetch_sweep.py builds one library per distance) */
-#define PREFETCH_INT4 4096
+#define PREFETCH_INT4 2048
 #endif
 #ifndef PREFETCH_INT6
-#define PREFETCH_INT6 8192
+#define PREFETCH_INT6 2048
 #endif
 #define PREFETCH_512(bits) ((bits) == 4 ? PREFETCH_INT4 : PREFETCH_INT6)
 
