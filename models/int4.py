@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 GROUP = 32
 KERNEL_TRIAL_ROUNDS = 15
-BLOCK = 64  # the kernel's unit: two groups in one 32-byte load
+BLOCK = 64  # the kernel's unit: one vector of 64 weights in one 32-byte load (int6: 48)
 SUPER = 512  # 16 groups whose lanes share each vector (see the module docstring)
 DECODE_ROWS = 8  # steps of at most this many rows (decode, batched decode) read the int4 weights
 # Linears an int4 stage keeps in int8 (as llama.cpp's Q4_K_M keeps some tensors at higher precision): down_proj
