@@ -428,7 +428,7 @@ static int gemm(int bits, int R, int N, int K, const float *x, int64_t x_row, co
                 float *y, int64_t y_row, int threads) {
     if (K % BLOCK) return -2;
     const int groups = K / GROUP, blocks = K / BLOCK, supers = K / SUPER, units = supers + blocks % SUPER_BLOCKS;
-    int8_t *xq = malloc((size_t)R * K), *xa = malloc((size_t)R * K);
+    int8_t *xq = malloc((size_t)R * K), *xa = EI_INT4_SIMD ? malloc((size_t)R * K) : NULL; /* the plain loop reads xq */
     float *xd = malloc(sizeof(float) * (size_t)R * groups);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)R * groups);
     /* SIMD paths: per row and unit (a super-block, then each plain block) 16 lanes of accumulator starts (-offset
@@ -437,12 +437,12 @@ static int gemm(int bits, int R, int N, int K, const float *x, int64_t x_row, co
     float *xdl = EI_INT4_LANE_SCALES ? malloc(sizeof(float) * (size_t)R * units * 16) : NULL; /* VNNI loop only */
     int32_t *xsl = malloc(sizeof(int32_t) * (size_t)R * units * 16);
     int rc = 0;
-    if (!xq || !xa || !xd || !xs || (EI_INT4_LANE_SCALES && !xdl) || !xsl) {
+    if (!xq || (EI_INT4_SIMD && !xa) || !xd || !xs || (EI_INT4_LANE_SCALES && !xdl) || !xsl) {
         rc = -1;
         goto done;
     }
     quantize_rows(R, K, x, x_row, xq, xd, xs);
-    arrange_rows(R, K, xq, xa);
+    if (EI_INT4_SIMD) arrange_rows(R, K, xq, xa);
     for (int64_t r = 0; r < R; r++)
         for (int u = 0; u < units; u++)
             for (int l = 0; l < 16; l++) {
