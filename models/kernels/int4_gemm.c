@@ -38,6 +38,8 @@
 #define BLOCK 64
 #define SUPER 512 /* weights per super-block: 16 groups, 8 vectors */
 #define SUPER_BLOCKS (SUPER / BLOCK)
+/* Lane sets per activation row: one per super-block, then one per plain block (K % SUPER / BLOCK of them). */
+#define UNITS(K) ((K) / SUPER + (K) % SUPER / BLOCK)
 /* Bytes per 64-weight block: 32 of nibbles (+ 16 of top bit pairs for int6); the value offset (-8 / -32 * d). */
 #define BLOCK_BYTES(bits) ((bits) == 6 ? 48 : 32)
 #define OFFSET(bits) ((bits) == 6 ? 32 : 8)
@@ -189,7 +191,7 @@ static inline __attribute__((always_inline)) void rows_vnni(int n0, int n1, int 
                                                             const int8_t *xq, const float *xd, const int32_t *xs,
                                                             float *y, int64_t y_row) {
     const int blocks = K / BLOCK, groups = K / GROUP, bb = BLOCK_BYTES(bits);
-    const int supers = K / SUPER, units = supers + blocks % SUPER_BLOCKS;
+    const int supers = K / SUPER, units = UNITS(K);
     const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     for (int n = n0; n < n1; n++) {
         const uint8_t *wrow = qw + (int64_t)n * blocks * bb;
@@ -280,7 +282,7 @@ static inline __attribute__((always_inline)) void rows_avx2(int n0, int n1, int 
                                                             const int8_t *xq, const float *xd, const int32_t *xs,
                                                             float *y, int64_t y_row) {
     const int blocks = K / BLOCK, groups = K / GROUP, bb = BLOCK_BYTES(bits);
-    const int supers = K / SUPER, units = supers + blocks % SUPER_BLOCKS;
+    const int supers = K / SUPER, units = UNITS(K);
     const __m256i ones = _mm256_set1_epi16(1);
     float prod[nr * groups];
     for (int n = n0; n < n1; n++) {
@@ -427,7 +429,7 @@ static void arrange_rows(int R, int K, const int8_t *xq, int8_t *xa) {
 static int gemm(int bits, int R, int N, int K, const float *x, int64_t x_row, const uint8_t *qw, const uint16_t *wd,
                 float *y, int64_t y_row, int threads) {
     if (K % BLOCK) return -2;
-    const int groups = K / GROUP, blocks = K / BLOCK, supers = K / SUPER, units = supers + blocks % SUPER_BLOCKS;
+    const int groups = K / GROUP, blocks = K / BLOCK, supers = K / SUPER, units = UNITS(K);
     int8_t *xq = malloc((size_t)R * K), *xa = EI_INT4_SIMD ? malloc((size_t)R * K) : NULL; /* the plain loop reads xq */
     float *xd = malloc(sizeof(float) * (size_t)R * groups);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)R * groups);
