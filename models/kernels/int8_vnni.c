@@ -9,7 +9,7 @@
  * is taken off after. Weights are read from memory once per block of 4 output rows for all activation rows, two
  * activation rows per read of a weight row (a two-pass row and its residual, as in the down projection, cost one
  * pass over the block, not two), each row to its end before the next: one sequential stream per thread, with
- * software prefetch into L2 (AVX-512: 4 KiB ahead). On a Zen 5 EPYC (1.3B shapes, 1.44 GB, 2 threads, against a
+ * software prefetch into L2 (AVX-512: 2 KiB ahead). On a Zen 5 EPYC (1.3B shapes, 1.44 GB, 2 threads, against a
  * four-accumulator AVX-512 sum of as many bytes just before each round) that took 1.00-1.02x the sum's time while
  * memory read at 40-50 GB/s and 1.15-1.3x at 60-75 GB/s (prefetch into L1 2 KiB ahead; two streams per thread,
  * prefetch distances 0-8 KiB, hints, dynamic chunks: none closed that); the block's four rows read side by side
@@ -21,7 +21,8 @@
  * 1.19x, 16 KiB 1.05x, none 1.03x and 1.18x, L1 (T0) 4 KiB 1.08x and 1.34x; a whole int8 decode step at depth 974
  * (both builds in one process, interleaved) went from 1.42x its read bound to 1.29x at 40-60 GB/s and from 1.12x to
  * 1.09x below 40. bench/prefetch_sweep.py repeats the chain per distance: 2 KiB measured 0.996-1.041x at 52 GB/s
- * where 4 KiB took 1.065-1.093x; 4 KiB stays, twice the lead time for CPUs whose memory answers more slowly.
+ * where 4 KiB took 1.065-1.093x, and in two later runs at 56 GB/s 0.926x and 0.962x where 4 KiB took 1.009x and
+ * 1.043x (1-1.5 KiB as 2 KiB); in the slow bucket all alike. So 2 KiB, as the int4/int6 loop.
  * Long prompts go to torch._int_mm (oneDNN) over the same weights instead (on AVX2 without VNNI to ei_q8_mm below),
  * and ei_q8_finish applies the scales to its int32 output.
  *
@@ -43,7 +44,7 @@
  * 1.27x; a whole 1.3B stage's decode step at depth 974 went from 1.21-1.22x its read bound to 1.17-1.20x. */
 #ifndef PREFETCH /* -DPREFETCH=bytes overrides it (bench/prefetch_sweep.py builds one library per distance) */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define PREFETCH 4096
+#define PREFETCH 2048
 #else
 #define PREFETCH 1024
 #endif
