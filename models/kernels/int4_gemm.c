@@ -429,7 +429,7 @@ static void arrange_rows(int R, int K, const int8_t *xq, int8_t *xa) {
 static int gemm(int bits, int R, int N, int K, const float *x, int64_t x_row, const uint8_t *qw, const uint16_t *wd,
                 float *y, int64_t y_row, int threads) {
     if (K % BLOCK) return -2;
-    const int groups = K / GROUP, blocks = K / BLOCK, supers = K / SUPER, units = UNITS(K);
+    const int groups = K / GROUP, supers = K / SUPER, units = UNITS(K);
     int8_t *xq = malloc((size_t)R * K), *xa = EI_INT4_SIMD ? malloc((size_t)R * K) : NULL; /* the plain loop reads xq */
     float *xd = malloc(sizeof(float) * (size_t)R * groups);
     int32_t *xs = malloc(sizeof(int32_t) * (size_t)R * groups);
