@@ -52,6 +52,27 @@ def test_one_call_stores_each_sessions_row_and_attends_as_sdpa(heads, kv_heads, 
 
 
 @needs_kernels
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2)])
+def test_int8_heads_attended_two_at_a_time_give_each_heads_own_bits(heads, kv_heads):
+    # head_dim 128 and an even head count take the paired loops on AVX-512; one head per call takes the single loop
+    hd, past, g = 128, 203, torch.Generator().manual_seed(7)
+    kv = KVBuffer(2, kv_heads, hd, torch.int8, capacity=past + 1)
+    kv.data.zero_()
+    kv.write(1, *(torch.randn(kv_heads, past, hd, generator=g) for _ in range(2)), 0)
+    q, k, v = torch.randn(1, heads, hd, generator=g), *(torch.randn(1, kv_heads, hd, generator=g) for _ in range(2))
+    single = [KVBuffer(2, 1, hd, torch.int8, capacity=past + 1) for _ in range(kv_heads)]
+    for j, one in enumerate(single):
+        one.data.copy_(kv.data[:, :, j : j + 1])
+    together = kernels.DecodeAttention([kv], [past])(1, q, k, v, hd**-0.5)
+    group = heads // kv_heads
+    for h in range(heads):
+        j = h // group
+        one_head = q[:, h : h + 1], k[:, j : j + 1], v[:, j : j + 1]
+        alone = kernels.DecodeAttention([single[j]], [past])(1, *one_head, hd**-0.5)
+        assert torch.equal(together[0, h * hd : (h + 1) * hd], alone[0])
+
+
+@needs_kernels
 def test_decode_attention_refuses_what_it_cannot_read():
     kv = KVBuffer(1, 2, 8, torch.float16, capacity=4)
     with pytest.raises(ValueError, match="all fp16 or all int8"):

@@ -176,6 +176,79 @@ static inline __m512 load16q(const int8_t *p) {
 }
 #endif
 
+#if defined(__AVX512F__)
+/* Two heads at once, for the int8 decode loops below: each thread then reads two key (or value) streams instead of
+ * one, which kept more of the cache's reads in flight: a 1.3B step's attention at 974 positions took 3-11% less
+ * time with memory at 50-63 GB/s. Each head's arithmetic is the one-head loop's, in the same order: same bits. */
+static inline void scores_q8_pair(float *p0, float *p1, const float *q0, const float *q1, const int8_t *k0,
+                                  const int8_t *k1, int n, int head_dim, float scale, float *m0, float *m1) {
+    float ma = -INFINITY, mb = -INFINITY;
+    int t = 0, row = head_dim + 4;
+    for (; t + 4 <= n; t += 4) {
+        const int8_t *a = k0 + (int64_t)t * row, *b = k1 + (int64_t)t * row;
+        for (int c = 0; c < 4 * row; c += 64) {
+            _mm_prefetch((const char *)a + PREFETCH_ROWS * row + c, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + PREFETCH_ROWS * row + c, _MM_HINT_T0);
+        }
+        __m512 x[4], y[4];
+        for (int i = 0; i < 4; i++) x[i] = y[i] = _mm512_setzero_ps();
+        for (int d = 0; d < head_dim; d += 16) {
+            __m512 qa = _mm512_loadu_ps(q0 + d), qb = _mm512_loadu_ps(q1 + d);
+            for (int i = 0; i < 4; i++) {
+                x[i] = _mm512_fmadd_ps(qa, load16q(a + i * row + d), x[i]);
+                y[i] = _mm512_fmadd_ps(qb, load16q(b + i * row + d), y[i]);
+            }
+        }
+        for (int i = 0; i < 4; i++) {
+            float u = _mm512_reduce_add_ps(x[i]) * row_scale(a + i * row, head_dim) * scale;
+            float w = _mm512_reduce_add_ps(y[i]) * row_scale(b + i * row, head_dim) * scale;
+            p0[t + i] = u;
+            p1[t + i] = w;
+            ma = u > ma ? u : ma;
+            mb = w > mb ? w : mb;
+        }
+    }
+    for (; t < n; t++) {
+        p0[t] = dot_q8(q0, k0 + (int64_t)t * row, head_dim) * scale;
+        p1[t] = dot_q8(q1, k1 + (int64_t)t * row, head_dim) * scale;
+        ma = p0[t] > ma ? p0[t] : ma;
+        mb = p1[t] > mb ? p1[t] : mb;
+    }
+    *m0 = ma;
+    *m1 = mb;
+}
+
+/* weighted_values_q8() for two heads (head_dim a multiple of 128), 128 dims of each at a time. */
+static inline void weighted_values_q8_pair(float *o0, float *o1, const float *w0, const float *w1, const int8_t *v0,
+                                           const int8_t *v1, int n, int head_dim) {
+    int row = head_dim + 4;
+    for (int d0 = 0; d0 < head_dim; d0 += 128) {
+        __m512 a[8], b[8];
+        for (int i = 0; i < 8; i++) a[i] = b[i] = _mm512_setzero_ps();
+        for (int t = 0; t < n; t++) {
+            const int8_t *r = v0 + (int64_t)t * row, *s = v1 + (int64_t)t * row;
+            for (int c = 0; c < row; c += 64) {
+                _mm_prefetch((const char *)r + PREFETCH_ROWS * row + c, _MM_HINT_T0);
+                _mm_prefetch((const char *)s + PREFETCH_ROWS * row + c, _MM_HINT_T0);
+            }
+            __m512 wa = _mm512_set1_ps(w0[t] * row_scale(r, head_dim));
+            __m512 wb = _mm512_set1_ps(w1[t] * row_scale(s, head_dim));
+            for (int i = 0; i < 8; i++) {
+                a[i] = _mm512_fmadd_ps(wa, load16q(r + d0 + 16 * i), a[i]);
+                b[i] = _mm512_fmadd_ps(wb, load16q(s + d0 + 16 * i), b[i]);
+            }
+        }
+        for (int i = 0; i < 8; i++) {
+            _mm512_storeu_ps(o0 + d0 + 16 * i, a[i]);
+            _mm512_storeu_ps(o1 + d0 + 16 * i, b[i]);
+        }
+    }
+}
+#define Q8_PAIRS 1
+#else
+#define Q8_PAIRS 0
+#endif
+
 /* scores() over int8 rows (head_dim + 4 bytes apart), each key's dot product times its row scale. */
 static inline float scores_q8(float *p, const float *q, const int8_t *k, int n, int head_dim, float scale) {
     float m = -INFINITY;
@@ -360,10 +433,42 @@ static inline int attend(int q8, int batch, int layer, const float *q, int64_t q
 #pragma omp atomic write
             failed = 1;
         }
+#if Q8_PAIRS
+        /* int8 heads two at a time where their rows allow it (see scores_q8_pair) */
+        const int paired = q8 && head_dim % 128 == 0 && heads % 2 == 0;
+#else
+        const int paired = 0;
+#endif
+        float *p1 = paired && p ? malloc(sizeof(float) * (size_t)longest) : NULL;
+        if (paired && p && !p1) {
+#pragma omp atomic write
+            failed = 1;
+        }
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < batch; b++)
             for (int h = 0; h < heads; h++) {
-                if (!p) continue;
+                if (!p || (paired && (h % 2 || !p1))) continue; /* a pair's second head is done with its first */
+#if Q8_PAIRS
+                if (paired) {
+                    int n = past[b] + 1;
+                    const float *q0 = q + b * q_row + (int64_t)h * head_dim;
+                    const int8_t *c = (const int8_t *)cache[b];
+                    const int8_t *k0 = c + row_index(layer, 0, h / group, 0, kv_heads, capacity[b], row);
+                    const int8_t *k1 = c + row_index(layer, 0, (h + 1) / group, 0, kv_heads, capacity[b], row);
+                    const int8_t *v0 = c + row_index(layer, 1, h / group, 0, kv_heads, capacity[b], row);
+                    const int8_t *v1 = c + row_index(layer, 1, (h + 1) / group, 0, kv_heads, capacity[b], row);
+                    float m0, m1;
+                    scores_q8_pair(p, p1, q0, q0 + head_dim, k0, k1, n, head_dim, scale, &m0, &m1);
+                    float inv0 = 1.f / exp_sum(p, n, m0), inv1 = 1.f / exp_sum(p1, n, m1);
+                    for (int t = 0; t < n; t++) {
+                        p[t] *= inv0;
+                        p1[t] *= inv1;
+                    }
+                    float *o0 = out + ((int64_t)b * heads + h) * head_dim;
+                    weighted_values_q8_pair(o0, o0 + head_dim, p, p1, v0, v1, n, head_dim);
+                    continue;
+                }
+#endif
                 int n = past[b] + 1, g = h / group;
                 const float *qh = q + b * q_row + (int64_t)h * head_dim;
                 int64_t ki = row_index(layer, 0, g, 0, kv_heads, capacity[b], row);
@@ -379,6 +484,7 @@ static inline int attend(int q8, int batch, int layer, const float *q, int64_t q
                     weighted_values(oh, p, (const uint16_t *)cache[b] + vi, n, head_dim);
             }
         free(p);
+        free(p1);
     }
     return failed ? -1 : 0;
 }
