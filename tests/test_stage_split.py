@@ -155,3 +155,33 @@ def test_later_stage_rejects_hidden_states_of_the_wrong_width(tiny_checkpoint):
     stage = StageExecutor(load_stage(ckpt, LayerRange(2, 5, ckpt.num_layers)))
     with pytest.raises(InvalidInput, match="hidden states"):
         stage.step([("s", StepInput(position=0, hidden=torch.zeros(3, 7)))])
+
+
+def test_one_row_steps_take_the_rotary_rows_a_one_position_call_gives(tiny_checkpoint):
+    """Decode steps read cos/sin from a table filled a block of positions at a time (StageExecutor._rotary): each
+    row must carry the bits transformers' rotary embedding gives for that position alone."""
+    ckpt = open_checkpoint(tiny_checkpoint)
+    stage = StageExecutor(load_stage(ckpt, LayerRange(0, 1, ckpt.num_layers)))
+    rotary = stage.module.rotary_emb
+    x = torch.zeros(1, ckpt.config.text_config.hidden_size)
+    for position in (0, 1, 255, 256, 257, 700, 5000):
+        cos, sin = stage._rotary(x, [(position, 1)])
+        want_cos, want_sin = rotary(x, position_ids=torch.tensor([position]))
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin), position
+    # Several rows (a prompt) still take the direct call, in their own positions.
+    cos, _ = stage._rotary(torch.zeros(3, x.shape[1]), [(10, 3)])
+    assert torch.equal(cos, rotary(x, position_ids=torch.arange(10, 13))[0])
+
+
+@pytest.mark.parametrize("count", [1, 64, 65, 300])  # a decode step's few ids (a Python check) and a prompt's
+def test_token_ids_outside_the_vocabulary_are_refused(tiny_checkpoint, count):
+    ckpt = open_checkpoint(tiny_checkpoint)
+    stage = StageExecutor(load_stage(ckpt, LayerRange(0, 1, ckpt.num_layers)))
+    vocab = ckpt.config.text_config.vocab_size
+    for bad in (-1, vocab):
+        ids = torch.full((count,), 5)
+        ids[count // 2] = bad
+        with pytest.raises(InvalidInput, match=rf"token ids must lie in \[0, {vocab}\)"):
+            stage.step([("s", StepInput(position=0, input_ids=ids))])
+    ids = torch.full((count,), vocab - 1)
+    assert stage.step([("s", StepInput(position=0, input_ids=ids))])[0].length == count
