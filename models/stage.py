@@ -400,7 +400,7 @@ class StageExecutor:
         trim = self.range.is_last and not self.row_exact and self.module.weights != "fp32"
         trim = trim and any(t > 1 for _, t in spans)
         if self.decode_layers is not None and pure_decode and len(spans) <= kernels.DecodeLayers.MAX_ROWS:
-            x = self.decode_layers(x, *rope, decode)  # every layer in one native call each
+            x = self.decode_layers(x, *rope, decode)  # every layer in one native call
         else:
             last = len(self.module.layers) - 1
             for j, layer in enumerate(self.module.layers):

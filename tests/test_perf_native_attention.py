@@ -311,3 +311,33 @@ def test_whole_native_decode_layers_give_the_python_paths_bits(tiny_checkpoint, 
         outs[name] = torch.stack(rows)
     assert calls == [2, 2, 2]  # the two-session steps ran as whole native layers, the wider ones did not
     assert torch.equal(outs["whole"], outs["python"])  # the same functions in the same order: the same bits
+
+
+@needs_kernels
+def test_part_clocks_build_gives_the_same_bits_and_times_every_part(tiny_checkpoint, tmp_path, monkeypatch):
+    """bench/decode_parts.py runs decode steps on the int8 kernel built with -DEI_PART_TIMES: the clocks must not
+    change a bit of the step, and every part of the layer must have been timed; the plain build has no clocks."""
+    if not quant.vnni_available():
+        pytest.skip("the vnni int8 kernel has no SIMD path on this CPU (neither AVX512-VNNI nor AVX2)")
+    import ctypes
+
+    monkeypatch.setattr(quant, "default_kernel", lambda: "vnni")
+    out = tmp_path / "timed.so"
+    kernels._build(kernels._compiler(), (*kernels.BASE_FLAGS, "-DEI_PART_TIMES"), out, kernels.Q8_SOURCE)
+    timed = kernels._bind_q8(ctypes.CDLL(str(out)))
+    ckpt = open_checkpoint(tiny_checkpoint)
+    module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8")
+    plain, clocked = StageExecutor(module), StageExecutor(module)
+    clocked.decode_layers.lib = timed
+    clocks = (ctypes.c_double * 6)()
+    assert kernels.q8_library().ei_q8_part_times(ctypes.addressof(clocks)) == 0
+    logits = {}
+    for name, ex in (("plain", plain), ("clocked", clocked)):
+        ex.step([("s", StepInput(0, input_ids=torch.arange(10, 17)))])
+        timed.ei_q8_part_times(ctypes.addressof(clocks))  # the prompt ran no decode layer; clears in any case
+        logits[name] = [ex.step([("s", StepInput(7 + i, input_ids=torch.tensor([t])))])[0].logits for i, t in
+                        enumerate((3, 77, 410))]  # fmt: skip
+        if name == "clocked":
+            assert timed.ei_q8_part_times(ctypes.addressof(clocks)) == 6
+            assert all(c > 0 for c in clocks), list(clocks)  # elementwise, qkv, attention, o, gate_up, down
+    assert all(torch.equal(a, b) for a, b in zip(logits["plain"], logits["clocked"], strict=True))

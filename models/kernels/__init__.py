@@ -27,9 +27,10 @@ VNNI it builds an AVX2 GEMV and its own exact int32 GEMM for prompts (ei_q8_mm: 
 reference loop, ~170x slower than fbgemm). decode_attention.c also holds
 the elementwise steps of a native decode layer (RMSNorm with its residual add, rotary embedding, silu * up), so a
 decode step does not pay ~40 torch op dispatches per layer; on vnni int8 (and int4) stages int8_vnni.c's
-ei_q8_decode_layer runs a whole layer in one call (DecodeLayers: the same functions in the same order, so the same
-bits), taking the other libraries' functions as pointers (1.3B, depth 974, a Zen 5 EPYC, interleaved: an int8 step
-40.0 vs 43.1 ms with a Python call per step of the layer; int4 37.5 vs 43.1).
+ei_q8_decode_layer runs a whole layer in one call, and ei_q8_decode_layers every layer of the stage (DecodeLayers:
+the same functions in the same order, so the same bits), taking the other libraries' functions as pointers (1.3B,
+depth 974, a Zen 5 EPYC, interleaved: an int8 step 40.0 vs 43.1 ms with a Python call per step of the layer; int4
+37.5 vs 43.1).
 
 prompt_attention.c is the causal attention of prompt chunks in packed stages, with bf16 dot products (AVX512-BF16)
 and an fp32 softmax: q, k, v and the probabilities rounded to bf16 are finer than the int8 KV rows decode attends
@@ -72,7 +73,7 @@ INT4_ABI_VERSION = 3
 ROWS_SOURCE = Path(__file__).with_name("int8_rows.c")
 ROWS_ABI_VERSION = 1
 Q8_SOURCE = Path(__file__).with_name("int8_vnni.c")
-Q8_ABI_VERSION = 8
+Q8_ABI_VERSION = 9
 PROMPT_SOURCE = Path(__file__).with_name("prompt_attention.c")
 PROMPT_ABI_VERSION = 2
 # Activation rows (both passes counted) up to which the vnni linear runs its own GEMV; above, the int32 GEMM
@@ -272,6 +273,12 @@ def _bind_q8(lib: ctypes.CDLL) -> ctypes.CDLL:
         ctypes.POINTER(Q8Layer), ctypes.POINTER(LayerOps), i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32
     ]  # fmt: skip
     lib.ei_q8_decode_layer.restype = i32
+    lib.ei_q8_decode_layers.argtypes = [
+        ctypes.POINTER(Q8Layer), i32, ctypes.POINTER(LayerOps), i32, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32
+    ]  # fmt: skip
+    lib.ei_q8_decode_layers.restype = i32
+    lib.ei_q8_part_times.argtypes = [ptr]  # clocks exist only in a -DEI_PART_TIMES build (bench/decode_parts.py)
+    lib.ei_q8_part_times.restype = i32
     return _abi_checked(lib, "ei_q8_abi_version", Q8_ABI_VERSION, "int8 vnni kernel")
 
 
@@ -544,7 +551,7 @@ class Q8Layer(ctypes.Structure):
 
 
 class DecodeLayers:
-    """A stage's decode layers as one native call each (int8_vnni.c ei_q8_decode_layer), for stages whose four
+    """A stage's decode layers in one native call (int8_vnni.c ei_q8_decode_layers), for stages whose four
     projections per layer are fused vnni Int8Linears or Int4Linears on our kernel (int4 stages: down_proj int8):
     the same steps and functions as StageExecutor._decode_layer,
     so the same bits, without its ~20 Python calls per layer. Rows: one per session, at most MAX_ROWS (beyond
@@ -621,12 +628,11 @@ class DecodeLayers:
         scratch = torch.empty(self.lib.ei_q8_layer_scratch(self.layers[0], r))
         ops, threads = ctypes.byref(self.ops[attention.dtype]), torch.get_num_threads()
         args = (x.data_ptr(), cos.data_ptr(), sin.data_ptr(), attention.caches, attention.capacities)
-        for j in range(len(self.keep)):
-            rc = self.lib.ei_q8_decode_layer(
-                ctypes.byref(self.layers[j]), ops, r, *args, attention.pasts, scratch.data_ptr(), threads
-            )
-            if rc != 0:
-                raise MemoryError("a native decode layer could not allocate its buffers")
+        rc = self.lib.ei_q8_decode_layers(
+            self.layers, len(self.keep), ops, r, *args, attention.pasts, scratch.data_ptr(), threads
+        )  # every layer in one call
+        if rc != 0:
+            raise MemoryError("a native decode layer could not allocate its buffers")
         return x
 
 

@@ -664,6 +664,33 @@ static int gemv(const ei_q8_weight *W, int R, const float *x, float *y, int thre
     return ei_q8_gemv_rows(R, W->n, W->k, W->two_pass, W->rotate, x, W->k, W->w, W->ws, W->wsum, y, threads);
 }
 
+/* Built with -DEI_PART_TIMES (bench/decode_parts.py), ei_q8_decode_layer adds each part's wall time to a running
+ * total that ei_q8_part_times hands out and clears: where a step's time goes against the bytes each part reads.
+ * Without it the marks compile to nothing. */
+enum { PART_ELEMENTWISE, PART_QKV, PART_ATTENTION, PART_O, PART_GATE_UP, PART_DOWN, PART_COUNT };
+#ifdef EI_PART_TIMES
+#include <time.h>
+static double part_seconds[PART_COUNT];
+static double part_clock(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+#define PART_START double part_t0 = part_clock(), part_t1
+#define PART_END(part) (part_t1 = part_clock(), part_seconds[part] += part_t1 - part_t0, part_t0 = part_t1)
+int ei_q8_part_times(double *out) {
+    for (int i = 0; i < PART_COUNT; i++) out[i] = part_seconds[i], part_seconds[i] = 0.0;
+    return PART_COUNT;
+}
+#else
+#define PART_START
+#define PART_END(part) ((void)0)
+int ei_q8_part_times(double *out) {
+    (void)out;
+    return 0;
+}
+#endif
+
 /* A whole decode layer in one call, for a step whose R rows are each one session's new row (R <= 8: every linear
  * takes the GEMV path, as q8_linear and Int4Linear would), its linears vnni int8 or int4 (ei_q8_weight). It runs
  * StageExecutor._decode_layer's steps in the same order with the same functions, so its output is bit for bit that
@@ -679,18 +706,41 @@ int ei_q8_decode_layer(const ei_q8_layer *L, const ei_layer_ops *ops, int R, flo
     float *h = scratch, *qkv = h + (int64_t)R * D, *a = qkv + (int64_t)R * qkv_w, *t = a + (int64_t)R * q_w;
     float *gu = t + (int64_t)R * D, *act = gu + (int64_t)R * 2 * I;
     int rc;
+    PART_START;
     ops->add_rmsnorm(R, D, x, D, NULL, 0, NULL, L->norm1, L->eps1, h);
+    PART_END(PART_ELEMENTWISE);
     if ((rc = gemv(&L->qkv, R, h, qkv, threads))) return rc;
+    PART_END(PART_QKV);
     ops->rope(R, L->heads, L->kv_heads, L->head_dim, qkv, qkv_w, qkv + q_w, qkv_w, cos, sin);
+    PART_END(PART_ELEMENTWISE);
     rc = ops->attention(R, L->layer, qkv, qkv_w, qkv + q_w, qkv_w, qkv + q_w + kv_w, qkv_w, cache, capacity, past, a,
                         L->heads, L->kv_heads, L->head_dim, L->scale, threads);
     if (rc) return rc;
+    PART_END(PART_ATTENTION);
     if ((rc = gemv(&L->o, R, a, t, threads))) return rc;
+    PART_END(PART_O);
     ops->add_rmsnorm(R, D, x, D, t, D, x, L->norm2, L->eps2, h); /* x += o_proj(a), h = its norm */
+    PART_END(PART_ELEMENTWISE);
     if ((rc = gemv(&L->gate_up, R, h, gu, threads))) return rc;
+    PART_END(PART_GATE_UP);
     ops->silu_mul(R, I, gu, 2 * I, act);
+    PART_END(PART_ELEMENTWISE);
     if ((rc = gemv(&L->down, R, act, t, threads))) return rc;
+    PART_END(PART_DOWN);
     for (int64_t i = 0; i < (int64_t)R * D; i++) x[i] += t[i];
+    PART_END(PART_ELEMENTWISE);
+    return 0;
+}
+
+/* Every layer of a stage, L[0..n), in one call: a ctypes call per layer cost ~17 us of a 1.3B step's 24 layers
+ * (0.41 ms between the Python and the C clocks, bench/decode_parts.py's build). Stops at the first failing layer. */
+int ei_q8_decode_layers(const ei_q8_layer *L, int n, const ei_layer_ops *ops, int R, float *x, const float *cos,
+                        const float *sin, void *const *cache, const int64_t *capacity, const int *past, float *scratch,
+                        int threads) {
+    for (int j = 0; j < n; j++) {
+        int rc = ei_q8_decode_layer(L + j, ops, R, x, cos, sin, cache, capacity, past, scratch, threads);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -703,4 +753,4 @@ int ei_q8_simd(void) {
 #endif
 }
 
-int ei_q8_abi_version(void) { return 8; }
+int ei_q8_abi_version(void) { return 9; }
