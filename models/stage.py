@@ -428,7 +428,7 @@ class StageExecutor:
         """The rotary cos/sin of the step's rows [R, head_dim]. A one-row step's come from a table filled
         ROPE_BLOCK positions per call: its half-dozen torch ops cost ~0.13 ms of a ~28 ms 1.3B decode step.
         The default rotary is elementwise in the position, so a table row has the one-position call's bits
-        (tests/test_stage.py checks); other rope types (dynamic scaling looks at the longest position) call it."""
+        (tests/test_stage_split.py checks); other rope types (dynamic scaling looks at the longest position) call it."""
         rotary = self.module.rotary_emb
         if x.shape[0] != 1 or getattr(rotary, "rope_type", None) != "default":
             positions = torch.cat([torch.arange(p, p + t) for p, t in spans])  # [R]

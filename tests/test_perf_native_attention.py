@@ -323,7 +323,8 @@ def test_part_clocks_build_gives_the_same_bits_and_times_every_part(tiny_checkpo
 
     monkeypatch.setattr(quant, "default_kernel", lambda: "vnni")
     out = tmp_path / "timed.so"
-    kernels._build(kernels._compiler(), (*kernels.BASE_FLAGS, "-DEI_PART_TIMES"), out, kernels.Q8_SOURCE)
+    flags = (*kernels.BASE_FLAGS, *kernels.ARCH_FLAGS, "-DEI_PART_TIMES")  # the plain build's flags, as the bench
+    kernels._build(kernels._compiler(), flags, out, kernels.Q8_SOURCE)
     timed = kernels._bind_q8(ctypes.CDLL(str(out)))
     ckpt = open_checkpoint(tiny_checkpoint)
     module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8")
