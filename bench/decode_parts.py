@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from common import load_average, machine_info, require_checkpoint, skip, write_json
-from perf_decode import DEFAULT_CKPT, step_bytes
+from perf_decode import DEFAULT_CKPT, linear_bytes, step_bytes
 
 from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
@@ -50,19 +50,14 @@ def timed_library(folder: Path) -> ctypes.CDLL:
 def part_bytes(executor: StageExecutor, depth: int) -> dict[str, int]:
     """Bytes each part reads per step: the linears' weights with their scales and row sums; the cache at depth."""
     layers = executor.module.layers
-
-    def linear(lin) -> int:
-        return lin.weight_bytes() + sum(p.numel() * p.element_size() for p in lin.parameters(recurse=False))
-
-    out = {
-        "qkv": sum(linear(layer.self_attn.qkv_proj) for layer in layers),
-        "o": sum(linear(layer.self_attn.o_proj) for layer in layers),
-        "gate_up": sum(linear(layer.mlp.gate_up_proj) for layer in layers),
-        "down": sum(linear(layer.mlp.down_proj) for layer in layers),
+    return {
+        "qkv": sum(linear_bytes(layer.self_attn.qkv_proj) for layer in layers),
+        "o": sum(linear_bytes(layer.self_attn.o_proj) for layer in layers),
+        "gate_up": sum(linear_bytes(layer.mlp.gate_up_proj) for layer in layers),
+        "down": sum(linear_bytes(layer.mlp.down_proj) for layer in layers),
         "attention": executor.kv_bytes_per_position() * depth,
+        "lm_head": linear_bytes(executor.module.lm_head),
     }
-    out["lm_head"] = linear(executor.module.lm_head)
-    return out
 
 
 def main() -> None:

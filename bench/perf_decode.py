@@ -44,13 +44,18 @@ def synthetic_kv(ckpt: Checkpoint, length: int, dtype: torch.dtype) -> list[tupl
     ]
 
 
+def linear_bytes(linear) -> int:
+    """Bytes a decode step reads of one packed linear: its weights as it streams them, and its own parameters."""
+    return linear.weight_bytes() + sum(p.numel() * p.element_size() for p in linear.parameters(recurse=False))
+
+
 def step_bytes(module: StageModule) -> int:
     """Weight bytes one decode step reads: every layer's parameters, the final norm and the lm_head (not embed).
     An Int4Linear counts its int4 weights only: its int8 copy serves prompt chunks, never a decode step."""
 
     def walk(mod) -> int:
         if isinstance(mod, (Int8Linear, Half16Linear, Int4Linear)):
-            return mod.weight_bytes() + sum(p.numel() * p.element_size() for p in mod.parameters(recurse=False))
+            return linear_bytes(mod)
         own = sum(p.numel() * p.element_size() for p in mod.parameters(recurse=False))
         return own + sum(walk(child) for child in mod.children())
 
