@@ -342,3 +342,46 @@ def test_part_clocks_build_gives_the_same_bits_and_times_every_part(tiny_checkpo
             assert timed.ei_q8_part_times(ctypes.addressof(clocks)) == 6
             assert all(c > 0 for c in clocks), list(clocks)  # elementwise, qkv, attention, o, gate_up, down
     assert all(torch.equal(a, b) for a, b in zip(logits["plain"], logits["clocked"], strict=True))
+
+
+@needs_kernels
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(16, 16, 128), (3, 3, 128), (4, 2, 256)])
+def test_fixed_point_int8_attention_stays_within_its_rounding_and_gives_each_heads_bits(
+    heads, kv_heads, head_dim, tmp_path, monkeypatch
+):
+    """bench/perf_decode_attention.py times decode_attention.c built with -DEI_FIXED_ATTENTION (int8 heads in 16-bit
+    fixed point, off by default): its output stays within the rounding it documents (~7e-5 relative) of fp32 SDPA over
+    the stored rows, and a head attended beside another (paired) gets the bits it gets alone."""
+    if "avx512_vnni" not in quant.cpu_flags():
+        pytest.skip("the fixed-point loops need AVX512-VNNI")
+    import ctypes
+
+    out = tmp_path / "fixed.so"
+    kernels._build(kernels._compiler(), (*kernels.BASE_FLAGS, *kernels.ARCH_FLAGS, "-DEI_FIXED_ATTENTION"), out,
+                   kernels.SOURCE)  # fmt: skip
+    fixed, plain = kernels._bind(ctypes.CDLL(str(out))), kernels.library()
+    g, past, scale = torch.Generator().manual_seed(head_dim + heads), 300, head_dim**-0.5
+    kv = KVBuffer(1, kv_heads, head_dim, torch.int8, capacity=past + 1)
+    kv.data.zero_()
+    kv.write(0, *(torch.randn(kv_heads, past, head_dim, generator=g) for _ in range(2)), 0)
+    q = torch.randn(1, heads, head_dim, generator=g) * 3  # sharper softmax than randn alone: weights far apart
+    k, v = (torch.randn(1, kv_heads, head_dim, generator=g) for _ in range(2))
+    got, data = {}, kv.data.clone()
+    for name, lib in (("fixed", fixed), ("float", plain)):
+        monkeypatch.setattr(kernels, "library", lambda lib=lib: lib)
+        kv.data.copy_(data)  # the same rows for each build; each stores the same new row at `past`
+        got[name] = kernels.DecodeAttention([kv], [past])(0, q, k, v, scale)[0]
+        if name == "fixed":
+            alone = []
+            group = heads // kv_heads
+            for h in range(heads):
+                one = KVBuffer(1, 1, head_dim, torch.int8, capacity=past + 1)
+                one.data.copy_(kv.data[:, :, h // group : h // group + 1])
+                j = h // group
+                step = kernels.DecodeAttention([one], [past])
+                alone.append(step(0, q[:, h : h + 1], k[:, j : j + 1], v[:, j : j + 1], scale)[0])
+            assert torch.equal(got[name], torch.cat(alone))  # paired or alone, the same arithmetic per head
+    want = sdpa_one_row(q[0], *kv.view(0, past + 1), scale)
+    error = ((got["fixed"] - want).norm() / want.norm()).item()
+    assert 1e-6 < error < 3e-4  # really the fixed-point loops (the float ones are ~5e-7 off), within their rounding
+    torch.testing.assert_close(got["float"], want, atol=2e-5, rtol=1e-4)

@@ -250,6 +250,191 @@ static inline void weighted_values_q8_pair(float *o0, float *o1, const float *w0
 #define Q8_PAIRS 0
 #endif
 
+#if defined(EI_FIXED_ATTENTION) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+/* Built with -DEI_FIXED_ATTENTION (bench/perf_decode_attention.py; not the default), int8 heads of 128 or 256 dims
+ * run in 16-bit fixed point. The float loops above take a sign-extend, a convert and an FMA per int8 value: a 1.3B
+ * step's attention at 974 positions needs ~2.2 ms of that arithmetic with its rows in L3, more than its 98.7 MB take
+ * at 57 GB/s (1.74 ms). Here q is rounded to int16 (its absmax to 32767), and a key row's score is one vpdpwssd per
+ * 32 values into an exact int32 sum. The value side multiplies two rows at once by their weights rounded to int16
+ * (per block of FIXED_BLOCK rows, the block's largest to 32767), sums them exactly in int32 and adds each block to
+ * fp32: ~1.5 ms in L3. From memory at 30-46 GB/s it took the float loops' time (0.97-1.03x): there the cache's reads,
+ * not the arithmetic, bound both, so it stays off until a box with fast memory shows it faster. The rounding adds
+ * ~7e-5 relative error to a head's output, ~100x below what the int8 rows themselves carry. One head or two (`two`,
+ * a constant at each call) do the same arithmetic per head: the same bits either way. */
+#define Q8_FIXED 1
+#define FIXED_MAX_DIM 256
+#define FIXED_BLOCK 16
+#define FIXED_PREFETCH_ROWS 24 /* value rows ahead: a block reads its rows' scales before their values */
+
+/* dst = round(q / s) with s = absmax / 32767 (head_dim a multiple of 16); returns s. */
+static inline float quantize_q16(int16_t *dst, const float *q, int n) {
+    __m512 m = _mm512_setzero_ps();
+    for (int d = 0; d < n; d += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(q + d)));
+    float amax = _mm512_reduce_max_ps(m);
+    __m512 inv = _mm512_set1_ps(amax > 0.f ? 32767.f / amax : 1.f);
+    for (int d = 0; d < n; d += 16) {
+        __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(q + d), inv));
+        _mm256_storeu_si256((__m256i *)(dst + d), _mm512_cvtsepi32_epi16(r));
+    }
+    return amax > 0.f ? amax / 32767.f : 1.f;
+}
+
+/* The 16 lanes of four int32 vectors summed: [sum a, sum b, sum c, sum d] (13 instructions for four rows, where a
+ * reduction per row took ~8 each). */
+static inline __m128i sum4_epi32(__m512i a, __m512i b, __m512i c, __m512i d) {
+    __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+    __m512i x = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+    __m256i y = _mm256_add_epi32(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64(x, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+}
+
+static inline __m512i widen32(const int8_t *p) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p)); }
+
+static inline __m128 scales4(const int8_t *r, int row, int head_dim) {
+    return _mm_set_ps(row_scale(r + 3 * row, head_dim), row_scale(r + 2 * row, head_dim), row_scale(r + row, head_dim),
+                      row_scale(r, head_dim));
+}
+
+/* Four key rows' scores for one head: q16 . k as exact int32 sums, times each row's scale and qs * scale. */
+static inline __m128 scores4_fixed(const int16_t *q16, const int8_t *k, int row, int head_dim, float qs) {
+    __m512i x[4];
+    for (int i = 0; i < 4; i++) x[i] = _mm512_setzero_si512();
+    for (int d = 0; d < head_dim; d += 32) {
+        __m512i u = _mm512_loadu_si512(q16 + d);
+        for (int i = 0; i < 4; i++) x[i] = _mm512_dpwssd_epi32(x[i], u, widen32(k + i * row + d));
+    }
+    __m128 s = _mm_cvtepi32_ps(sum4_epi32(x[0], x[1], x[2], x[3]));
+    return _mm_mul_ps(_mm_mul_ps(s, scales4(k, row, head_dim)), _mm_set1_ps(qs));
+}
+
+/* One key row's score, the same int32 sum one product at a time (the last n % 4 rows). */
+static inline float score1_fixed(const int16_t *q16, const int8_t *k, int head_dim, float qs) {
+    int32_t sum = 0;
+    for (int d = 0; d < head_dim; d++) sum += q16[d] * k[d];
+    return (float)sum * row_scale(k, head_dim) * qs;
+}
+
+/* The maximum of 4 lanes (exact in any order). */
+static inline float max4(__m128 m) {
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* scores_q8() for one head, or two at once (two != 0; see scores_q8_pair for why two): p0/p1 get the scores, m0/m1
+ * their maxima. */
+static inline void scores_fixed(int two, float *p0, float *p1, const float *q0, const float *q1, const int8_t *k0,
+                                const int8_t *k1, int n, int head_dim, float scale, float *m0, float *m1) {
+    int16_t qa[FIXED_MAX_DIM], qb[FIXED_MAX_DIM];
+    float sa = quantize_q16(qa, q0, head_dim) * scale, sb = two ? quantize_q16(qb, q1, head_dim) * scale : 0.f;
+    __m128 ma = _mm_set1_ps(-INFINITY), mb = ma;
+    int t = 0, row = head_dim + 4;
+    for (; t + 4 <= n; t += 4) {
+        const int8_t *a = k0 + (int64_t)t * row, *b = k1 + (int64_t)t * row;
+        for (int c = 0; c < 4 * row; c += 64) {
+            _mm_prefetch((const char *)a + PREFETCH_ROWS * row + c, _MM_HINT_T0);
+            if (two) _mm_prefetch((const char *)b + PREFETCH_ROWS * row + c, _MM_HINT_T0);
+        }
+        __m128 s = scores4_fixed(qa, a, row, head_dim, sa);
+        _mm_storeu_ps(p0 + t, s);
+        ma = _mm_max_ps(ma, s);
+        if (two) {
+            s = scores4_fixed(qb, b, row, head_dim, sb);
+            _mm_storeu_ps(p1 + t, s);
+            mb = _mm_max_ps(mb, s);
+        }
+    }
+    float xa = max4(ma), xb = max4(mb);
+    for (; t < n; t++) {
+        p0[t] = score1_fixed(qa, k0 + (int64_t)t * row, head_dim, sa);
+        xa = p0[t] > xa ? p0[t] : xa;
+        if (two) {
+            p1[t] = score1_fixed(qb, k1 + (int64_t)t * row, head_dim, sb);
+            xb = p1[t] > xb ? p1[t] : xb;
+        }
+    }
+    *m0 = xa;
+    *m1 = xb;
+}
+
+/* A block's weights w * (row scale) rounded to int16, the largest to 32767: w16[0..16) (w16[nb..] = 0); returns
+ * the block's step (what one int16 unit weighs). */
+static inline float block_weights(int16_t *w16, const float *w, const int8_t *v, int nb, int row, int head_dim) {
+    float c[FIXED_BLOCK];
+    for (int i = 0; i < FIXED_BLOCK; i++) c[i] = i < nb ? w[i] * row_scale(v + (int64_t)i * row, head_dim) : 0.f;
+    __m512 x = _mm512_loadu_ps(c);
+    float big = _mm512_reduce_max_ps(_mm512_abs_ps(x));
+    __m512i r = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(big > 0.f ? 32767.f / big : 1.f)));
+    _mm256_storeu_si256((__m256i *)w16, _mm512_cvtsepi32_epi16(r));
+    return big > 0.f ? big / 32767.f : 1.f;
+}
+
+/* acc += two rows (r, r1) of 128 int8 values times their int16 weights (w: the pair as one int32). The bytes of
+ * the two rows are interleaved so that each int32 lane sums one dim of both: lanes 0-7 of acc[2c] are dims
+ * 32c + 0..7, of acc[2c + 1] dims 32c + 8..15, and lanes 8-15 of each the same 16 dims later. */
+static inline void values2_fixed(__m512i *acc, const int8_t *r, const int8_t *r1, int32_t w) {
+    __m512i u = _mm512_set1_epi32(w);
+    for (int c = 0; c < 4; c++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(r + 32 * c));
+        __m256i y = _mm256_loadu_si256((const __m256i *)(r1 + 32 * c));
+        acc[2 * c] = _mm512_dpwssd_epi32(acc[2 * c], _mm512_cvtepi8_epi16(_mm256_unpacklo_epi8(x, y)), u);
+        acc[2 * c + 1] = _mm512_dpwssd_epi32(acc[2 * c + 1], _mm512_cvtepi8_epi16(_mm256_unpackhi_epi8(x, y)), u);
+    }
+}
+
+/* 128 dims of a head's output from values2_fixed's lane order. */
+static inline void store128_fixed(float *o, const __m512 *f) {
+    for (int c = 0; c < 4; c++) {
+        _mm256_storeu_ps(o + 32 * c, _mm512_castps512_ps256(f[2 * c]));
+        _mm256_storeu_ps(o + 32 * c + 8, _mm512_castps512_ps256(f[2 * c + 1]));
+        _mm256_storeu_ps(o + 32 * c + 16, _mm512_extractf32x8_ps(f[2 * c], 1));
+        _mm256_storeu_ps(o + 32 * c + 24, _mm512_extractf32x8_ps(f[2 * c + 1], 1));
+    }
+}
+
+/* weighted_values_q8() for one head or two (two != 0). */
+static inline void values_fixed(int two, float *o0, float *o1, const float *w0, const float *w1, const int8_t *v0,
+                                const int8_t *v1, int n, int head_dim) {
+    int row = head_dim + 4;
+    for (int d0 = 0; d0 < head_dim; d0 += 128) {
+        __m512 fa[8], fb[8];
+        for (int i = 0; i < 8; i++) fa[i] = fb[i] = _mm512_setzero_ps();
+        for (int t0 = 0; t0 < n; t0 += FIXED_BLOCK) {
+            int nb = n - t0 < FIXED_BLOCK ? n - t0 : FIXED_BLOCK;
+            const int8_t *ra = v0 + (int64_t)t0 * row, *rb = v1 + (int64_t)t0 * row;
+            int16_t wa[FIXED_BLOCK], wb[FIXED_BLOCK];
+            float sa = block_weights(wa, w0 + t0, ra, nb, row, head_dim);
+            float sb = two ? block_weights(wb, w1 + t0, rb, nb, row, head_dim) : 0.f;
+            __m512i a[8], b[8];
+            for (int i = 0; i < 8; i++) a[i] = b[i] = _mm512_setzero_si512();
+            for (int i = 0; i < nb; i += 2) {
+                int step = i + 1 < nb ? row : 0; /* an odd block's last row pairs with itself, at weight 0 */
+                const int8_t *r = ra + (int64_t)i * row, *s = rb + (int64_t)i * row;
+                for (int c = 0; c < 2 * row; c += 64) {
+                    _mm_prefetch((const char *)r + FIXED_PREFETCH_ROWS * row + c, _MM_HINT_T0);
+                    if (two) _mm_prefetch((const char *)s + FIXED_PREFETCH_ROWS * row + c, _MM_HINT_T0);
+                }
+                int32_t pair;
+                memcpy(&pair, wa + i, sizeof pair);
+                values2_fixed(a, r + d0, r + step + d0, pair);
+                if (two) {
+                    memcpy(&pair, wb + i, sizeof pair);
+                    values2_fixed(b, s + d0, s + step + d0, pair);
+                }
+            }
+            for (int i = 0; i < 8; i++) {
+                fa[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[i]), _mm512_set1_ps(sa), fa[i]);
+                if (two) fb[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b[i]), _mm512_set1_ps(sb), fb[i]);
+            }
+        }
+        store128_fixed(o0 + d0, fa);
+        if (two) store128_fixed(o1 + d0, fb);
+    }
+}
+#else
+#define Q8_FIXED 0
+#endif
+
 /* scores() over int8 rows (head_dim + 4 bytes apart), each key's dot product times its row scale. */
 static inline float scores_q8(float *p, const float *q, const int8_t *k, int n, int head_dim, float scale) {
     float m = -INFINITY;
@@ -434,6 +619,11 @@ static inline int attend(int q8, int batch, int layer, const float *q, int64_t q
 #pragma omp atomic write
             failed = 1;
         }
+#if Q8_FIXED
+        const int fixed = q8 && head_dim % 128 == 0 && head_dim <= FIXED_MAX_DIM;
+#else
+        const int fixed = 0;
+#endif
 #if Q8_PAIRS
         /* int8 heads two at a time where their rows allow it (see scores_q8_pair) */
         const int paired = q8 && head_dim % 128 == 0 && heads % 2 == 0;
@@ -449,6 +639,32 @@ static inline int attend(int q8, int batch, int layer, const float *q, int64_t q
         for (int b = 0; b < batch; b++)
             for (int h = 0; h < heads; h++) {
                 if (!p || (paired && (h % 2 || !p1))) continue; /* a pair's second head is done with its first */
+#if Q8_FIXED
+                if (fixed) {
+                    int n = past[b] + 1, two = paired;
+                    const float *q0 = q + b * q_row + (int64_t)h * head_dim;
+                    const int8_t *c = (const int8_t *)cache[b];
+                    int g0 = h / group, g1 = two ? (h + 1) / group : g0;
+                    const int8_t *k0 = c + row_index(layer, 0, g0, 0, kv_heads, capacity[b], row);
+                    const int8_t *v0 = c + row_index(layer, 1, g0, 0, kv_heads, capacity[b], row);
+                    const int8_t *k1 = c + row_index(layer, 0, g1, 0, kv_heads, capacity[b], row);
+                    const int8_t *v1 = c + row_index(layer, 1, g1, 0, kv_heads, capacity[b], row);
+                    float m0, m1, *o0 = out + ((int64_t)b * heads + h) * head_dim;
+                    if (two) {
+                        scores_fixed(1, p, p1, q0, q0 + head_dim, k0, k1, n, head_dim, scale, &m0, &m1);
+                    } else {
+                        scores_fixed(0, p, p, q0, q0, k0, k0, n, head_dim, scale, &m0, &m1);
+                    }
+                    float inv0 = 1.f / exp_sum(p, n, m0), inv1 = two ? 1.f / exp_sum(p1, n, m1) : 0.f;
+                    for (int t = 0; t < n; t++) p[t] *= inv0;
+                    for (int t = 0; two && t < n; t++) p1[t] *= inv1;
+                    if (two)
+                        values_fixed(1, o0, o0 + head_dim, p, p1, v0, v1, n, head_dim);
+                    else
+                        values_fixed(0, o0, o0, p, p, v0, v0, n, head_dim);
+                    continue;
+                }
+#endif
 #if Q8_PAIRS
                 if (paired) {
                     int n = past[b] + 1;
