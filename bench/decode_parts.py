@@ -41,10 +41,7 @@ SID = "parts"
 
 def timed_library(folder: Path) -> ctypes.CDLL:
     """The int8 kernel with its part clocks on (the project's flags otherwise)."""
-    out = folder / "int8_vnni_part_times.so"
-    kernels._build(kernels._compiler(), (*kernels.BASE_FLAGS, *kernels.ARCH_FLAGS, "-DEI_PART_TIMES"), out,
-                   kernels.Q8_SOURCE)  # fmt: skip
-    return kernels._bind_q8(ctypes.CDLL(str(out)))
+    return kernels.variant(kernels.Q8_SOURCE, folder / "int8_vnni_part_times.so", "EI_PART_TIMES")
 
 
 def part_bytes(executor: StageExecutor, depth: int) -> dict[str, int]:

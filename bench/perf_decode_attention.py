@@ -37,10 +37,7 @@ from edgeinspect.models.quant import cpu_flags
 
 def fixed_library(folder: Path) -> ctypes.CDLL:
     """decode_attention.c with its fixed-point int8 loops (the project's flags otherwise)."""
-    out = folder / "decode_attention_fixed.so"
-    kernels._build(kernels._compiler(), (*kernels.BASE_FLAGS, *kernels.ARCH_FLAGS, "-DEI_FIXED_ATTENTION"), out,
-                   kernels.SOURCE)  # fmt: skip
-    return kernels._bind(ctypes.CDLL(str(out)))
+    return kernels.variant(kernels.SOURCE, folder / "decode_attention_fixed.so", "EI_FIXED_ATTENTION")
 
 
 def main() -> None:

@@ -54,13 +54,8 @@ def weight_bytes(fmt: str, n: int, k: int) -> int:
 
 def build(fmt: str, distance: int, folder: Path) -> ctypes.CDLL:
     """The format's kernel source compiled with its distance macro set (the project's flags, an uncached file)."""
-    cc = kernels._compiler()
     source = kernels.Q8_SOURCE if fmt == "int8" else kernels.INT4_SOURCE
-    out = folder / f"{fmt}-{distance}.so"
-    flags = (*kernels.BASE_FLAGS, *kernels.ARCH_FLAGS, f"-D{MACRO[fmt]}={distance}")
-    kernels._build(cc, flags, out, source)
-    lib = ctypes.CDLL(str(out))
-    return kernels._bind_q8(lib) if fmt == "int8" else kernels._bind_int4(lib)
+    return kernels.variant(source, folder / f"{fmt}-{distance}.so", f"{MACRO[fmt]}={distance}")
 
 
 def step_linears(fmt: str, layers: int):

@@ -322,10 +322,7 @@ def test_part_clocks_build_gives_the_same_bits_and_times_every_part(tiny_checkpo
     import ctypes
 
     monkeypatch.setattr(quant, "default_kernel", lambda: "vnni")
-    out = tmp_path / "timed.so"
-    flags = (*kernels.BASE_FLAGS, *kernels.ARCH_FLAGS, "-DEI_PART_TIMES")  # the plain build's flags, as the bench
-    kernels._build(kernels._compiler(), flags, out, kernels.Q8_SOURCE)
-    timed = kernels._bind_q8(ctypes.CDLL(str(out)))
+    timed = kernels.variant(kernels.Q8_SOURCE, tmp_path / "timed.so", "EI_PART_TIMES")  # as the bench builds it
     ckpt = open_checkpoint(tiny_checkpoint)
     module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8")
     plain, clocked = StageExecutor(module), StageExecutor(module)
@@ -354,12 +351,9 @@ def test_fixed_point_int8_attention_stays_within_its_rounding_and_gives_each_hea
     the stored rows, and a head attended beside another (paired) gets the bits it gets alone."""
     if "avx512_vnni" not in quant.cpu_flags():
         pytest.skip("the fixed-point loops need AVX512-VNNI")
-    import ctypes
 
-    out = tmp_path / "fixed.so"
-    kernels._build(kernels._compiler(), (*kernels.BASE_FLAGS, *kernels.ARCH_FLAGS, "-DEI_FIXED_ATTENTION"), out,
-                   kernels.SOURCE)  # fmt: skip
-    fixed, plain = kernels._bind(ctypes.CDLL(str(out))), kernels.library()
+    fixed = kernels.variant(kernels.SOURCE, tmp_path / "fixed.so", "EI_FIXED_ATTENTION")  # as the bench builds it
+    plain = kernels.library()
     g, past, scale = torch.Generator().manual_seed(head_dim + heads), 300, head_dim**-0.5
     kv = KVBuffer(1, kv_heads, head_dim, torch.int8, capacity=past + 1)
     kv.data.zero_()

@@ -128,6 +128,18 @@ def _build(cc: str, flags: tuple[str, ...], out: Path, source: Path = SOURCE) ->
             os.unlink(tmp)
 
 
+def variant(source: Path, out: Path, *defines: str) -> ctypes.CDLL:
+    """`source` built with extra -D macros (the project's flags otherwise) at `out`, uncached, and bound as the default
+    build of that source is: the builds benchmarks and their tests compare with the default one (part clocks,
+    prefetch distances, fixed-point attention). Raises RuntimeError where no compiler is installed."""
+    bind = {SOURCE: _bind, Q8_SOURCE: _bind_q8, INT4_SOURCE: _bind_int4}[source]
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler here (set CC or install gcc)")
+    _build(cc, (*BASE_FLAGS, *ARCH_FLAGS, *(f"-D{d}" for d in defines)), out, source)
+    return bind(ctypes.CDLL(str(out)))
+
+
 def _library_path(cc: str, flags: tuple[str, ...], source: Path = SOURCE) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256()
