@@ -10,12 +10,18 @@ build in one run, alternating which goes first, on a 1.3B-shaped cache (--layers
   attention when memory is fast;
 - cold: every layer once per step, each step right after a read probe of the cache's bytes, per memory-speed
   bucket (memory on a shared box moves by +-30% within seconds);
-- error: each build's output vs fp32 SDPA over the same stored rows (relative norm error).
+- error: each build's output vs fp32 SDPA over the same stored rows (relative norm error);
+- steps (with --checkpoint): whole int8 decode steps of that checkpoint at --depth, one session per build over the
+  same cache and tokens, each step right after a read probe of the step's weight bytes (as bench/perf_report.py's
+  read bound), the builds alternating which goes first: each build's step against its read bound per memory-speed
+  bucket, and how far the fixed build's logits move from the float build's. Whole steps are what the default
+  must win.
 
-The fixed variant stays off by default until a run with fast memory shows it faster from memory (see
+The fixed variant stays off by default until a run with fast memory shows whole steps faster with it (see
 bench/README.md, "Decode attention in fixed point").
 
     .venv/bin/python bench/perf_decode_attention.py [--depth 974] [--rounds 300] [--split-gbs 45]
+        [--checkpoint /work/ckpt-1.3b --steps 200]
 """
 
 from __future__ import annotations
@@ -28,16 +34,92 @@ import time
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, skip, write_json
+from common import load_average, machine_info, require_checkpoint, skip, write_json
+from perf_decode import step_bytes
 
 from edgeinspect.models import kernels
+from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.kv import KVBuffer
 from edgeinspect.models.quant import cpu_flags
+from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 
 
 def fixed_library(folder: Path) -> ctypes.CDLL:
     """decode_attention.c with its fixed-point int8 loops (the project's flags otherwise)."""
     return kernels.variant(kernels.SOURCE, folder / "decode_attention_fixed.so", "EI_FIXED_ATTENTION")
+
+
+def buckets_of(probes: list[float], split_gbs: float, row_of) -> dict:
+    """{"slow"|"fast": row_of(the rounds whose probe fell in that bucket, their median probe GB/s)}."""
+    found = {}
+    for bucket, keep in (("slow", lambda x: x < split_gbs), ("fast", lambda x: x >= split_gbs)):
+        idx = [i for i, gbs in enumerate(probes) if keep(gbs)]
+        if idx:
+            found[bucket] = row_of(idx, statistics.median(probes[i] for i in idx))
+    return found
+
+
+def whole_steps(checkpoint: Path, builds: dict[str, ctypes.CDLL], depth: int, rounds: int, split_gbs: float) -> dict:
+    """Whole int8 decode steps with each build's attention (see the module's doc); {"skipped": why} where the
+    checkpoint's int8 layers do not run as one native call here."""
+    ckpt = open_checkpoint(checkpoint)
+    executor = StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8"))
+    layers = executor.decode_layers
+    if layers is None:
+        return {"skipped": "this stage's decode layers do not run as one native call here (no vnni int8 kernel)"}
+    m, g = executor.module, torch.Generator().manual_seed(1)
+    shape = (len(m.layers), 2, executor.kv_heads, depth, executor.head_dim)
+    kv = executor.kv_rows(torch.randn(shape, generator=g) * 0.1)
+    for name in builds:
+        executor.open_from(name, kv, spare=rounds + 1)
+    weight_bytes, per_position = step_bytes(m), executor.kv_bytes_per_position()
+    probe = torch.ones(weight_bytes // 4)
+    probe.sum()  # resident before the first probe
+    probes, ratios, step_ms, moved, agree = [], {n: [] for n in builds}, {n: [] for n in builds}, [], []
+    try:
+        for r in range(rounds):
+            logits, gbs = {}, []
+            token = torch.tensor([5 + 3 * r % 90])  # the same for both sessions (ids any vocab here holds)
+            for name, lib in list(builds.items())[:: 1 if r % 2 else -1]:
+                layers.use_attention(lib)
+                t0 = time.perf_counter()
+                probe.sum()
+                t1 = time.perf_counter()
+                (out,) = executor.step([(name, StepInput(position=depth + r, input_ids=token))])
+                t2 = time.perf_counter()
+                bw = weight_bytes / (t1 - t0)
+                gbs.append(bw / 1e9)
+                step_ms[name].append((t2 - t1) * 1e3)
+                ratios[name].append((t2 - t1) / ((weight_bytes + per_position * (depth + r)) / bw))
+                logits[name] = out.logits
+            probes.append(statistics.mean(gbs))
+            moved.append(((logits["fixed"] - logits["float"]).norm() / logits["float"].norm()).item())
+            agree.append(bool(logits["fixed"].argmax() == logits["float"].argmax()))
+    finally:
+        layers.use_attention(kernels.library())
+        for name in builds:
+            executor.release(name)
+
+    def row(idx: list[int], gbs: float) -> dict:
+        out = {"rounds": len(idx), "probe_gbs_median": round(gbs, 1)}
+        for name in builds:
+            out[name] = {
+                "step_ms": round(statistics.median(step_ms[name][i] for i in idx), 2),
+                "x_read_bound": round(statistics.median(ratios[name][i] for i in idx), 3),
+            }
+        out["fixed_vs_float"] = round(out["fixed"]["step_ms"] / out["float"]["step_ms"], 3)
+        return out
+
+    return {
+        "checkpoint": checkpoint.name,
+        "depth": depth,
+        "head_dim": executor.head_dim,
+        "weight_bytes": weight_bytes,
+        "kv_bytes_at_depth": per_position * depth,
+        "buckets": buckets_of(probes, split_gbs, row),
+        "logits_relative_change_max": float(f"{max(moved):.3g}"),
+        "greedy_agreement": round(sum(agree) / len(agree), 3),
+    }
 
 
 def main() -> None:
@@ -49,10 +131,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--split-gbs", type=float, default=45.0, help="probe speed between the slow and fast buckets")
+    ap.add_argument("--checkpoint", type=Path, default=None, help="also time whole int8 decode steps of this model")
+    ap.add_argument("--steps", type=int, default=200, help="whole steps per build (with --checkpoint)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if not kernels.available():
         skip("no C compiler here to build the native kernels")
+    if args.checkpoint is not None:
+        require_checkpoint(args.checkpoint)
     torch.set_num_threads(args.threads)
     L, H, hd, past = args.layers, args.heads, args.head_dim, args.depth - 1
     g = torch.Generator().manual_seed(0)
@@ -103,23 +189,23 @@ def main() -> None:
                 t0 = time.perf_counter()
                 attend(lib, range(L))
                 cold[name].append(time.perf_counter() - t0)
+        steps = None
+        if args.checkpoint is not None:
+            steps = whole_steps(args.checkpoint, builds, args.depth, args.steps, args.split_gbs)
 
     def ms(xs) -> float:
         return round(statistics.median(xs) * 1e3, 3)
 
-    buckets = {}
-    for bucket, keep in (("slow", lambda x: x < args.split_gbs), ("fast", lambda x: x >= args.split_gbs)):
-        idx = [i for i, gbs in enumerate(probes) if keep(gbs)]
-        if not idx:
-            continue
-        gbs = statistics.median(probes[i] for i in idx)
+    def cold_row(idx: list[int], gbs: float) -> dict:
         bound = kv_bytes / (gbs * 1e9) * 1e3
         row = {"rounds": len(idx), "probe_gbs_median": round(gbs, 1), "read_bound_ms": round(bound, 3)}
         for name in builds:
             t = ms([cold[name][i] for i in idx])
             row[name] = {"ms": t, "x_read_bound": round(t / bound, 3)}
         row["fixed_vs_float"] = round(row["fixed"]["ms"] / row["float"]["ms"], 3)
-        buckets[bucket] = row
+        return row
+
+    buckets = buckets_of(probes, args.split_gbs, cold_row)
     payload = {
         "benchmark": "perf_decode_attention",
         "shape": {"layers": L, "heads": H, "head_dim": hd, "depth": args.depth},
@@ -130,6 +216,7 @@ def main() -> None:
         "hot_fixed_vs_float": round(ms(hot["fixed"]) / ms(hot["float"]), 3),
         "cold_buckets": buckets,
         "relative_error_vs_sdpa": {name: float(f"{e:.3g}") for name, e in errors.items()},
+        "steps": steps if steps is not None else {"skipped": "no --checkpoint given"},
         "load_average": load_average(),
         "machine": machine_info(bandwidth=False),
     }
@@ -141,6 +228,13 @@ def main() -> None:
               f"{row['read_bound_ms']} ms): fixed {row['fixed']['ms']} ms ({row['fixed']['x_read_bound']}x), "
               f"float {row['float']['ms']} ms ({row['float']['x_read_bound']}x)")  # fmt: skip
     print(f"relative error vs fp32 SDPA: {payload['relative_error_vs_sdpa']}")
+    for bucket, row in payload["steps"].get("buckets", {}).items():
+        print(f"whole steps, {bucket} memory ({row['rounds']} rounds, probe {row['probe_gbs_median']} GB/s): fixed "
+              f"{row['fixed']['step_ms']} ms ({row['fixed']['x_read_bound']}x its read bound), float "
+              f"{row['float']['step_ms']} ms ({row['float']['x_read_bound']}x): {row['fixed_vs_float']}x")  # fmt: skip
+    if "logits_relative_change_max" in payload["steps"]:
+        print(f"fixed vs float logits: relative change <= {payload['steps']['logits_relative_change_max']}, greedy "
+              f"agreement {payload['steps']['greedy_agreement']}")  # fmt: skip
     print(f"-> {path}")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from bench_scripts import run_bench
 
-from edgeinspect.models import kernels
+from edgeinspect.models import kernels, quant
 from edgeinspect.models.quant import cpu_flags
 
 
@@ -26,3 +26,21 @@ def test_the_bench_times_both_builds_hot_and_cold_and_reports_their_error(tmp_pa
         assert 1e-6 < error["fixed"] < 3e-4  # the fixed-point loops really ran, within their rounding
     else:
         assert error["fixed"] == error["float"]  # without VNNI both builds run the float loops
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the native kernels")
+def test_the_bench_times_whole_steps_of_a_checkpoint_with_each_build(tiny_checkpoint, tmp_path):
+    if quant.default_kernel() != "vnni":
+        pytest.skip("int8 stages take fbgemm here: their decode layers are not one native call each")
+    data = run_bench(
+        "perf_decode_attention", "--layers", "1", "--heads", "2", "--depth", "40", "--rounds", "2",
+        "--checkpoint", str(tiny_checkpoint), "--steps", "5", "--split-gbs", "0", out=tmp_path / "attention.json",
+    )  # fmt: skip
+    steps = data["steps"]
+    assert steps["depth"] == 40 and steps["kv_bytes_at_depth"] > 0 and steps["weight_bytes"] > 0
+    fast = steps["buckets"]["fast"]  # a split at 0 GB/s puts every round in one bucket
+    assert fast["rounds"] == 5
+    for name in ("fixed", "float"):
+        assert fast[name]["step_ms"] > 0 and fast[name]["x_read_bound"] > 0
+    assert steps["head_dim"] == 16  # the tiny model's heads: both builds run the float loops, so the same logits
+    assert steps["logits_relative_change_max"] == 0 and steps["greedy_agreement"] == 1.0

@@ -379,3 +379,29 @@ def test_fixed_point_int8_attention_stays_within_its_rounding_and_gives_each_hea
     error = ((got["fixed"] - want).norm() / want.norm()).item()
     assert 1e-6 < error < 3e-4  # really the fixed-point loops (the float ones are ~5e-7 off), within their rounding
     torch.testing.assert_close(got["float"], want, atol=2e-5, rtol=1e-4)
+
+
+@needs_kernels
+def test_decode_layers_take_their_attention_from_the_build_they_are_given(tmp_path, monkeypatch):
+    """bench/perf_decode_attention.py times whole decode steps with each attention build (use_attention): the
+    fixed-point build must really run inside the native layers (other logits, close to the default's), and going
+    back to the default build must give the default's bits again."""
+    if "avx512_vnni" not in quant.cpu_flags():
+        pytest.skip("the fixed-point loops and the native int8 layers need AVX512-VNNI")
+    from edgeinspect.models.tiny import TinySpec, make_tiny
+
+    monkeypatch.setattr(quant, "default_kernel", lambda: "vnni")
+    spec = TinySpec(layers=2, hidden=256, heads=2, kv_heads=2, intermediate=256)  # head_dim 128: the fixed loops run
+    ckpt = open_checkpoint(make_tiny(tmp_path / "hd128", spec))
+    ex = StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8"))
+    assert ex.decode_layers is not None and ex.head_dim == 128
+    fixed = kernels.variant(kernels.SOURCE, tmp_path / "fixed.so", "EI_FIXED_ATTENTION")  # as the bench builds it
+    logits = {}
+    for name, lib in (("default", kernels.library()), ("fixed", fixed), ("back", kernels.library())):
+        ex.decode_layers.use_attention(lib)
+        ex.step([(name, StepInput(0, input_ids=torch.arange(10, 60)))])  # the prompt: its own path, not the layers'
+        logits[name] = torch.stack([ex.step([(name, StepInput(50 + i, input_ids=torch.tensor([t])))])[0].logits
+                                    for i, t in enumerate((3, 77, 41))])  # fmt: skip
+    assert torch.equal(logits["back"], logits["default"])
+    assert not torch.equal(logits["fixed"], logits["default"])  # the fixed loops ran in the layers
+    assert cosine_similarity(logits["fixed"], logits["default"], dim=-1).min() > 0.9999  # 1.7e-5 off here

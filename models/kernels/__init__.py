@@ -600,14 +600,18 @@ class DecodeLayers:
             self.layers[j].layer, self.layers[j].heads, self.layers[j].kv_heads = j, heads, kv_heads
             self.layers[j].head_dim = head_dim
 
+        self.use_attention(attention)
+
+    def use_attention(self, lib: ctypes.CDLL) -> None:
+        """Takes the layers' norms, rotary, attention and silu * up from `lib`: decode_attention.c built and bound as
+        library() is (the default; a benchmark swaps in a variant build, see variant())."""
+
         def ops(fn) -> LayerOps:
-            names = (fn, attention.ei_add_rmsnorm, attention.ei_rope, attention.ei_silu_mul)
+            names = (fn, lib.ei_add_rmsnorm, lib.ei_rope, lib.ei_silu_mul)
             return LayerOps(*(ctypes.cast(f, ctypes.c_void_p).value for f in names))
 
-        self.ops = {
-            torch.int8: ops(attention.ei_decode_attention_q8),
-            torch.float16: ops(attention.ei_decode_attention_f16),
-        }
+        self.attention_lib = lib  # the pointers below point into it
+        self.ops = {torch.int8: ops(lib.ei_decode_attention_q8), torch.float16: ops(lib.ei_decode_attention_f16)}
 
     @staticmethod
     def fits(layers) -> bool:
