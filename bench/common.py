@@ -127,6 +127,18 @@ def target(value: float, goal: float, higher_is_better: bool = True) -> dict:
     return {"value": round(value, 4), "target": goal, "met": bool(met)}
 
 
+def memory_buckets(probes: list[float], split_gbs: float, row_of: Callable[[list[int], float], dict]) -> dict:
+    """Rounds split by the read probe taken before each (memory on a shared box moves by +-30% within seconds):
+    {"slow" | "fast": row_of(indices of the rounds whose probe fell there, their median probe GB/s)}, a bucket with no
+    round left out."""
+    found = {}
+    for bucket, keep in (("slow", lambda g: g < split_gbs), ("fast", lambda g: g >= split_gbs)):
+        idx = [i for i, gbs in enumerate(probes) if keep(gbs)]
+        if idx:
+            found[bucket] = row_of(idx, statistics.median(probes[i] for i in idx))
+    return found
+
+
 def write_json(name: str, payload: dict, out: Path | None = None) -> Path:
     """Writes bench/results/<name>.json (or `out`), pretty-printed; returns the path."""
     path = out or RESULTS_DIR / f"{name}.json"

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, require_checkpoint, skip, write_json
+from common import load_average, machine_info, memory_buckets, require_checkpoint, skip, write_json
 from perf_decode import DEFAULT_CKPT, linear_bytes, step_bytes
 
 from edgeinspect.models import kernels
@@ -124,11 +124,7 @@ def main() -> None:
         return {"steps": len(chosen), "probe_gbs_median": round(gbs, 1), "step_ms_median": round(step, 2),
                 "x_read_bound": round(step / bound, 3), "parts": parts}  # fmt: skip
 
-    buckets = {}
-    for name, keep in (("slow", lambda g: g < args.split_gbs), ("fast", lambda g: g >= args.split_gbs)):
-        chosen = [s for s in samples if keep(s[0])]
-        if chosen:
-            buckets[name] = bucket(chosen)
+    buckets = memory_buckets([s[0] for s in samples], args.split_gbs, lambda idx, _: bucket([samples[i] for i in idx]))
     payload = {
         "benchmark": "decode_parts",
         "checkpoint": str(args.checkpoint),

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import load_average, machine_info, require_checkpoint, skip, write_json
+from common import load_average, machine_info, memory_buckets, require_checkpoint, skip, write_json
 from perf_decode import step_bytes
 
 from edgeinspect.models import kernels
@@ -47,16 +47,6 @@ from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_
 def fixed_library(folder: Path) -> ctypes.CDLL:
     """decode_attention.c with its fixed-point int8 loops (the project's flags otherwise)."""
     return kernels.variant(kernels.SOURCE, folder / "decode_attention_fixed.so", "EI_FIXED_ATTENTION")
-
-
-def buckets_of(probes: list[float], split_gbs: float, row_of) -> dict:
-    """{"slow"|"fast": row_of(the rounds whose probe fell in that bucket, their median probe GB/s)}."""
-    found = {}
-    for bucket, keep in (("slow", lambda x: x < split_gbs), ("fast", lambda x: x >= split_gbs)):
-        idx = [i for i, gbs in enumerate(probes) if keep(gbs)]
-        if idx:
-            found[bucket] = row_of(idx, statistics.median(probes[i] for i in idx))
-    return found
 
 
 def whole_steps(checkpoint: Path, builds: dict[str, ctypes.CDLL], depth: int, rounds: int, split_gbs: float) -> dict:
@@ -116,7 +106,7 @@ def whole_steps(checkpoint: Path, builds: dict[str, ctypes.CDLL], depth: int, ro
         "head_dim": executor.head_dim,
         "weight_bytes": weight_bytes,
         "kv_bytes_at_depth": per_position * depth,
-        "buckets": buckets_of(probes, split_gbs, row),
+        "buckets": memory_buckets(probes, split_gbs, row),
         "logits_relative_change_max": float(f"{max(moved):.3g}"),
         "greedy_agreement": round(sum(agree) / len(agree), 3),
     }
@@ -205,7 +195,7 @@ def main() -> None:
         row["fixed_vs_float"] = round(row["fixed"]["ms"] / row["float"]["ms"], 3)
         return row
 
-    buckets = buckets_of(probes, args.split_gbs, cold_row)
+    buckets = memory_buckets(probes, args.split_gbs, cold_row)
     payload = {
         "benchmark": "perf_decode_attention",
         "shape": {"layers": L, "heads": H, "head_dim": hd, "depth": args.depth},

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import cpu_flags, load_average, machine_info, skip, write_json
+from common import cpu_flags, load_average, machine_info, memory_buckets, skip, write_json
 
 from edgeinspect.models import kernels
 from edgeinspect.models.weight_arena import huge_page_buffer
@@ -110,17 +110,16 @@ def runner(fmt: str, lib: ctypes.CDLL, linears, threads: int):
 
 def summarise(samples: list[tuple[float, float, float]], split: float) -> dict:
     """(probe GB/s, step ms, step / probe time) samples -> medians per memory-speed bucket."""
-    out = {}
-    for name, keep in (("slow", lambda g: g < split), ("fast", lambda g: g >= split)):
-        chosen = [s for s in samples if keep(s[0])]
-        if chosen:
-            out[name] = {
-                "rounds": len(chosen),
-                "probe_gbs_median": round(statistics.median(s[0] for s in chosen), 1),
-                "step_ms_median": round(statistics.median(s[1] for s in chosen), 2),
-                "x_probe_median": round(statistics.median(s[2] for s in chosen), 3),
-            }
-    return out
+
+    def row(idx: list[int], gbs: float) -> dict:
+        return {
+            "rounds": len(idx),
+            "probe_gbs_median": round(gbs, 1),
+            "step_ms_median": round(statistics.median(samples[i][1] for i in idx), 2),
+            "x_probe_median": round(statistics.median(samples[i][2] for i in idx), 3),
+        }
+
+    return memory_buckets([s[0] for s in samples], split, row)
 
 
 def main() -> None:
