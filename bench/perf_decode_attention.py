@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import statistics
 import tempfile
 import time
@@ -35,13 +36,13 @@ from pathlib import Path
 
 import torch
 from common import load_average, machine_info, memory_buckets, require_checkpoint, skip, write_json
-from perf_decode import step_bytes
+from step_ab import print_buckets, whole_step_ab
 
 from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.kv import KVBuffer
 from edgeinspect.models.quant import cpu_flags
-from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
+from edgeinspect.models.stage import LayerRange, StageExecutor, load_stage
 
 
 def fixed_library(folder: Path) -> ctypes.CDLL:
@@ -50,66 +51,18 @@ def fixed_library(folder: Path) -> ctypes.CDLL:
 
 
 def whole_steps(checkpoint: Path, builds: dict[str, ctypes.CDLL], depth: int, rounds: int, split_gbs: float) -> dict:
-    """Whole int8 decode steps with each build's attention (see the module's doc); {"skipped": why} where the
-    checkpoint's int8 layers do not run as one native call here."""
+    """Whole int8 decode steps with each build's attention (see the module's doc and step_ab); {"skipped": why}
+    where the checkpoint's int8 layers do not run as one native call here."""
     ckpt = open_checkpoint(checkpoint)
     executor = StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8"))
     layers = executor.decode_layers
     if layers is None:
         return {"skipped": "this stage's decode layers do not run as one native call here (no vnni int8 kernel)"}
-    m, g = executor.module, torch.Generator().manual_seed(1)
-    shape = (len(m.layers), 2, executor.kv_heads, depth, executor.head_dim)
-    kv = executor.kv_rows(torch.randn(shape, generator=g) * 0.1)
-    for name in builds:
-        executor.open_from(name, kv, spare=rounds + 1)
-    weight_bytes, per_position = step_bytes(m), executor.kv_bytes_per_position()
-    probe = torch.ones(weight_bytes // 4)
-    probe.sum()  # resident before the first probe
-    probes, ratios, step_ms, moved, agree = [], {n: [] for n in builds}, {n: [] for n in builds}, [], []
+    setups = {name: functools.partial(layers.use_attention, builds[name]) for name in ("fixed", "float")}
     try:
-        for r in range(rounds):
-            logits, gbs = {}, []
-            token = torch.tensor([5 + 3 * r % 90])  # the same for both sessions (ids any vocab here holds)
-            for name, lib in list(builds.items())[:: 1 if r % 2 else -1]:
-                layers.use_attention(lib)
-                t0 = time.perf_counter()
-                probe.sum()
-                t1 = time.perf_counter()
-                (out,) = executor.step([(name, StepInput(position=depth + r, input_ids=token))])
-                t2 = time.perf_counter()
-                bw = weight_bytes / (t1 - t0)
-                gbs.append(bw / 1e9)
-                step_ms[name].append((t2 - t1) * 1e3)
-                ratios[name].append((t2 - t1) / ((weight_bytes + per_position * (depth + r)) / bw))
-                logits[name] = out.logits
-            probes.append(statistics.mean(gbs))
-            moved.append(((logits["fixed"] - logits["float"]).norm() / logits["float"].norm()).item())
-            agree.append(bool(logits["fixed"].argmax() == logits["float"].argmax()))
+        return {"checkpoint": checkpoint.name, **whole_step_ab(executor, setups, depth, rounds, split_gbs)}
     finally:
         layers.use_attention(kernels.library())
-        for name in builds:
-            executor.release(name)
-
-    def row(idx: list[int], gbs: float) -> dict:
-        out = {"rounds": len(idx), "probe_gbs_median": round(gbs, 1)}
-        for name in builds:
-            out[name] = {
-                "step_ms": round(statistics.median(step_ms[name][i] for i in idx), 2),
-                "x_read_bound": round(statistics.median(ratios[name][i] for i in idx), 3),
-            }
-        out["fixed_vs_float"] = round(out["fixed"]["step_ms"] / out["float"]["step_ms"], 3)
-        return out
-
-    return {
-        "checkpoint": checkpoint.name,
-        "depth": depth,
-        "head_dim": executor.head_dim,
-        "weight_bytes": weight_bytes,
-        "kv_bytes_at_depth": per_position * depth,
-        "buckets": memory_buckets(probes, split_gbs, row),
-        "logits_relative_change_max": float(f"{max(moved):.3g}"),
-        "greedy_agreement": round(sum(agree) / len(agree), 3),
-    }
 
 
 def main() -> None:
@@ -218,13 +171,7 @@ def main() -> None:
               f"{row['read_bound_ms']} ms): fixed {row['fixed']['ms']} ms ({row['fixed']['x_read_bound']}x), "
               f"float {row['float']['ms']} ms ({row['float']['x_read_bound']}x)")  # fmt: skip
     print(f"relative error vs fp32 SDPA: {payload['relative_error_vs_sdpa']}")
-    for bucket, row in payload["steps"].get("buckets", {}).items():
-        print(f"whole steps, {bucket} memory ({row['rounds']} rounds, probe {row['probe_gbs_median']} GB/s): fixed "
-              f"{row['fixed']['step_ms']} ms ({row['fixed']['x_read_bound']}x its read bound), float "
-              f"{row['float']['step_ms']} ms ({row['float']['x_read_bound']}x): {row['fixed_vs_float']}x")  # fmt: skip
-    if "logits_relative_change_max" in payload["steps"]:
-        print(f"fixed vs float logits: relative change <= {payload['steps']['logits_relative_change_max']}, greedy "
-              f"agreement {payload['steps']['greedy_agreement']}")  # fmt: skip
+    print_buckets(payload["steps"], "fixed", "float")
     print(f"-> {path}")
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from common import RESULTS_DIR, load_average, machine_info, write_json
 
 BENCH_DIR = Path(__file__).resolve().parent
-NOT_BENCHMARKS = {"common", "run_all", "prefill_ab"}  # prefill_ab compares two revisions: run it by hand
+NOT_BENCHMARKS = {"common", "step_ab", "run_all", "prefill_ab"}  # helpers; prefill_ab compares two revisions: by hand
 # Perf benchmarks first (they answer the performance issue), then the others in name order.
 FIRST = ["perf_decode", "perf_batching", "stage_split", "perf_report", "perf_pipeline", "perf_prefix"]
 

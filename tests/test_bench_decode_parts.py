@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from bench_scripts import run_bench
-
-from edgeinspect.models import kernels, quant
+from bench_scripts import native_decode_layers, run_bench
 
 
-@pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the native kernels")
+@native_decode_layers
 def test_decode_parts_times_every_part_of_real_steps(tiny_checkpoint, tmp_path):
-    if quant.default_kernel() != "vnni":
-        pytest.skip("int8 stages take fbgemm here: their decode layers are not one native call each")
     data = run_bench(
         "decode_parts", "--checkpoint", str(tiny_checkpoint), "--depth", "40", "--steps", "8",
         "--split-gbs", "0", out=tmp_path / "parts.json",

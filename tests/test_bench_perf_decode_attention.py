@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from bench_scripts import run_bench
+from bench_scripts import native_decode_layers, run_bench
 
-from edgeinspect.models import kernels, quant
+from edgeinspect.models import kernels
 from edgeinspect.models.quant import cpu_flags
 
 
@@ -28,10 +28,8 @@ def test_the_bench_times_both_builds_hot_and_cold_and_reports_their_error(tmp_pa
         assert error["fixed"] == error["float"]  # without VNNI both builds run the float loops
 
 
-@pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the native kernels")
+@native_decode_layers
 def test_the_bench_times_whole_steps_of_a_checkpoint_with_each_build(tiny_checkpoint, tmp_path):
-    if quant.default_kernel() != "vnni":
-        pytest.skip("int8 stages take fbgemm here: their decode layers are not one native call each")
     data = run_bench(
         "perf_decode_attention", "--layers", "1", "--heads", "2", "--depth", "40", "--rounds", "2",
         "--checkpoint", str(tiny_checkpoint), "--steps", "5", "--split-gbs", "0", out=tmp_path / "attention.json",
