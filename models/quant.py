@@ -5,9 +5,8 @@ An int8 stage keeps activations, norms, attention and the KV cache in fp32 and r
 layers (and the lm_head) by Int8Linear. The kernel is picked once per process by what this CPU runs fast:
 
 - "vnni" (the default on CPUs with AVX512-VNNI, where the native kernels build): int8 weights kept row-major,
-  activations quantized per row to int8 (+ a residual pass for TWO_PASS_LINEARS in decode rows; their weights and
-  activations are rotated by block Hadamard, so their prompt rows take one pass at about the same error). Decode
-  rows run our GEMV
+  activations quantized per row to int8 (TWO_PASS_LINEARS' weights and activations are rotated by block Hadamard,
+  so their rows take one pass at about the error of two unrotated ones). Decode rows run our GEMV
   (models/kernels/int8_vnni.c): a 1.3B step's linears at 0.82x the speed of a plain read of the same bytes, where
   fbgemm's packed GEMV reaches 0.75x (1.1x faster); prompts run torch._int_mm (oneDNN) over the same bytes, 1.14x
   fbgemm's GEMM on a 256-row layer block. One copy of the weights serves both (bench/perf_int8_kernel.py).
@@ -49,10 +48,13 @@ KERNELS = ("vnni", "fbgemm", "int8pack", "dequant")
 # 1.3B dims); elsewhere inputs are post-norm or attention outputs, where one pass costs about what the weights do.
 # A second pass costs ~0.1 ms per linear at one row, so it is spent where the error is.
 TWO_PASS_LINEARS = frozenset({"down_proj"})
-# The same linears' activations are rotated by a block Hadamard matrix on the vnni kernel (weights stored rotated):
-# the rotation spreads silu(gate) * up's tails, so their prompt rows take one pass (half the GEMM: ~16% of a 974-token
-# 1.3B prefill) at about the error of two (first-token logits cosine vs fp32 0.9955, two passes unrotated 0.9952, one
-# pass unrotated 0.9931; bench/README.md, "Prefill: the down projection rotated").
+# On the vnni kernel the same linears' activations are rotated by a block Hadamard matrix instead (weights stored
+# rotated): the rotation spreads silu(gate) * up's tails, so their rows take one pass at about the error of two
+# unrotated ones (first-token logits cosine vs fp32 0.9955, two passes unrotated 0.9952, one pass unrotated 0.9931;
+# bench/README.md, "Prefill: the down projection rotated"). Prompt rows: half the GEMM (~16% of a 974-token 1.3B
+# prefill). Decode rows: with memory fast a whole 1.3B step takes ~1.3% less time in the median of runs (the second
+# pass's arithmetic bounds the GEMV there), for perf_accuracy's 1.3B int8 min cosine 0.99621 -> 0.99605
+# (bench/README.md, "Decode: the down projection in one pass"). Widths with no block to rotate by keep two passes.
 MAX_ROTATION_BLOCK = 512
 
 
@@ -199,7 +201,8 @@ class Int8Linear(nn.Module):
             raise ValueError("only the vnni kernel rotates its activations")
         self.in_features, self.out_features = q.shape[1], q.shape[0]
         self.kernel = kernel
-        self.two_pass = two_pass and kernel in ("fbgemm", "vnni")  # the others keep activations in 16/32 bits
+        # the others keep activations in 16/32 bits; rotated rows take one pass (see TWO_PASS_LINEARS)
+        self.two_pass = two_pass and kernel in ("fbgemm", "vnni") and not rotate
         self.rotate = rotate  # Hadamard block: q holds (W rotated) quantized, inputs are rotated alike (0: neither)
         self.gelu = False  # GELU (tanh form) applied to the output here: the vision MLP's fc1 (models/vision.py)
         self.bias = None if bias is None else bias.float().contiguous()

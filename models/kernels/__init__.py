@@ -338,9 +338,8 @@ def q8_linear(
     quantized per row to int8 (two passes: + the residual). Few rows: our GEMV; more: q8_int_mm.
 
     `rotate` B: rows are rotated by block Hadamard before quantizing (the weight is stored rotated: Int8Linear).
-    Prompt rows of a rotated linear then take one pass even where decode rows take two: the rotation brings one
-    pass's error near the residual pass's (bench/README.md, "Prefill: the down projection rotated") at half the
-    GEMM, where decode rows' second pass costs little (the GEMV reads each weight row once for both).
+    Int8Linear then asks for one pass: the rotation brings one pass's error near the residual pass's (bench/README.md,
+    "Prefill: the down projection rotated"). Prompt rows of a rotated linear take one pass even when asked for two.
 
     `gated`: the linear is a fused gate/up projection and the result is silu(gate) * up [R, N/2] (one pass);
     prompt rows go from q8_int_mm's int32 straight to it (ei_silu_mul_q8), the same bits as silu_mul(y).
@@ -569,7 +568,7 @@ class DecodeLayers:
     so the same bits, without its ~20 Python calls per layer. Rows: one per session, at most MAX_ROWS (beyond
     that q8_linear's own GEMV/_int_mm choice applies, and the Python path runs)."""
 
-    MAX_ROWS = Q8_GEMV_ROWS // 2  # down_proj's two passes
+    MAX_ROWS = Q8_GEMV_ROWS // 2  # a down_proj too narrow to rotate takes two passes (models/quant.py)
 
     def __init__(self, layers, heads: int, kv_heads: int, head_dim: int):
         from edgeinspect.models.int4 import Int4Linear  # it imports this module
