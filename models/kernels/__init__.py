@@ -337,9 +337,8 @@ def q8_linear(
     """x [R, K] fp32 (rows may be strided) @ (weight [N, K] int8 * scales [N]).T -> [R, N] fp32, activations
     quantized per row to int8 (two passes: + the residual). Few rows: our GEMV; more: q8_int_mm.
 
-    `rotate` B: rows are rotated by block Hadamard before quantizing (the weight is stored rotated: Int8Linear).
-    Int8Linear then asks for one pass: the rotation brings one pass's error near the residual pass's (bench/README.md,
-    "Prefill: the down projection rotated"). Prompt rows of a rotated linear take one pass even when asked for two.
+    `rotate` B: rows are rotated by block Hadamard before quantizing (the weight is stored rotated: Int8Linear, which
+    then asks for one pass: the rotation brings one pass's error near the residual pass's; models/quant.py).
 
     `gated`: the linear is a fused gate/up projection and the result is silu(gate) * up [R, N/2] (one pass);
     prompt rows go from q8_int_mm's int32 straight to it (ei_silu_mul_q8), the same bits as silu_mul(y).
@@ -369,8 +368,6 @@ def q8_linear(
         if gelu:
             lib.ei_gelu_tanh(y.numel(), y.data_ptr())
         return y
-    if rotate:
-        two_pass, passes = False, 1
     block = max(Q8_GEMV_ROWS, Q8_OUTPUT_BYTES // (4 * n * passes))  # rows of int32 output per GEMM call
     for r0 in range(0, r, block):
         rows = min(block, r - r0)
