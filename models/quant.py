@@ -386,8 +386,6 @@ class Half16Linear(nn.Module):
         y = torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, self.in_features).float(), self.packed)
         if self.bias is not None:
             y = y + self.bias
-        if self.gelu:
-            y = nn.functional.gelu(y, approximate="tanh")
         return y.reshape(*shape[:-1], self.out_features)
 
 

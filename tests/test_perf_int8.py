@@ -14,6 +14,7 @@ from edgeinspect.models.quant import (
     Half16Linear,
     Int8Linear,
     fbgemm_available,
+    fbgemm_fp16_available,
     int8pack_available,
     quantize_per_channel,
     resolve_weights,
@@ -100,6 +101,21 @@ def test_int8_stays_correlated_on_the_chaotic_tiny_model(tiny_checkpoint, part_i
     acc = compare(*_case(tiny_checkpoint, part_images[1]), "int8", NEW_TOKENS)
     print(f"tiny int8 vs fp32: {acc}")
     assert acc.mean_cosine >= 0.9
+
+
+@pytest.mark.skipif(not fbgemm_fp16_available(), reason="fbgemm's fp16 kernel is not in this torch build")
+def test_a_half16_linear_computes_the_linear_of_its_fp16_weights_on_any_cpu():
+    # Built here whatever the CPU (the bf16 stages use it only without bf16 instructions): a vision-only flag once
+    # leaked into its forward, and only AVX2 boxes ran it.
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 40)
+    half = Half16Linear(lin.weight.detach(), lin.bias.detach())
+    x = torch.randn(2, 3, 96)
+    exact = nn.functional.linear(x, lin.weight.half().float(), lin.bias)
+    got = half(x)
+    assert got.shape == (2, 3, 40) and got.dtype == torch.float32
+    assert torch.allclose(got, exact, rtol=1e-4, atol=1e-4)  # fp16 weights, fp32 arithmetic
+    assert not torch.allclose(got, nn.functional.linear(x, lin.weight.half().float()), atol=1e-3)  # bias added
 
 
 def test_bf16_stage_on_a_cpu_without_bf16_instructions_runs_16_bit_packed_linears(mid_checkpoint, part_images):
