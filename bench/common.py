@@ -43,15 +43,18 @@ def cpu_model() -> str:
 
 
 def cpu_flags() -> list[str]:
-    """The SIMD extensions that decide which matmul kernels torch can use (bf16 is slow without avx512_bf16/amx)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = line.split(":", 1)[1].split()
-                return sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
-    except OSError:
-        pass
-    return []
+    """The SIMD extensions that decide which matmul kernels run (bf16 is slow without avx512_bf16/amx), less those
+    above EDGEINSPECT_CPU_ISA's level where a run caps it."""
+    from edgeinspect.models.quant import cpu_flags as flags
+
+    return sorted(f for f in flags() if f.startswith(("avx", "amx", "fma", "f16c")))
+
+
+def cpu_isa() -> str:
+    """`native`, or the level EDGEINSPECT_CPU_ISA capped this run's kernels and paths at."""
+    from edgeinspect.models.quant import cpu_isa as isa
+
+    return isa()
 
 
 def meminfo_gib() -> dict[str, float]:
@@ -93,6 +96,7 @@ def machine_info(bandwidth: bool = True) -> dict:
     info = {
         "cpu": cpu_model(),
         "cpu_flags": cpu_flags(),
+        "cpu_isa": cpu_isa(),
         "logical_cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads(),

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import warnings
 
 import numpy as np
@@ -406,8 +407,37 @@ def use_half16(weights: str) -> bool:
     return weights == "bf16" and not fast_bf16() and fbgemm_fp16_available()
 
 
+# EDGEINSPECT_CPU_ISA=avx2 makes this box choose and build as an AVX2-only CPU (x86-64-v3) would: the native kernels
+# are compiled for that level and the flags above it are ignored wherever we pick a path by flags, so a box with
+# AVX-512 runs the paths an AVX2-only box takes (tools/test.sh runs the kernel tests so; "generic", SSE4.2, runs the
+# plain C loops an ARM box compiles). torch follows only its own variables (ATEN_CPU_CAPABILITY=avx2,
+# ONEDNN_MAX_CPU_ISA=AVX2) and fbgemm none: it picks its kernels from the CPU itself (fbgemm_vnni).
+CPU_ISA_ENV = "EDGEINSPECT_CPU_ISA"
+CPU_ISA_LEVELS = {  # level -> (the compiler's -march, prefixes of the flags a CPU of that level lacks)
+    "native": ("native", ()),
+    "avx2": ("x86-64-v3", ("avx512", "avx10", "avx_vnni", "amx", "gfni", "vaes", "vpclmulqdq")),
+    "generic": ("x86-64-v2", ("avx", "fma", "f16c", "amx", "gfni", "vaes", "vpclmulqdq")),
+}
+
+
+@functools.cache
+def cpu_isa() -> str:
+    """The instruction-set level paths are chosen and kernels built for: `native` unless EDGEINSPECT_CPU_ISA caps it."""
+    level = os.environ.get(CPU_ISA_ENV, "").strip().lower() or "native"
+    if level not in CPU_ISA_LEVELS:
+        raise ValueError(f"{CPU_ISA_ENV}={level!r} is not a level edgeinspect knows: use {', '.join(CPU_ISA_LEVELS)}")
+    return level
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags, less those above EDGEINSPECT_CPU_ISA's level where it is set."""
+    lacks = CPU_ISA_LEVELS[cpu_isa()][1]
+    return frozenset(f for f in _cpu_flags_here() if not f.startswith(lacks)) if lacks else _cpu_flags_here()
+
+
+@functools.cache
+def _cpu_flags_here() -> frozenset[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where that does not exist)."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -425,8 +455,9 @@ def fast_bf16() -> bool:
 
 
 def fbgemm_vnni() -> bool:
-    """Whether fbgemm's int8 kernel accumulates u8 x s8 pairs in int32 here (VNNI/AMX) rather than int16."""
-    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    """Whether fbgemm's int8 kernel accumulates u8 x s8 pairs in int32 here (VNNI/AMX) rather than int16: the CPU's
+    own flags, whatever EDGEINSPECT_CPU_ISA says, since fbgemm picks its kernels from the CPU itself."""
+    return bool(_cpu_flags_here() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def resolve_weights(name: str) -> str:

@@ -11,6 +11,8 @@ from edgeinspect.models import autoformat, kernels
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.stage import LayerRange, load_stage
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 
 @pytest.fixture
 def format_cache(tmp_path, monkeypatch):

@@ -12,6 +12,8 @@ from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.quant import cpu_flags
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 
 @pytest.mark.skipif(
     platform.machine() != "x86_64" or "avx2" not in cpu_flags() or kernels.q8_library() is None,

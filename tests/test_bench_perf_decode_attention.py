@@ -8,6 +8,8 @@ from bench_scripts import native_decode_layers, run_bench
 from edgeinspect.models import kernels
 from edgeinspect.models.quant import cpu_flags
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 
 @pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the native kernels")
 def test_the_bench_times_both_builds_hot_and_cold_and_reports_their_error(tmp_path):

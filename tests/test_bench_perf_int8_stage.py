@@ -10,6 +10,8 @@ from bench_scripts import run_bench
 
 from edgeinspect.models.quant import default_kernel, fbgemm_available, vnni_available
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 
 @pytest.mark.skipif(not (vnni_available() and fbgemm_available()), reason="needs both int8 kernels on this CPU")
 def test_perf_int8_stage_times_both_kernels_and_records_whether_the_default_is_the_faster(tiny_checkpoint, tmp_path):

@@ -8,6 +8,8 @@ from bench_scripts import run_bench
 
 from edgeinspect.models import kernels
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 
 def test_perf_prompt_attention_times_the_kernel_against_sdpa(tiny_checkpoint, tmp_path):
     if not kernels.prompt_attention_fast():

@@ -17,6 +17,8 @@ from edgeinspect.models.sampling import SamplingParams, sample
 from edgeinspect.models.stage import LayerRange, load_stage
 from edgeinspect.models.tiny import TinySpec, make_tiny
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 
 def test_generated_checkpoint_is_a_plain_hugging_face_folder(tiny_checkpoint):
     names = {p.name for p in tiny_checkpoint.iterdir()}

@@ -28,6 +28,8 @@ from edgeinspect.models.quant import Int8Linear
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 from edgeinspect.services.verify import UNIT_ERROR
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 needs_int4_library = pytest.mark.skipif(kernels.int4_library() is None, reason="no C compiler for the int4/int6 kernel")
 
 

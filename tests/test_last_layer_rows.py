@@ -9,6 +9,8 @@ from torch.nn.functional import cosine_similarity
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 
 def rows_seen(module: torch.nn.Module, into: list[int]):
     return module.register_forward_hook(

@@ -14,6 +14,8 @@ from edgeinspect.models.stage import StepInput
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
 from edgeinspect.services.stage.backend import SessionWork, StageBackend
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 NEW_TOKENS = 12
 CASES = [  # (image index, instruction, spec context): prompts of different lengths
     (0, "Inspect the part.", ""),

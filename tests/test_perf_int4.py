@@ -25,6 +25,8 @@ from edgeinspect.models.int4 import (
 from edgeinspect.models.quant import Int8Linear
 from edgeinspect.models.stage import LayerRange, load_stage
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 
 def test_q4_grid_keeps_each_group_within_half_a_step():
     torch.manual_seed(0)

@@ -24,6 +24,8 @@ from edgeinspect.models.stage import LayerRange, load_stage
 from edgeinspect.models.tiny import TinySpec
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 # Mid-size: 8 layers of width 512 (GQA 8/4 heads), ~30M parameters, initialised at a trained model's scale
 # (std 0.02). The tiny checkpoints use std 0.3 so that greedy output varies; that makes them chaotic: there even
 # bf16 weights move the mid-size model's logits to cosine 0.96, so they get a looser bar below.

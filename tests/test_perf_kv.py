@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.kv import GROW_ALIGN, KVBuffer, dequantize_rows, quantize_rows
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
+
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
 
 
 def test_buffer_grows_keeping_what_was_written():

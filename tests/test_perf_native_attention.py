@@ -14,6 +14,8 @@ from edgeinspect.models.kv import KVBuffer
 from edgeinspect.models.quant import use_half16
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the native kernels")
 
 

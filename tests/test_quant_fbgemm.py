@@ -17,7 +17,10 @@ from edgeinspect.models.quant import (
 )
 from edgeinspect.models.stage import LayerRange, load_stage
 
-pytestmark = pytest.mark.skipif(not fbgemm_available(), reason="fbgemm kernel is not in this torch build")
+pytestmark = [
+    pytest.mark.cpu_paths,
+    pytest.mark.skipif(not fbgemm_available(), reason="fbgemm kernel is not in this torch build"),
+]
 
 
 def _cos_err(a: torch.Tensor, b: torch.Tensor) -> float:

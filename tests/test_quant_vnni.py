@@ -20,7 +20,10 @@ from edgeinspect.models.quant import (
 )
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 
-pytestmark = pytest.mark.skipif(kernels.q8_library() is None, reason="no C compiler here to build the native kernels")
+pytestmark = [
+    pytest.mark.cpu_paths,
+    pytest.mark.skipif(kernels.q8_library() is None, reason="no C compiler here to build the native kernels"),
+]
 
 
 def reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, two_pass: bool) -> torch.Tensor:

@@ -12,6 +12,8 @@ from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 NEW_TOKENS = 24
 INSTRUCTIONS = [
     "Inspect the part in the image.",

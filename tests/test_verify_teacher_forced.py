@@ -19,6 +19,8 @@ from edgeinspect.services.verify import (
     verify,
 )
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 PROMPT = "Inspect the part in the image."
 LONG = 600  # tokens: free-running fp16 and fp32 sequences part within a few hundred on these checkpoints
 

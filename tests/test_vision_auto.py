@@ -13,6 +13,8 @@ from edgeinspect.models import kernels
 from edgeinspect.services.vision.autobackend import MIN_TOKEN_COSINE, decide
 from edgeinspect.services.vision.encoder import VisionEncoder
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 
 def test_the_fastest_candidate_within_the_bound_wins_and_a_faster_inaccurate_one_is_refused():
     ms = {"torch-fp32": 100.0, "onnxruntime-fp32": 40.0, "onnxruntime-int8": 10.0}

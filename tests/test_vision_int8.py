@@ -18,7 +18,10 @@ from edgeinspect.models.vision import NATIVE_ATTENTION, ImagePreprocessor, nativ
 from edgeinspect.services.vision.autobackend import MIN_TOKEN_COSINE
 from edgeinspect.services.vision.backends import TorchBackend
 
-pytestmark = pytest.mark.skipif(kernels.q8_library() is None, reason="no C compiler here to build the native kernels")
+pytestmark = [
+    pytest.mark.cpu_paths,
+    pytest.mark.skipif(kernels.q8_library() is None, reason="no C compiler here to build the native kernels"),
+]
 
 
 def sample_pixels(ckpt) -> torch.Tensor:

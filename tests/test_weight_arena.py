@@ -14,6 +14,8 @@ from edgeinspect.models.quant import Int8Linear
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 from edgeinspect.models.weight_arena import HUGE_PAGE, huge_page_weights
 
+pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
+
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 

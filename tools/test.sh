@@ -24,4 +24,14 @@ bash tools/setup.sh
 export HF_HUB_OFFLINE=1
 # No unresolved import across the packages, as a static tool (pyright) sees the edgeinspect tree.
 .venv/bin/python tools/typecheck.py
-exec .venv/bin/pytest -q -m "not slow" "$@"
+.venv/bin/pytest -q -m "not slow" "$@"
+[ $# -eq 0 ] && [ "$(uname -m)" = x86_64 ] || exit 0
+# The paths a smaller CPU takes, run on this one: the tests of paths chosen by the instruction set again with it
+# capped (EDGEINSPECT_CPU_ISA builds our kernels for that level and hides the flags above it; torch's ATen and oneDNN
+# take their own caps). avx2: what an AVX2-only box runs; generic (SSE4.2): the plain C loops an ARM box compiles.
+capped() {
+  echo "== cpu_paths tests with the instruction set capped at $1 =="
+  EDGEINSPECT_CPU_ISA=$1 ATEN_CPU_CAPABILITY=$2 ONEDNN_MAX_CPU_ISA=$3 .venv/bin/pytest -q -m "cpu_paths and not slow"
+}
+if grep -qw avx512f /proc/cpuinfo; then capped avx2 avx2 AVX2; fi
+if grep -qw avx2 /proc/cpuinfo; then capped generic default SSE41; fi

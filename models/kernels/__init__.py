@@ -39,11 +39,12 @@ over later (974 positions x 16 heads x 128 on a Zen 5 EPYC: 8.9 ms a layer again
 the CPU has AVX2 and FMA but no AVX512-BF16 it runs in fp32, blocked for the caches (an AVX2 Zen 3 EPYC: 29.3 ms a
 layer against SDPA's 38.7; a 974-token prefill's attention 0.98 -> 0.70 s); elsewhere it declines and SDPA runs.
 
-Each source is compiled with the system C compiler (`$CC`, else `cc`) at -O3 -march=native -fopenmp into a cache
-folder ($EDGEINSPECT_KERNEL_DIR, default ~/.cache/edgeinspect/kernels), under a name keyed by the source, the
-flags, the compiler and this CPU's flags, so a shared folder never hands one CPU another's build. The library
-links libgomp by soname, so it joins the copy torch has loaded and shares its threads. With no compiler (or
-EDGEINSPECT_NATIVE_KERNELS=0) `library()` is None and stages keep torch's kernels; the reason is logged once.
+Each source is compiled with the system C compiler (`$CC`, else `cc`) at -O3 -march=native -fopenmp (or the level
+EDGEINSPECT_CPU_ISA names: models/quant.py) into a cache folder ($EDGEINSPECT_KERNEL_DIR, default
+~/.cache/edgeinspect/kernels), under a name keyed by the source, the flags, the compiler and this CPU's flags, so a
+shared folder never hands one CPU another's build. The library links libgomp by soname, so it joins the copy torch
+has loaded and shares its threads. With no compiler (or EDGEINSPECT_NATIVE_KERNELS=0) `library()` is None and
+stages keep torch's kernels; the reason is logged once.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from pathlib import Path
 import torch
 
 from edgeinspect.models.kv import KVBuffer
-from edgeinspect.models.quant import cpu_flags
+from edgeinspect.models.quant import CPU_ISA_LEVELS, cpu_flags, cpu_isa
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,12 @@ Q8_GEMV_ROWS = 16
 # (gate_up's output 43 MB) took 3.35 s whole against 3.42 s in two blocks under 32 MiB (Zen 4, 8 interleaved rounds).
 Q8_OUTPUT_BYTES = 64 << 20
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
-ARCH_FLAGS = ("-march=native",)
 COMPILE_TIMEOUT_S = 120
+
+
+def arch_flags() -> tuple[str, ...]:
+    """-march=native, or the level EDGEINSPECT_CPU_ISA caps this box at (models/quant.py)."""
+    return (f"-march={CPU_ISA_LEVELS[cpu_isa()][0]}",)
 
 
 def headers() -> list[Path]:
@@ -136,7 +141,7 @@ def variant(source: Path, out: Path, *defines: str) -> ctypes.CDLL:
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler here (set CC or install gcc)")
-    _build(cc, (*BASE_FLAGS, *ARCH_FLAGS, *(f"-D{d}" for d in defines)), out, source)
+    _build(cc, (*BASE_FLAGS, *arch_flags(), *(f"-D{d}" for d in defines)), out, source)
     return bind(ctypes.CDLL(str(out)))
 
 
@@ -186,7 +191,7 @@ def _load(source: Path, bind, what: str) -> ctypes.CDLL | None:
         log.warning("no C compiler (set CC or install gcc): %s runs torch's kernels", what)
         return None
     errors = []
-    for flags in (BASE_FLAGS + ARCH_FLAGS, BASE_FLAGS):  # some compilers/CPUs refuse -march=native
+    for flags in (BASE_FLAGS + arch_flags(), BASE_FLAGS):  # some compilers/CPUs refuse -march
         try:
             path = _library_path(cc, flags, source)
             if not path.exists():
