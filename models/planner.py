@@ -321,7 +321,9 @@ def _linear_bytes(weights: str | int, n: int, k: int, role: str = "") -> tuple[i
     """(held, read per decode step) bytes of an [n, k] linear's weights in format `weights`. int8: k bytes + an fp32
     scale per row (+ an int32 row sum held beside them). int6 / int4: the int8 copy for prompts + 3k/4 (k/2) bytes
     and an fp16 scale per 32 weights, of which decode reads the latter; int4 keeps down_proj and the lm_head int8
-    (models/int4.py), and either keeps a linear whose width does not fit the 64-wide blocks int8."""
+    (models/int4.py), and either keeps a linear whose width does not fit the 64-wide blocks int8. That is our int4
+    kernel's layout; a box that times torch's int4 kernel faster (one without AVX2, where ours is plain C) holds and
+    reads a bf16 zero point beside each scale, 1/16 byte per int4 weight more than planned (~11%)."""
     if weights not in PACKED:
         b = n * k * dtype_bytes_of(weights)
         return b, b

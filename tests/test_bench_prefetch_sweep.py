@@ -7,6 +7,7 @@ import pytest
 from bench_scripts import run_bench
 
 from edgeinspect.models import kernels
+from edgeinspect.models.quant import cpu_flags, cpu_isa
 
 
 @pytest.mark.skipif(kernels.q8_library() is None, reason="needs a C compiler and the int8 kernel built")
@@ -27,4 +28,6 @@ def test_prefetch_sweep_times_one_build_per_distance_against_the_probe(tmp_path)
         # the step reads its ~240 MB once: within a broad factor of the probe summing as many bytes
         assert 0.2 < rec["x_probe_median"] < 20 and rec["step_ms_median"] > 1
     assert data["best_distance"]["slow"] in ("2048", "8192")
-    assert data["machine"]["cpu_flags"]
+    # the SIMD flags that pick the kernels, less those EDGEINSPECT_CPU_ISA hides where a run caps it (an ARM box: none)
+    assert data["machine"]["cpu_flags"] == sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c")))
+    assert data["machine"]["cpu_isa"] == cpu_isa()

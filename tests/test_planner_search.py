@@ -230,6 +230,7 @@ def test_layer_costs_from_checkpoint_match_the_safetensors(tiny_checkpoint) -> N
     assert costs.total_bytes == 4 * sum(lm.values())
 
 
+@pytest.mark.cpu_paths
 @pytest.mark.parametrize("weights", ["int8", "int6", "int4"])
 def test_packed_formats_cost_what_a_loaded_stage_reads_per_step(tiny_checkpoint, weights) -> None:
     import torch
@@ -249,7 +250,10 @@ def test_packed_formats_cost_what_a_loaded_stage_reads_per_step(tiny_checkpoint,
         own = sum(p.numel() * p.element_size() for p in part.parameters(recurse=False))
         return own + sum(read(child) for child in part.children())
 
-    assert costs.layer_read_bytes == tuple(read(layer) for layer in module.layers)
+    def zero_points(part: torch.nn.Module) -> int:  # torch's int4 layout, where this CPU picks it; the plan counts ours
+        return sum(2 * m.scales.numel() for m in part.modules() if isinstance(m, Int4Linear) and m.kernel == "torch")
+
+    assert costs.layer_read_bytes == tuple(read(layer) - zero_points(layer) for layer in module.layers)
     assert costs.tail_read_bytes == read(module.norm) + read(module.lm_head)
     assert all(held > r for held, r in zip(costs.layer_bytes, costs.layer_read_bytes, strict=True))
 
