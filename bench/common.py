@@ -50,13 +50,6 @@ def cpu_flags() -> list[str]:
     return sorted(f for f in flags() if f.startswith(("avx", "amx", "fma", "f16c")))
 
 
-def cpu_isa() -> str:
-    """`native`, or the level EDGEINSPECT_CPU_ISA capped this run's kernels and paths at."""
-    from edgeinspect.models.quant import cpu_isa as isa
-
-    return isa()
-
-
 def meminfo_gib() -> dict[str, float]:
     out = {}
     try:
@@ -93,10 +86,12 @@ def machine_info(bandwidth: bool = True) -> dict:
     """CPU, cores, memory, library versions, load average and (optionally) measured read bandwidth."""
     import torch
 
+    from edgeinspect.models.quant import cpu_isa
+
     info = {
         "cpu": cpu_model(),
         "cpu_flags": cpu_flags(),
-        "cpu_isa": cpu_isa(),
+        "cpu_isa": cpu_isa(),  # `native`, or the level EDGEINSPECT_CPU_ISA capped this run at
         "logical_cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads(),
