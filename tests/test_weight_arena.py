@@ -29,12 +29,6 @@ def linears(n_out: int, n_in: int, count: int) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def _streamed_weight(m: Int8Linear | Int4Linear) -> torch.Tensor | None:
-    if isinstance(m, Int4Linear):
-        return m.packed if m.packed is not None else m.torch_packed
-    return m.qweight  # None where fbgemm holds its own packed copy
-
-
 def anon_huge_kib(address: int) -> int:
     """AnonHugePages of the mapping holding `address`, from this process's smaps."""
     current = False
@@ -118,6 +112,6 @@ def test_a_loaded_stage_decodes_the_same_tokens_from_its_arena(tiny_checkpoint, 
     # what the arena moves (weight_arena._streamed): int8 weights held row-major (not fbgemm's packed copy, the
     # default int8 kernel on a CPU without the vnni kernel) and int4/int6's packed weights
     quantized = [m for m in moved.modules() if isinstance(m, (Int8Linear, Int4Linear))]
-    movable = [w for w in map(_streamed_weight, quantized) if w is not None]
+    movable = [getattr(m, name) for m, name in weight_arena._streamed(moved)]
     assert movable or all(m.kernel == "fbgemm" for m in quantized)
     assert all(w.data_ptr() % HUGE_PAGE == 0 for w in movable[:1])  # it did move
