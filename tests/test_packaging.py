@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,24 +21,38 @@ def test_generated_proto_code_is_not_stale(tmp_path):
     assert not stale, f"run `python tools/gen_protos.py`: stale generated files {stale}"
 
 
+def _tracked_copy(dest: Path) -> Path:
+    """The checkout's tracked files alone: setuptools builds in place, so a build from ROOT would read (and leave)
+    a build/ folder whose stale build/lib could carry a removed module into the wheel and hide that it is gone."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
+    for rel in filter(None, listed.decode().split("\0")):
+        src = ROOT / rel
+        if src.is_file():  # a file deleted in the work tree but not yet staged is still listed
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return dest
+
+
 def test_wheel_contains_every_subpackage(tmp_path):
+    source = _tracked_copy(tmp_path / "source")
+    out = tmp_path / "wheel"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)],
         check=True,
         capture_output=True,
     )
-    wheel = next(tmp_path.glob("edgeinspect-*.whl"))
+    wheel = next(out.glob("edgeinspect-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     roots = {
-        "edgeinspect": ROOT / "edgeinspect",
-        "edgeinspect/models": ROOT / "models",
-        "edgeinspect/services": ROOT / "services",
-        "edgeinspect/rag": ROOT / "rag",
+        "edgeinspect": source / "edgeinspect",
+        "edgeinspect/models": source / "models",
+        "edgeinspect/services": source / "services",
+        "edgeinspect/rag": source / "rag",
     }
-    for prefix, folder in roots.items():
-        for init in folder.rglob("__init__.py"):
-            rel = init.relative_to(folder)
-            assert f"{prefix}/{rel}" in names, f"{prefix}/{rel} is missing from the wheel"
+    tracked = {f"{prefix}/{m.relative_to(folder)}" for prefix, folder in roots.items() for m in folder.rglob("*.py")}
+    packed = {n for n in names if n.endswith(".py")}
+    assert not tracked - packed, f"modules missing from the wheel: {sorted(tracked - packed)}"
+    assert not packed - tracked, f"modules in the wheel that the checkout does not track: {sorted(packed - tracked)}"
     assert not any(n.startswith(("models/", "services/", "rag/")) for n in names), "generic top-level packages"
     # Package data outside any package's own folder level: the console's templates and static files.
     console = ROOT / "services" / "console"
