@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from edgeinspect.models import kernels
+from edgeinspect.models.quant import CPU_ISA_LEVELS
 
 ARM_CC, ARM_NM, QEMU = "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-nm", "qemu-aarch64"
 ARM_SYSROOT = "/usr/aarch64-linux-gnu"  # the cross toolchain's libc, which qemu-user loads the probe with
@@ -22,6 +23,7 @@ PROBE = Path(__file__).with_name("kernel_probe.c")
 SOURCES = (kernels.SOURCE, kernels.INT4_SOURCE, kernels.ROWS_SOURCE, kernels.PROMPT_SOURCE, kernels.Q8_SOURCE)
 # A Raspberry Pi 4 (Cortex-A72) at the base level; a Jetson Orin or a Pi 5 (A78AE / A76) with fp16 and dot products.
 ARM_LEVELS = ("armv8-a", "armv8.2-a+fp16+dotprod")
+GENERIC = CPU_ISA_LEVELS["generic"][0]  # x86-64-v2: what EDGEINSPECT_CPU_ISA=generic builds the kernels at
 
 pytestmark = [
     pytest.mark.skipif(platform.machine() != "x86_64", reason="cross-builds from an x86-64 host"),
@@ -53,7 +55,7 @@ def test_each_kernel_builds_for_arm64_with_every_function_the_python_side_binds(
     """An x86 intrinsic outside its #if would fail the build on ARM, and the box would quietly run torch's kernels."""
     arm = _library(ARM_CC, "armv8-a", source, tmp_path / "arm")
     assert "AArch64" in subprocess.run(["readelf", "-h", str(arm)], capture_output=True, text=True).stdout
-    here = _exports("nm", _library("gcc", "x86-64-v2", source, tmp_path / "x86"))
+    here = _exports("nm", _library("gcc", GENERIC, source, tmp_path / "x86"))
     assert _exports(ARM_NM, arm) == here and here  # what _bind / _bind_int4 / ... look up
 
 
@@ -78,7 +80,7 @@ def _probe(cc: str, march: str, folder: Path, run: list[str]) -> dict[str, list[
 @pytest.mark.parametrize("march", ARM_LEVELS)
 def test_the_plain_c_kernels_compute_on_arm64_what_they_compute_on_x86(tmp_path, march):
     arm = _probe(ARM_CC, march, tmp_path / "arm", [QEMU, "-L", ARM_SYSROOT])
-    x86 = _probe("gcc", "x86-64-v2", tmp_path / "x86", [])
+    x86 = _probe("gcc", GENERIC, tmp_path / "x86", [])
     assert arm.keys() == x86.keys()
     assert len(x86) == 23 and all(len(v) for v in x86.values())  # every probe printed
     for name, here in x86.items():

@@ -55,7 +55,7 @@ def test_wheel_contains_every_subpackage(tmp_path):
     assert not packed - tracked, f"modules in the wheel that the checkout does not track: {sorted(packed - tracked)}"
     assert not any(n.startswith(("models/", "services/", "rag/")) for n in names), "generic top-level packages"
     # Package data outside any package's own folder level: the console's templates and static files.
-    console = ROOT / "services" / "console"
+    console = source / "services" / "console"
     for data in [*(console / "templates").iterdir(), *(console / "static").iterdir()]:
-        rel = data.relative_to(ROOT / "services")
+        rel = data.relative_to(source / "services")
         assert f"edgeinspect/services/{rel}" in names, f"{rel} is missing from the wheel"
