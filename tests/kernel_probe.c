@@ -1,4 +1,5 @@
-/* Calls the plain-C paths of our kernels with fixed pseudo-random inputs and prints every output as C99 hex floats,
+/* Calls our kernels as an ARM box or an x86-64-v2 box runs them (plain C, NEON for the int4/int6 GEMM on arm64) with
+ * fixed pseudo-random inputs and prints every output as C99 hex floats,
  * one "name count" line and then one value per line. tests/test_kernels_arm64.py builds it with the kernels for
  * arm64 (run under qemu-user) and for x86-64-v2 (run here), and compares the two printouts: what an ARM box (a
  * Raspberry Pi vision node, a Jetson stage) computes against the build the `generic` cpu_paths tests check against
@@ -150,6 +151,8 @@ static void gemm(void *lib) {
         print(bits == 4 ? "int4_gemm" : "int6_gemm", y, R * N);
         free(qw);
     }
+    float simd = (float)((int (*)(void))sym(lib, "ei_int4_simd"))(); /* which loop computed the sums above */
+    print("int4_simd", &simd, 1);
 }
 
 /* The int8 linear's activation rows: scaled per row, the two-pass residual rows after them, and back. */

@@ -1,9 +1,10 @@
 """Our C kernels as an ARM box builds and runs them (a Raspberry Pi vision node, a Jetson decoder stage).
 
 No ARM CPU here: each kernel source is built with Debian's aarch64 cross compiler and the same flags the product
-uses, and tests/kernel_probe.c calls the plain-C paths (the ones an ARM box runs) under qemu-user. Its printout must
+uses, and tests/kernel_probe.c calls them under qemu-user as an ARM box runs them. Its printout must
 match the same probe over the x86-64-v2 build (the `generic` level, whose paths tools/test.sh's capped run checks
-against torch) to float rounding: the ARM build fuses multiply-adds where x86-64-v2 cannot, nothing more."""
+against torch) to float rounding: the ARM build fuses multiply-adds where x86-64-v2 cannot, and its int4/int6 GEMM
+runs the NEON loop (the x86-64-v2 build the plain one), which adds the same int32 group sums in another order."""
 
 from __future__ import annotations
 
@@ -78,11 +79,13 @@ def _probe(cc: str, march: str, folder: Path, run: list[str]) -> dict[str, list[
 
 
 @pytest.mark.parametrize("march", ARM_LEVELS)
-def test_the_plain_c_kernels_compute_on_arm64_what_they_compute_on_x86(tmp_path, march):
+def test_the_kernels_compute_on_arm64_what_the_plain_x86_build_computes(tmp_path, march):
     arm = _probe(ARM_CC, march, tmp_path / "arm", [QEMU, "-L", ARM_SYSROOT])
     x86 = _probe("gcc", GENERIC, tmp_path / "x86", [])
     assert arm.keys() == x86.keys()
-    assert len(x86) == 23 and all(len(v) for v in x86.values())  # every probe printed
+    assert len(x86) == 24 and all(len(v) for v in x86.values())  # every probe printed
+    # The int4/int6 sums came from the NEON loop on ARM (NEON is part of every armv8-a) and the plain loop on x86-64-v2.
+    assert arm.pop("int4_simd#0") == [1.0] and x86.pop("int4_simd#0") == [0.0]
     for name, here in x86.items():
         there = arm[name]
         assert len(there) == len(here), name
@@ -91,3 +94,11 @@ def test_the_plain_c_kernels_compute_on_arm64_what_they_compute_on_x86(tmp_path,
         assert worst <= 1e-5 * scale, f"{name}: off by {worst:.3g} (largest value {scale:.3g})"
     # Both builds' prompt attention has no SIMD path (0) and declines the call (-2): stages then run SDPA.
     assert arm["prompt_attention#0"] == x86["prompt_attention#0"] == [0.0, -2.0]
+
+
+def test_the_neon_int4_loop_sums_alike_with_and_without_dot_products(tmp_path):
+    """sdot (armv8.2-a dotprod) and the widening multiplies with pairwise adds (armv8-a) make the same int32 sums, and
+    everything after them is the same code: the int4/int6 outputs agree to the bit."""
+    base, dotprod = (_probe(ARM_CC, march, tmp_path / march, [QEMU, "-L", ARM_SYSROOT]) for march in ARM_LEVELS)
+    for name in ("int4_gemm#0", "int6_gemm#0"):
+        assert base[name] == dotprod[name] and len(base[name]) == 5 * 24, name

@@ -397,7 +397,8 @@ def q8_linear(
 
 
 def int4_fast() -> bool:
-    """Whether the int4 kernel runs its VNNI path here (elsewhere it is a correct but slow plain-C loop)."""
+    """Whether the int4 kernel runs a SIMD loop here (AVX512-VNNI, AVX2 or NEON; elsewhere a correct but slow plain-C
+    loop)."""
     lib = int4_library()
     return lib is not None and bool(lib.ei_int4_simd())
 

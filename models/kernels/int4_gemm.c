@@ -32,6 +32,8 @@
 #include <string.h>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 
 #define GROUP 32
@@ -114,6 +116,24 @@ static void quantize_rows(int R, int K, const float *x, int64_t x_row, int8_t *x
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
             xd[(int64_t)r * groups + g] = d;
             xs[(int64_t)r * groups + g] = _mm_cvtsi128_si32(s4);
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+            float32x4_t v[8], m = vdupq_n_f32(0.f);
+            for (int i = 0; i < 8; i++) m = vmaxnmq_f32(m, vabsq_f32(v[i] = vld1q_f32(src + 4 * i))); /* as fmaxf */
+            float amax = vmaxnmvq_f32(m);
+            float d = amax / 127.f, inv = d > 0.f ? 1.f / d : 0.f;
+            const float32x4_t vinv = vdupq_n_f32(inv), hi = vdupq_n_f32(127.f), lo = vdupq_n_f32(-127.f);
+            int32x4_t q[8], sum = vdupq_n_s32(0);
+            for (int i = 0; i < 8; i++) { /* vrndnq: to nearest even, as nearbyintf in the default rounding mode */
+                q[i] = vcvtq_s32_f32(vmaxq_f32(vminq_f32(vrndnq_f32(vmulq_f32(v[i], vinv)), hi), lo));
+                sum = vaddq_s32(sum, q[i]);
+            }
+            for (int h = 0; h < 2; h++) {
+                int16x8_t a = vcombine_s16(vmovn_s32(q[4 * h]), vmovn_s32(q[4 * h + 1]));
+                int16x8_t b = vcombine_s16(vmovn_s32(q[4 * h + 2]), vmovn_s32(q[4 * h + 3]));
+                vst1q_s8(dst + 16 * h, vcombine_s8(vmovn_s16(a), vmovn_s16(b)));
+            }
+            xd[(int64_t)r * groups + g] = d;
+            xs[(int64_t)r * groups + g] = vaddvq_s32(sum);
 #else
             float amax = 0.f;
             for (int i = 0; i < GROUP; i++) amax = fmaxf(amax, fabsf(src[i]));
@@ -348,6 +368,99 @@ static inline __attribute__((always_inline)) void rows_avx2(int n0, int n1, int 
 
 #define ROWS_LOOP rows_avx2
 
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define EI_INT4_SIMD 1
+#define EI_INT4_LANE_SCALES 0
+
+/* Four int8 products summed into each int32 lane, as vpdpbusd does: sdot where the CPU has dot products (ARMv8.2
+ * dotprod: a Jetson Orin, a Pi 5), else two widening multiplies and two pairwise adds (a Pi 4). Weights are <= 63
+ * and activations within +-127, so a pair of products stays below 2 * 63 * 127 < 32768 in int16: the same sums. */
+static inline int32x4_t dot4(int32x4_t acc, int8x16_t w, int8x16_t x) {
+#ifdef __ARM_FEATURE_DOTPROD
+    return vdotq_s32(acc, w, x);
+#else
+    int16x8_t lo = vmull_s8(vget_low_s8(w), vget_low_s8(x)), hi = vmull_high_s8(w, x);
+    return vpadalq_s16(acc, vpaddq_s16(lo, hi));
+#endif
+}
+
+/* One chunk's vector V (see the top) as four 16-byte quarters, each value at its own byte: V[0..15] and V[16..31]
+ * are the low nibbles of bytes 0-15 and 16-31, V[32..47] and V[48..63] their high nibbles; int6 adds the top bit
+ * pairs 0-1, 2-3, 4-5 and 6-7 of bytes 32-47, moved to bits 4-5. Quarter i holds the accumulator's lanes 4i..4i+3. */
+static inline __attribute__((always_inline)) void unpack_quarters(const uint8_t *blk, const int bits, int8x16_t *q) {
+    const uint8x16_t low4 = vdupq_n_u8(0x0F), top = vdupq_n_u8(0x30);
+    uint8x16_t p0 = vld1q_u8(blk), p1 = vld1q_u8(blk + 16);
+    uint8x16_t v[4] = {vandq_u8(p0, low4), vandq_u8(p1, low4), vshrq_n_u8(p0, 4), vshrq_n_u8(p1, 4)};
+    if (bits == 6) {
+        uint8x16_t t = vld1q_u8(blk + 32);
+        v[0] = vorrq_u8(v[0], vandq_u8(vshlq_n_u8(t, 4), top));
+        v[1] = vorrq_u8(v[1], vandq_u8(vshlq_n_u8(t, 2), top));
+        v[2] = vorrq_u8(v[2], vandq_u8(t, top));
+        v[3] = vorrq_u8(v[3], vandq_u8(vshrq_n_u8(t, 2), top));
+    }
+    for (int i = 0; i < 4; i++) q[i] = vreinterpretq_s8_u8(v[i]); /* values <= 63: the same bytes signed */
+}
+
+/* The AVX2 loop on NEON (128-bit registers: a vector is four quarters, a super-block's 16 group lanes four int32x4
+ * accumulators), with its per-row products of weight and activation scales. No software prefetch: each thread reads
+ * one sequential stream, which the cores' own prefetchers follow, and no ARM box here to tune a distance on. nr is a
+ * constant where rows_neon is inlined. */
+static inline __attribute__((always_inline)) void rows_neon(int n0, int n1, int r0, const int nr, int K,
+                                                            const int bits, const uint8_t *qw, const uint16_t *wd,
+                                                            const int8_t *xq, const float *xd, const int32_t *xs,
+                                                            float *y, int64_t y_row) {
+    const int blocks = K / BLOCK, groups = K / GROUP, bb = BLOCK_BYTES(bits);
+    const int supers = K / SUPER, units = UNITS(K);
+    float prod[nr * groups];
+    for (int n = n0; n < n1; n++) {
+        const uint8_t *wrow = qw + (int64_t)n * blocks * bb;
+        const uint16_t *drow = wd + (int64_t)n * groups;
+        for (int r = 0; r < nr; r++)
+            for (int g = 0; g < groups; g++)
+                prod[r * groups + g] = half_to_float(drow[g]) * xd[(int64_t)(r0 + r) * groups + g];
+        float32x4_t acc[ROWS][4];
+        for (int r = 0; r < nr; r++)
+            for (int i = 0; i < 4; i++) acc[r][i] = vdupq_n_f32(0.f);
+        for (int s = 0; s < supers; s++) {
+            int32x4_t dot[ROWS][4];
+            for (int r = 0; r < nr; r++)
+                for (int i = 0; i < 4; i++) dot[r][i] = vld1q_s32(xs + ((int64_t)(r0 + r) * units + s) * 16 + 4 * i);
+            for (int v = 0; v < SUPER_BLOCKS; v++) {
+                int8x16_t w[4];
+                unpack_quarters(wrow + (int64_t)(s * SUPER_BLOCKS + v) * bb, bits, w);
+                for (int r = 0; r < nr; r++) {
+                    const int8_t *xb = xq + (int64_t)(r0 + r) * K + (int64_t)s * SUPER + v * 64;
+                    for (int i = 0; i < 4; i++) dot[r][i] = dot4(dot[r][i], w[i], vld1q_s8(xb + 16 * i));
+                }
+            }
+            for (int r = 0; r < nr; r++)
+                for (int i = 0; i < 4; i++)
+                    acc[r][i] = vfmaq_f32(acc[r][i], vcvtq_f32_s32(dot[r][i]),
+                                          vld1q_f32(prod + r * groups + 16 * s + 4 * i));
+        }
+        for (int b = supers * SUPER_BLOCKS; b < blocks; b++) { /* plain blocks: quarters 0-1 group 2b, 2-3 2b + 1 */
+            int8x16_t w[4];
+            unpack_quarters(wrow + (int64_t)b * bb, bits, w);
+            const int64_t u = supers + b - supers * SUPER_BLOCKS;
+            for (int r = 0; r < nr; r++) {
+                const int32_t *start = xs + ((int64_t)(r0 + r) * units + u) * 16;
+                const int8_t *xb = xq + (int64_t)(r0 + r) * K + (int64_t)b * BLOCK;
+                const float *pb = prod + r * groups + 2 * b;
+                for (int i = 0; i < 4; i++) {
+                    int32x4_t dot = dot4(vld1q_s32(start + 4 * i), w[i], vld1q_s8(xb + 16 * i));
+                    acc[r][i] = vfmaq_f32(acc[r][i], vcvtq_f32_s32(dot), vdupq_n_f32(pb[i / 2]));
+                }
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            float32x4_t sum = vaddq_f32(vaddq_f32(acc[r][0], acc[r][1]), vaddq_f32(acc[r][2], acc[r][3]));
+            y[(int64_t)(r0 + r) * y_row + n] = vaddvq_f32(sum);
+        }
+    }
+}
+
+#define ROWS_LOOP rows_neon
+
 #else
 #define EI_INT4_SIMD 0
 #define EI_INT4_LANE_SCALES 0
@@ -355,7 +468,7 @@ static inline __attribute__((always_inline)) void rows_avx2(int n0, int n1, int 
 
 #if EI_INT4_SIMD
 /* The loop with the row count and format as constants. xd: the VNNI loop takes the activation scales on lanes, per
- * row and unit; the AVX2 loop per group [R, K / 32]. */
+ * row and unit; the AVX2 and NEON loops per group [R, K / 32]. */
 static void rows_simd(int n0, int n1, int r0, int nr, int K, int bits, const uint8_t *qw, const uint16_t *wd,
                       const int8_t *xq, const float *xd, const int32_t *xs, float *y, int64_t y_row) {
 #define EI_ROWS(b)                                                                                                     \
@@ -489,7 +602,7 @@ int ei_int6_gemm(int R, int N, int K, const float *x, int64_t x_row, const uint8
     return gemm(6, R, N, K, x, x_row, qw, wd, y, y_row, threads);
 }
 
-/* 1 where the VNNI or the AVX2 path was compiled in (the plain path is a correctness fallback, not fast). */
+/* 1 where the VNNI, AVX2 or NEON path was compiled in (the plain path is a correctness fallback, not fast). */
 int ei_int4_simd(void) { return EI_INT4_SIMD; }
 
 int ei_int4_abi_version(void) { return 3; }
