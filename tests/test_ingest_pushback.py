@@ -31,16 +31,17 @@ INSPECTION = inspection_pb2.DESCRIPTOR.services_by_name["InspectionService"].ful
 
 class FullThenFree(inspection_pb2_grpc.InspectionServiceServicer):
     """Inspect: RESOURCE_EXHAUSTED for the first `full` calls (pushback `pushback_ms`; None: no pushback), then
-    an OK report. Records when each call arrived."""
+    an OK report, each answer `delay_s` after the call. Records when each call arrived."""
 
-    def __init__(self, full: int, pushback_ms: int | None) -> None:
-        self.full, self.pushback_ms = full, pushback_ms
+    def __init__(self, full: int, pushback_ms: int | None, delay_s: float = 0.0) -> None:
+        self.full, self.pushback_ms, self.delay_s = full, pushback_ms, delay_s
         self.calls: list[float] = []
         self.keys: list[str] = []
 
     async def Inspect(self, request, context):
         self.calls.append(time.monotonic())
         self.keys.append(request.idempotency_key)
+        await asyncio.sleep(self.delay_s)
         if len(self.calls) <= self.full:
             exc = ResourceExhausted("gateway full: 8 of 8 inspections running, 8 of 8 queued")
             if self.pushback_ms is None:
@@ -70,17 +71,17 @@ async def gateway(request) -> AsyncIterator[tuple[RunningServer, FullThenFree]]:
     await running.stop(0)
 
 
-def _settings(port: int, tmp_path) -> IngestSettings:
+def _settings(port: int, tmp_path, in_flight: int = 1) -> IngestSettings:
     sample = IngestSettings.load(asset_path("cameras.sample.yaml")).cameras[0].model_dump()
-    cam = CameraConfig.model_validate({**sample, "realtime": False, "loop": False})
+    cam = CameraConfig.model_validate({**sample, "realtime": False, "loop": False, "max_in_flight": in_flight})
     return IngestSettings(
         cameras=[cam], gateway=f"127.0.0.1:{port}", api_token="", frames_dir=tmp_path / "frames",
         retry_attempts=4, retry_base_s=0.05, retry_max_s=0.2, request_timeout_s=10,
     )  # fmt: skip
 
 
-async def _run(port: int, tmp_path) -> tuple[object, IngestMetrics]:
-    cfg = _settings(port, tmp_path)
+async def _run(port: int, tmp_path, in_flight: int = 1) -> tuple[object, IngestMetrics]:
+    cfg = _settings(port, tmp_path, in_flight)
     sink = GrpcReportSink(cfg.gateway, cfg.api_token, cfg.request_timeout_s)
     metrics = IngestMetrics(CollectorRegistry())
     try:
@@ -123,3 +124,13 @@ async def test_resource_exhausted_without_pushback_drops_the_frame_without_retry
     assert count == len(servicer.calls)  # each frame tried once
     assert example == "RESOURCE_EXHAUSTED: gateway full: 8 of 8 inspections running, 8 of 8 queued"
     assert metrics.value("edgeinspect_ingest_pushbacks_total", camera="conveyor-1") == 0
+
+
+@pytest.mark.parametrize("gateway", [(0, None, 1.0)], indirect=True)
+async def test_max_reports_inspects_that_many_frames_not_whatever_else_was_in_flight(gateway, tmp_path):
+    """Room for two at once and a gateway that takes a second per report: with one report wanted, ingest sends one
+    frame (and, had it failed, would send the next), never a second inspection the stop would then cut off."""
+    running, servicer = gateway
+    result, metrics = await _run(running.port, tmp_path, in_flight=2)
+    assert [r.report_id for r in result.reports] == ["r1"] and len(servicer.calls) == 1
+    assert metrics.value("edgeinspect_ingest_frames_inspected_total", camera=result.reports[0].camera_id) == 1

@@ -172,12 +172,19 @@ class Ingestor:
         max_reports: int | None,
     ) -> None:
         """Starts a delivery for the newest sampled frame whenever this camera and the whole role have room."""
+
+        def room() -> bool:
+            # Never more frames in flight than reports still wanted: `max_reports` N inspects N frames, not N plus
+            # whichever started when a slot freed as the Nth report arrived (_deliver records a report first).
+            wanted = max_reports is None or len(result.reports) + self._limits.running() < max_reports
+            return wanted and self._limits.can_start(cam.id)
+
         while True:
             await wake.wait()
             wake.clear()
             while slot.peek():
                 async with capacity:
-                    await capacity.wait_for(lambda: self._limits.can_start(cam.id))
+                    await capacity.wait_for(room)
                     self._limits.start(cam.id)
                 frame = slot.take()  # taken only now: while waiting for room, newer frames replaced it
                 if frame is None:
@@ -250,6 +257,11 @@ class Ingestor:
                 max_new_tokens=cam.max_new_tokens,
             )
             report = await self._send(cam, job)
+            # Counted and recorded together with no await between them, and before the slot is freed below: a stop
+            # landing later must not leave the counter and the report list disagreeing, and a dispatcher woken by
+            # the freed slot sees this report (max_reports).
+            self.metrics.frames_inspected.labels(camera=cam.id).inc()
+            result.reports.append(report)
         except asyncio.CancelledError:  # the role stops: this frame was read and sampled, so it is counted
             self.metrics.frames_dropped.labels(camera=cam.id, reason="stopped").inc()
             raise
@@ -264,10 +276,6 @@ class Ingestor:
             return
         finally:
             await self._finished(cam.id, capacity)
-        # Count and record together, before any await: a stop landing during the frame save must not leave the
-        # counter and the report list disagreeing.
-        self.metrics.frames_inspected.labels(camera=cam.id).inc()
-        result.reports.append(report)
         if self._store is not None:
             await asyncio.to_thread(self._store.save, report.report_id, jpeg, frame.wall_time)
         logger.info("camera %s: report %s %s", cam.id, report.report_id, report.verdict)
