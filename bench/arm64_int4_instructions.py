@@ -35,6 +35,7 @@ LEVELS = {
     "NEON (armv8-a)": "armv8-a",
     "NEON sdot (armv8.2-a+dotprod)": "armv8.2-a+dotprod",
 }
+PLAIN, NEON, SDOT = LEVELS  # the baseline first
 
 
 def build(folder: Path) -> tuple[Path, dict[str, Path]]:
@@ -95,11 +96,11 @@ def main() -> None:
                 }
                 print(f"int{bits} {name:32s} {per_call / weights:8.3f} instructions per weight  (y[0] {y1})")
     for fmt, rows in figures.items():
-        plain = rows["plain C (armv8-a+nosimd)"]["per_weight"]
+        plain = rows[PLAIN]["per_weight"]
         for row in rows.values():
             row["fewer_than_plain"] = round(plain / row["per_weight"], 1)
         agree = "agrees" if len({row["y0"] for row in rows.values()}) == 1 else "DIFFERS"
-        neon, sdot = (rows[k]["fewer_than_plain"] for k in list(LEVELS)[1:])
+        neon, sdot = rows[NEON]["fewer_than_plain"], rows[SDOT]["fewer_than_plain"]
         print(f"{fmt}: NEON {neon}x, sdot {sdot}x fewer instructions than the plain loop; y[0] {agree}")
     qemu = subprocess.run([QEMU, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     gcc = subprocess.run([ARM_CC, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
