@@ -13,7 +13,9 @@ layers (and the lm_head) by Int8Linear. The kernel is picked once per process by
   On AVX2 without VNNI it builds an AVX2 GEMV and its own exact int32 GEMM for prompts (torch._int_mm there is a
   reference loop): on a Zen 3 EPYC its 256-row GEMM runs at ~0.85-1.0x fbgemm's speed, and a whole 1.3B stage
   runs a report 0.89x fbgemm's time (the rotated down projection takes one pass; bench/perf_int8_stage.py), so it
-  is the default there too.
+  is the default there too. On arm64 it builds NEON forms of both (sdot where the CPU has dot products), the
+  default there as well: the same exact int32 sums as on x86 (tests/test_kernels_arm64.py), measured on ARM only in
+  instructions under emulation (bench/arm64_instructions.py), not in time.
 - "fbgemm": torch's dynamic-quantized linear (int8 weights prepacked per channel, uint8 activations). Measured here
   (AVX2, no VNNI) it is ~3x faster than fp32 at one row and barely slower at 4 rows, where fp32 GEMM falls off a
   cliff. fbgemm quantizes activations per tensor; we give it rows scaled to absmax 1 (so the scale is per token)
@@ -137,7 +139,8 @@ def int8pack_available() -> bool:
 
 
 def kernels_simd() -> int:
-    """The vnni kernel's SIMD level here: 2 AVX512-VNNI, 1 AVX2, 0 plain C or not built."""
+    """The vnni kernel's SIMD level here: 2 AVX512-VNNI, 1 AVX2 or NEON (our GEMM for prompts), 0 plain C or not
+    built."""
     from edgeinspect.models import kernels  # kernels imports this module
 
     lib = kernels.q8_library()
@@ -147,7 +150,7 @@ def kernels_simd() -> int:
 @functools.cache
 def vnni_available() -> bool:
     """Whether the vnni kernel runs a SIMD path here: AVX512-VNNI (prompts on torch._int_mm, which must run), or
-    AVX2 (our GEMM for prompts too); a C compiler either way."""
+    AVX2 or NEON (our GEMM for prompts too); a C compiler either way."""
     from edgeinspect.models import kernels  # kernels imports this module
 
     if not kernels.q8_fast():

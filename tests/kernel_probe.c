@@ -1,9 +1,9 @@
-/* Calls our kernels as an ARM box or an x86-64-v2 box runs them (plain C, NEON for the int4/int6 GEMM on arm64) with
- * fixed pseudo-random inputs and prints every output as C99 hex floats,
- * one "name count" line and then one value per line. tests/test_kernels_arm64.py builds it with the kernels for
- * arm64 (run under qemu-user) and for x86-64-v2 (run here), and compares the two printouts: what an ARM box (a
- * Raspberry Pi vision node, a Jetson stage) computes against the build the `generic` cpu_paths tests check against
- * torch. Usage: kernel_probe DECODE_ATTENTION_SO INT4_GEMM_SO INT8_ROWS_SO PROMPT_ATTENTION_SO */
+/* Calls our kernels as an ARM box or an x86-64-v2 box runs them (plain C; NEON for the int4/int6 GEMM and the int8
+ * linear on arm64) with fixed pseudo-random inputs and prints every output as C99 hex floats, one "name count" line
+ * and then one value per line. tests/test_kernels_arm64.py builds it with the kernels for arm64 (run under qemu-user)
+ * and for x86-64-v2 (run here), and compares the two printouts: what an ARM box (a Raspberry Pi vision node, a Jetson
+ * stage) computes against the build the `generic` cpu_paths tests check against torch.
+ * Usage: kernel_probe DECODE_ATTENTION_SO INT4_GEMM_SO INT8_ROWS_SO PROMPT_ATTENTION_SO INT8_VNNI_SO */
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
@@ -58,6 +58,9 @@ typedef int (*attend_fn)(int, int, const float *, int64_t, const float *, int64_
 typedef int (*gemm_fn)(int, int, int, const float *, int64_t, const uint8_t *, const uint16_t *, float *, int64_t,
                        int);
 typedef double (*rows_prep_fn)(int, int, const float *, int64_t, float *, float *, int, int);
+typedef int (*q8_rows_fn)(int, int, int, int, int, const float *, int64_t, const int8_t *, const float *,
+                          const int32_t *, float *, int);
+typedef int (*q8_mm_fn)(int, int, int, const int8_t *, const int8_t *, int32_t *, int);
 typedef void (*rows_finish_fn)(int, int, const float *, int64_t, float *, const float *, float, int);
 typedef int (*prompt_fn)(int, int, int, int, int, const float *, int64_t, int64_t, const float *, int64_t, int64_t,
                          const float *, int64_t, int64_t, float *, int64_t, float, int, int);
@@ -169,13 +172,44 @@ static void rows(void *lib) {
     print("rows_finish", back, R * N);
 }
 
+/* The int8 linear: decode rows in one pass (K with a tail past the 16-byte steps) and in two rotated passes, and the
+ * prompt GEMM's int32 sums (a partial tile of rows, a partial block of outputs), which are exact on every path. */
+static void int8_linear(void *lib) {
+    enum { R = 3, N = 50, PR = 7 };
+    int8_t *w = malloc(N * 208), *xq = malloc(PR * 200);
+    float *ws = floats(N), *x = floats(R * 208), y[R * N], acc_f[PR * N];
+    int32_t wsum[N], acc[PR * N];
+    for (int i = 0; i < N * 208; i++) w[i] = (int8_t)((int)(next() % 255) - 127); /* +-127, as quant.py stores */
+    for (int i = 0; i < PR * 200; i++) xq[i] = (int8_t)((int)(next() % 255) - 127);
+    for (int n = 0; n < N; n++) ws[n] = fabsf(ws[n]) * 0.01f + 1e-3f;
+    const int widths[2] = {200, 208}, two_pass[2] = {0, 1}, rotate[2] = {0, 16};
+    for (int c = 0; c < 2; c++) {
+        const int K = widths[c];
+        for (int n = 0; n < N; n++) {
+            wsum[n] = 0;
+            for (int k = 0; k < K; k++) wsum[n] += w[n * K + k];
+        }
+        if (((q8_rows_fn)sym(lib, "ei_q8_gemv_rows"))(R, N, K, two_pass[c], rotate[c], x, K, w, ws, wsum, y, 2))
+            fprintf(stderr, "ei_q8_gemv_rows failed\n"), exit(3);
+        print(c ? "q8_gemv_two_pass" : "q8_gemv", y, R * N);
+    }
+    if (((q8_mm_fn)sym(lib, "ei_q8_mm"))(PR, N, 200, xq, w, acc, 2)) fprintf(stderr, "ei_q8_mm failed\n"), exit(3);
+    for (int i = 0; i < PR * N; i++) acc_f[i] = (float)acc[i]; /* |sum| < 127 * 127 * 200 < 2^24: exact */
+    print("q8_mm", acc_f, PR * N);
+    float simd = (float)((int (*)(void))sym(lib, "ei_q8_simd"))(); /* which loops computed the sums above */
+    print("q8_simd", &simd, 1);
+    free(w), free(xq), free(ws), free(x);
+}
+
 int main(int argc, char **argv) {
-    if (argc != 5) return fprintf(stderr, "usage: %s DECODE INT4 ROWS PROMPT (the kernels' .so)\n", argv[0]), 2;
+    if (argc != 6)
+        return fprintf(stderr, "usage: %s DECODE INT4 ROWS PROMPT INT8 (the kernels' .so)\n", argv[0]), 2;
     void *decode = open_lib(argv[1]), *int4 = open_lib(argv[2]), *prompt = open_lib(argv[4]);
     elementwise(decode);
     attention(decode);
     gemm(int4);
     rows(open_lib(argv[3]));
+    int8_linear(open_lib(argv[5]));
     /* Without SIMD the prompt kernel declines every call (-2) and stages run SDPA; the simd level says which. */
     int (*simd)(void) = (int (*)(void))sym(prompt, "ei_prompt_attention_simd");
     float *qkv = floats(3 * 64), o[64];

@@ -4,7 +4,8 @@ No ARM CPU here: each kernel source is built with Debian's aarch64 cross compile
 uses, and tests/kernel_probe.c calls them under qemu-user as an ARM box runs them. Its printout must
 match the same probe over the x86-64-v2 build (the `generic` level, whose paths tools/test.sh's capped run checks
 against torch) to float rounding: the ARM build fuses multiply-adds where x86-64-v2 cannot, and its int4/int6 GEMM
-runs the NEON loop (the x86-64-v2 build the plain one), which adds the same int32 group sums in another order."""
+runs the NEON loop (the x86-64-v2 build the plain one), which adds the same int32 group sums in another order. The
+int8 linear's int32 sums are exact on every path, so its prompt GEMM must match to the bit."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_each_kernel_builds_for_arm64_with_every_function_the_python_side_binds(
 
 def _probe(cc: str, march: str, folder: Path, run: list[str]) -> dict[str, list[float]]:
     """The probe's printout, name#n -> values, run by `run` (qemu-user for arm64) over `march` builds."""
-    order = (kernels.SOURCE, kernels.INT4_SOURCE, kernels.ROWS_SOURCE, kernels.PROMPT_SOURCE)  # the probe's arguments
+    order = (kernels.SOURCE, kernels.INT4_SOURCE, kernels.ROWS_SOURCE, kernels.PROMPT_SOURCE, kernels.Q8_SOURCE)
     libs = [_library(cc, march, source, folder) for source in order]
     exe = _build(cc, march, PROBE, folder / "probe", "-O2", "-std=gnu11")  # dlopen is in glibc itself since 2.34
     out = subprocess.run([*run, str(exe), *map(str, libs)], check=True, capture_output=True, text=True, timeout=120)
@@ -83,9 +84,12 @@ def test_the_kernels_compute_on_arm64_what_the_plain_x86_build_computes(tmp_path
     arm = _probe(ARM_CC, march, tmp_path / "arm", [QEMU, "-L", ARM_SYSROOT])
     x86 = _probe("gcc", GENERIC, tmp_path / "x86", [])
     assert arm.keys() == x86.keys()
-    assert len(x86) == 24 and all(len(v) for v in x86.values())  # every probe printed
-    # The int4/int6 sums came from the NEON loop on ARM (NEON is part of every armv8-a) and the plain loop on x86-64-v2.
+    assert len(x86) == 28 and all(len(v) for v in x86.values())  # every probe printed
+    # The int4/int6 and int8 sums came from the NEON loops on ARM (NEON is part of every armv8-a) and the plain loops
+    # on x86-64-v2.
     assert arm.pop("int4_simd#0") == [1.0] and x86.pop("int4_simd#0") == [0.0]
+    assert arm.pop("q8_simd#0") == [1.0] and x86.pop("q8_simd#0") == [0.0]
+    assert arm["q8_mm#0"] == x86["q8_mm#0"] and len(x86["q8_mm#0"]) == 7 * 50  # exact int32 sums, tails included
     for name, here in x86.items():
         there = arm[name]
         assert len(there) == len(here), name
@@ -96,9 +100,10 @@ def test_the_kernels_compute_on_arm64_what_the_plain_x86_build_computes(tmp_path
     assert arm["prompt_attention#0"] == x86["prompt_attention#0"] == [0.0, -2.0]
 
 
-def test_the_neon_int4_loop_sums_alike_with_and_without_dot_products(tmp_path):
+def test_the_neon_loops_sum_alike_with_and_without_dot_products(tmp_path):
     """sdot (armv8.2-a dotprod) and the widening multiplies with pairwise adds (armv8-a) make the same int32 sums, and
-    everything after them is the same code: the int4/int6 outputs agree to the bit."""
+    everything after them is the same code: the int4/int6 and int8 outputs agree to the bit."""
     base, dotprod = (_probe(ARM_CC, march, tmp_path / march, [QEMU, "-L", ARM_SYSROOT]) for march in ARM_LEVELS)
-    for name in ("int4_gemm#0", "int6_gemm#0"):
-        assert base[name] == dotprod[name] and len(base[name]) == 5 * 24, name
+    shapes = {"int4_gemm#0": 5 * 24, "int6_gemm#0": 5 * 24, "q8_gemv#0": 3 * 50, "q8_gemv_two_pass#0": 3 * 50}
+    for name, count in shapes.items():
+        assert base[name] == dotprod[name] and len(base[name]) == count, name

@@ -219,7 +219,7 @@ def test_the_prompt_gemm_gives_the_exact_int32_product_whatever_the_tile_remaind
 )
 def test_vnni_is_the_default_wherever_its_simd_path_builds_avx2_or_vnni():
     assert kernels.q8_fast()
-    assert kernels_simd() in (1, 2)  # AVX2 or AVX512-VNNI: a SIMD path for decode rows and prompt rows alike
+    assert kernels_simd() in (1, 2)  # AVX2 or NEON, or AVX512-VNNI: SIMD for decode rows and prompt rows alike
     assert default_kernel() == "vnni"
 
 

@@ -1,5 +1,5 @@
 /* Calls one of models/kernels/int4_gemm.c's entry points CALLS times on a decode row (R = 1) of fixed inputs, one
- * thread: bench/arm64_int4_instructions.py runs it under qemu-user with CALLS 1 and 3 and takes half the difference
+ * thread: bench/arm64_instructions.py runs it under qemu-user with CALLS 1 and 3 and takes half the difference
  * of the instructions executed as one call's. Prints y[0] so the call cannot be dropped.
  * Usage: int4_calls LIBRARY 4|6 N K CALLS */
 #include <dlfcn.h>

@@ -306,7 +306,7 @@ def q8_library() -> ctypes.CDLL | None:
 
 
 def q8_fast() -> bool:
-    """Whether the vnni linear runs a SIMD path here: AVX512-VNNI, or AVX2 (elsewhere plain C: correct, slow)."""
+    """Whether the vnni linear runs a SIMD path here: AVX512-VNNI, AVX2 or NEON (elsewhere plain C: correct, slow)."""
     lib = q8_library()
     return lib is not None and bool(lib.ei_q8_simd())
 
@@ -314,7 +314,7 @@ def q8_fast() -> bool:
 def q8_int_mm(xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """xq [R, K] int8 @ weight [N, K] int8 .T -> [R, N] int32, exact: torch._int_mm (oneDNN) where the kernel has
     its VNNI path; elsewhere oneDNN falls back to a reference loop (~170x slower than fbgemm on AVX2), and our
-    AVX2 GEMM (ei_q8_mm) gives the same int32 sums."""
+    AVX2 or NEON GEMM (ei_q8_mm) gives the same int32 sums."""
     lib = q8_library()
     if lib.ei_q8_simd() == 2:
         return torch._int_mm(xq, weight.t())

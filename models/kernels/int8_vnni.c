@@ -23,8 +23,13 @@
  * 1.09x below 40. bench/prefetch_sweep.py repeats the chain per distance: 2 KiB measured 0.996-1.041x at 52 GB/s
  * where 4 KiB took 1.065-1.093x, and in two later runs at 56 GB/s 0.926x and 0.962x where 4 KiB took 1.009x and
  * 1.043x (1-1.5 KiB as 2 KiB); in the slow bucket all alike. So 2 KiB, as the int4/int6 loop.
- * Long prompts go to torch._int_mm (oneDNN) over the same weights instead (on AVX2 without VNNI to ei_q8_mm below),
- * and ei_q8_finish applies the scales to its int32 output.
+ * Long prompts go to torch._int_mm (oneDNN) over the same weights instead (on AVX2 without VNNI, and on arm64, to
+ * ei_q8_mm below), and ei_q8_finish applies the scales to its int32 output.
+ *
+ * On arm64 the GEMV's dots and the prompt GEMM's tiles are NEON (sdot with ARMv8.2 dot products, else widening
+ * multiplies), the same exact int32 sums as every x86 path. Counted under qemu (bench/arm64_instructions.py), they
+ * execute 1.6-3.3x fewer instructions than GCC's own vectorization of the plain loops; no ARM box was at hand to
+ * time them or tune a prefetch distance.
  *
  * With `rotate` = B (a power of two, 16..512), a row is multiplied by the B x B Hadamard matrix block by block before
  * it is quantized (the weights were stored rotated the same way, models/quant.py, so the product is unchanged): an
@@ -322,18 +327,6 @@ static inline void dot2(const int8_t *xa, const int8_t *xb, const int8_t *w, int
     *sb = t;
 }
 
-/* int32 dots of activation row xr with the block's weight rows w0..w0 + 3K, one row after another; with xr2, also
- * of that row, over the same reads (a two-pass row and its residual, or two sessions: the block is read once). */
-static inline void dot4(const int8_t *xr, const int8_t *xr2, const int8_t *w0, int K, int32_t out[NBLOCK],
-                        int32_t out2[NBLOCK]) {
-    for (int i = 0; i < NBLOCK; i++) {
-        if (xr2)
-            dot2(xr, xr2, w0 + (int64_t)i * K, K, out + i, out2 + i);
-        else
-            out[i] = dot1(xr, w0 + (int64_t)i * K, K);
-    }
-}
-
 #define Q8_BIAS 128 /* what dot1/dot2 add to each activation byte: 128 * rowsum(w) is taken off after */
 
 #elif defined(__AVX2__)
@@ -402,16 +395,6 @@ static inline void dot2(const int8_t *xa, const int8_t *xb, const int8_t *w, int
     }
     *sa = s;
     *sb = t;
-}
-
-static inline void dot4(const int8_t *xr, const int8_t *xr2, const int8_t *w0, int K, int32_t out[NBLOCK],
-                        int32_t out2[NBLOCK]) {
-    for (int i = 0; i < NBLOCK; i++) {
-        if (xr2)
-            dot2(xr, xr2, w0 + (int64_t)i * K, K, out + i, out2 + i);
-        else
-            out[i] = dot1(xr, w0 + (int64_t)i * K, K);
-    }
 }
 
 #define MM_ROWS 6  /* activation rows per tile */
@@ -502,6 +485,97 @@ static inline void mm_tile(const int16_t *const x[MM_ROWS], const int16_t *restr
 }
 #undef LD
 
+#elif defined(__aarch64__) && defined(__ARM_NEON) && !defined(EI_Q8_PLAIN) /* -DEI_Q8_PLAIN: the plain loops */
+#include <arm_neon.h>
+#define EI_Q8_SIMD 1
+#define EI_Q8_NEON 1
+#define Q8_BIAS 0 /* signed by signed bytes: the dot itself */
+
+/* acc + the 16 products x[i] * w[i], in int32 lanes: sdot where the CPU has ARMv8.2 dot products (a Jetson Orin, a
+ * Raspberry Pi 5); else (a Pi 4) a widening multiply of the low halves, one that adds the high halves' products, and
+ * a pairwise add into int32: a lane of the int16 sum is x[i] w[i] + x[i + 8] w[i + 8], at most 2 * 127 * 127 < 32768
+ * as neither side ever holds -128 (both are clamped to +-127), so it is exact. Either way the sums are the x86
+ * paths' to the bit. */
+static inline int32x4_t dot16(int32x4_t acc, int8x16_t x, int8x16_t w) {
+#ifdef __ARM_FEATURE_DOTPROD
+    return vdotq_s32(acc, x, w);
+#else
+    return vpadalq_s16(acc, vmlal_high_s8(vmull_s8(vget_low_s8(x), vget_low_s8(w)), x, w));
+#endif
+}
+
+/* int32 dot of activation row xr (K int8) with weight row w: four accumulators over 64-byte steps. No software
+ * prefetch: each thread reads one sequential stream, and no ARM box was at hand to tune a distance on. */
+static inline int32_t dot1(const int8_t *xr, const int8_t *w, int K) {
+    int32x4_t a0 = vdupq_n_s32(0), a1 = a0, a2 = a0, a3 = a0;
+    int k = 0;
+    for (; k + 64 <= K; k += 64) {
+        a0 = dot16(a0, vld1q_s8(xr + k), vld1q_s8(w + k));
+        a1 = dot16(a1, vld1q_s8(xr + k + 16), vld1q_s8(w + k + 16));
+        a2 = dot16(a2, vld1q_s8(xr + k + 32), vld1q_s8(w + k + 32));
+        a3 = dot16(a3, vld1q_s8(xr + k + 48), vld1q_s8(w + k + 48));
+    }
+    for (; k + 16 <= K; k += 16) a0 = dot16(a0, vld1q_s8(xr + k), vld1q_s8(w + k));
+    int32_t s = vaddvq_s32(vaddq_s32(vaddq_s32(a0, a1), vaddq_s32(a2, a3)));
+    for (; k < K; k++) s += (int32_t)xr[k] * (int32_t)w[k];
+    return s;
+}
+
+/* dot1 for two activation rows xa, xb over one read of the weight row: their int32 dots in sa, sb. */
+static inline void dot2(const int8_t *xa, const int8_t *xb, const int8_t *w, int K, int32_t *sa, int32_t *sb) {
+    int32x4_t a0 = vdupq_n_s32(0), a1 = a0, b0 = a0, b1 = a0;
+    int k = 0;
+    for (; k + 32 <= K; k += 32) {
+        int8x16_t w0 = vld1q_s8(w + k), w1 = vld1q_s8(w + k + 16);
+        a0 = dot16(a0, vld1q_s8(xa + k), w0);
+        b0 = dot16(b0, vld1q_s8(xb + k), w0);
+        a1 = dot16(a1, vld1q_s8(xa + k + 16), w1);
+        b1 = dot16(b1, vld1q_s8(xb + k + 16), w1);
+    }
+    for (; k + 16 <= K; k += 16) {
+        int8x16_t w0 = vld1q_s8(w + k);
+        a0 = dot16(a0, vld1q_s8(xa + k), w0);
+        b0 = dot16(b0, vld1q_s8(xb + k), w0);
+    }
+    int32_t s = vaddvq_s32(vaddq_s32(a0, a1)), t = vaddvq_s32(vaddq_s32(b0, b1));
+    for (; k < K; k++) {
+        s += (int32_t)xa[k] * (int32_t)w[k];
+        t += (int32_t)xb[k] * (int32_t)w[k];
+    }
+    *sa = s;
+    *sb = t;
+}
+
+#define MM_ROWS 4 /* activation rows per tile, times the NBLOCK weight rows of a block */
+
+/* The 4 x 4 int32 dots of activation rows x[0..3] with the block's weight rows w0..w0 + 3K, for prompts: per 16
+ * bytes of depth 8 loads feed 16 dot steps, where dot2 over the same rows would load 12 for 8 (the 16 accumulators
+ * and 8 operands take 24 of NEON's 32 registers). The block (4 x K bytes) stays in L1 while every activation row
+ * streams past it. */
+static inline void mm_tile(const int8_t *const x[MM_ROWS], const int8_t *w0, int K, int32_t out[MM_ROWS][NBLOCK]) {
+    const int8_t *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    int32x4_t acc[MM_ROWS][NBLOCK];
+    for (int r = 0; r < MM_ROWS; r++)
+        for (int i = 0; i < NBLOCK; i++) acc[r][i] = vdupq_n_s32(0);
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+        const int8x16_t v0 = vld1q_s8(w0 + k), v1 = vld1q_s8(w1 + k), v2 = vld1q_s8(w2 + k), v3 = vld1q_s8(w3 + k);
+        for (int r = 0; r < MM_ROWS; r++) {
+            const int8x16_t xv = vld1q_s8(x[r] + k);
+            acc[r][0] = dot16(acc[r][0], xv, v0);
+            acc[r][1] = dot16(acc[r][1], xv, v1);
+            acc[r][2] = dot16(acc[r][2], xv, v2);
+            acc[r][3] = dot16(acc[r][3], xv, v3);
+        }
+    }
+    for (int r = 0; r < MM_ROWS; r++)
+        for (int i = 0; i < NBLOCK; i++) {
+            int32_t s = vaddvq_s32(acc[r][i]);
+            for (int j = k; j < K; j++) s += (int32_t)x[r][j] * (int32_t)w0[(int64_t)i * K + j];
+            out[r][i] = s;
+        }
+}
+
 #else
 #define EI_Q8_SIMD 0
 #define Q8_BIAS 0
@@ -516,6 +590,20 @@ static inline void dot4(const int8_t *xr, const int8_t *xr2, const int8_t *w0, i
     for (int i = 0; i < NBLOCK; i++) {
         out[i] = dot1(xr, w0 + (int64_t)i * K, K);
         if (xr2) out2[i] = dot1(xr2, w0 + (int64_t)i * K, K);
+    }
+}
+#endif
+
+#if EI_Q8_SIMD
+/* int32 dots of activation row xr with the block's weight rows w0..w0 + 3K, one row after another; with xr2, also
+ * of that row, over the same reads (a two-pass row and its residual, or two sessions: the block is read once). */
+static inline void dot4(const int8_t *xr, const int8_t *xr2, const int8_t *w0, int K, int32_t out[NBLOCK],
+                        int32_t out2[NBLOCK]) {
+    for (int i = 0; i < NBLOCK; i++) {
+        if (xr2)
+            dot2(xr, xr2, w0 + (int64_t)i * K, K, out + i, out2 + i);
+        else
+            out[i] = dot1(xr, w0 + (int64_t)i * K, K);
     }
 }
 #endif
@@ -562,7 +650,7 @@ void ei_q8_gemv(int R, int N, int K, int two_pass, const int8_t *xq, const float
  * in 6-row tiles. Exact int32 sums, so any split gives the same bits. */
 int ei_q8_mm(int R, int N, int K, const int8_t *xq, const int8_t *w, int32_t *acc, int threads) {
     if (R <= 0 || N <= 0) return 0; /* nothing to write (and malloc(0) may answer NULL) */
-#if EI_Q8_SIMD && !defined(__AVX512VNNI__)
+#if EI_Q8_SIMD && !defined(__AVX512VNNI__) && !defined(EI_Q8_NEON)
     const int pairs = (K + 1) / 2, Kp = 2 * pairs;
     int16_t *x16 = malloc((size_t)R * (Kp > 0 ? Kp : 1) * sizeof(int16_t));
     if (!x16) return -1;
@@ -600,6 +688,26 @@ int ei_q8_mm(int R, int N, int K, const int8_t *xq, const int8_t *w, int32_t *ac
     }
     free(x16);
     if (failed) return -1;
+#elif defined(EI_Q8_NEON)
+    const int blocks = (N + NBLOCK - 1) / NBLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int b = 0; b < blocks; b++) {
+        const int n0 = b * NBLOCK, nb = N - n0 < NBLOCK ? N - n0 : NBLOCK;
+        const int8_t *w0 = w + (int64_t)n0 * K;
+        if (nb < NBLOCK) { /* the last, partial block */
+            for (int r = 0; r < R; r++)
+                for (int i = 0; i < nb; i++)
+                    acc[(int64_t)r * N + n0 + i] = dot1(xq + (int64_t)r * K, w0 + (int64_t)i * K, K);
+            continue;
+        }
+        for (int r0 = 0; r0 < R; r0 += MM_ROWS) {
+            const int8_t *xr[MM_ROWS]; /* a partial tile repeats its last row and drops the extra sums */
+            for (int r = 0; r < MM_ROWS; r++) xr[r] = xq + (int64_t)(r0 + r < R ? r0 + r : R - 1) * K;
+            int32_t d[MM_ROWS][NBLOCK];
+            mm_tile(xr, w0, K, d);
+            for (int r = 0; r < MM_ROWS && r0 + r < R; r++) memcpy(acc + (int64_t)(r0 + r) * N + n0, d[r], sizeof d[r]);
+        }
+    }
 #else
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int n = 0; n < N; n++)
@@ -744,7 +852,8 @@ int ei_q8_decode_layers(const ei_q8_layer *L, int n, const ei_layer_ops *ops, in
     return 0;
 }
 
-/* 2: the AVX512-VNNI path (prompts then run torch._int_mm); 1: the AVX2 path (prompts run ei_q8_mm); 0: plain C. */
+/* 2: the AVX512-VNNI path (prompts then run torch._int_mm); 1: the AVX2 or the NEON path (prompts run ei_q8_mm);
+ * 0: plain C. */
 int ei_q8_simd(void) {
 #if EI_Q8_SIMD && defined(__AVX512VNNI__)
     return 2;
