@@ -1,0 +1,88 @@
+"""The model path as an arm64 decoder stage runs it, printed as JSON: run by tests/test_arm64_model.py under
+qemu-user with an aarch64 CPython, torch and our package (tools/arm64_env.py builds that folder), and here on x86.
+
+1. transformers' generate() of the checkpoint (greedy, the shipped sample part photo and a prompt) in this process,
+   and our fp32 stages split in two over the same inputs: tokens and logits.
+2. One whole-model stage per packed format (int8 on the default kernel, int6, int4) over a prompt and four fixed
+   decode steps: its logits, with the kernel each format ran and our kernels' SIMD levels.
+
+Usage: python arm64_model_probe.py CHECKPOINT OUT.json"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+
+import torch
+
+from edgeinspect.assets import asset_path
+from edgeinspect.models import kernels, quant
+from edgeinspect.models.checkpoint import load_processor, load_reference_model, open_checkpoint
+from edgeinspect.models.pipeline import LocalPipeline, Request, even_split, load_local_stages
+from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
+from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
+from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
+
+NEW_TOKENS = 12
+STEPS = (17, 230, 4, 99)  # the same decode tokens into every format's stage
+
+
+def reference_and_split(ckpt) -> dict:
+    from PIL import Image
+
+    processor = load_processor(ckpt)
+    image = Image.open(asset_path("part_scratch.jpg")).convert("RGB")
+    text = prompt_text(
+        processor, build_messages("Inspect the part in the image.", context="Scratches up to 0.5 mm pass.")
+    )
+    inputs = processor(text=text, images=image, return_tensors="pt")
+    model = load_reference_model(ckpt)
+    with torch.inference_mode():
+        out = model.generate(
+            **inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+        visual = load_vision_tower(ckpt)(ImagePreprocessor(ckpt)(image))[0]
+    n = inputs["input_ids"].shape[1]
+    ids = prompt_ids(processor, text)
+    pipe = LocalPipeline(load_local_stages(ckpt, even_split(ckpt.num_layers, 2)))
+    got = pipe.generate({"s": Request(ids, visual, max_new_tokens=NEW_TOKENS)}, keep_logits=True)["s"]
+    return {
+        "same_prompt_ids": ids == inputs["input_ids"][0].tolist(),
+        "generate_tokens": out.sequences[0, n:].tolist(),
+        "split_tokens": got.tokens,
+        "logits_max_diff": max((a - b[0]).abs().max().item() for a, b in zip(got.logits, out.logits, strict=True)),
+    }
+
+
+def format_logits(ckpt) -> dict:
+    whole = LayerRange(0, ckpt.num_layers, ckpt.num_layers)
+    ids = torch.randint(10, 500, (30,), generator=torch.Generator().manual_seed(5))
+    logits = {}
+    for weights in ("fp32", "int8", "int6", "int4"):
+        ex = StageExecutor(load_stage(ckpt, whole, weights), kv_cache="fp16")
+        rows = [ex.step([("a", StepInput(0, input_ids=ids))])[0].logits]
+        for pos, token in zip(range(30, 30 + len(STEPS)), STEPS, strict=True):
+            rows.append(ex.step([("a", StepInput(pos, input_ids=torch.tensor([token])))])[0].logits)
+        logits[weights] = torch.stack(rows).float().flatten().tolist()
+    return logits
+
+
+def main() -> None:
+    ckpt = open_checkpoint(sys.argv[1])
+    torch.manual_seed(0)
+    result = {
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "int8_kernel": quant.default_kernel(),
+        "int8_simd": quant.kernels_simd(),
+        "int4_simd": int(kernels.int4_library().ei_int4_simd()) if kernels.int4_library() is not None else None,
+        "reference": reference_and_split(ckpt),
+        "logits": format_logits(ckpt),
+    }
+    with open(sys.argv[2], "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
