@@ -5,6 +5,7 @@ qemu-user with an aarch64 CPython, torch and our package (tools/arm64_env.py bui
    and our fp32 stages split in two over the same inputs: tokens and logits.
 2. One whole-model stage per packed format (int8 on the default kernel, int6, int4) over a prompt and four fixed
    decode steps: its logits, with the kernel each format ran and our kernels' SIMD levels.
+3. The vision tower (a Raspberry Pi vision node's torch backends) in fp32 and int8 on the sample photo: its tokens.
 
 Usage: python arm64_model_probe.py CHECKPOINT OUT.json"""
 
@@ -68,6 +69,15 @@ def format_logits(ckpt) -> dict:
     return logits
 
 
+def vision_tokens(ckpt) -> dict:
+    from PIL import Image
+
+    pixels = ImagePreprocessor(ckpt)(Image.open(asset_path("part_scratch.jpg")).convert("RGB"))
+    with torch.inference_mode():
+        tokens = {w: load_vision_tower(ckpt, w)(pixels)[0].float() for w in ("fp32", "int8")}
+    return {"shape": list(tokens["fp32"].shape)} | {w: t.flatten().tolist() for w, t in tokens.items()}
+
+
 def main() -> None:
     ckpt = open_checkpoint(sys.argv[1])
     torch.manual_seed(0)
@@ -79,6 +89,7 @@ def main() -> None:
         "int4_simd": int(kernels.int4_library().ei_int4_simd()) if kernels.int4_library() is not None else None,
         "reference": reference_and_split(ckpt),
         "logits": format_logits(ckpt),
+        "vision": vision_tokens(ckpt),
     }
     with open(sys.argv[2], "w") as f:
         json.dump(result, f)

@@ -4,8 +4,10 @@ kernels built as an ARM box builds them, and transformers' generate() as the ora
 No ARM CPU here: tools/arm64_env.py builds Debian's aarch64 CPython and the aarch64 wheels (torch 2.10, the newest
 CPU build on PyPI), the working tree goes in as a wheel, and tests/arm64_model_probe.py runs under qemu-user with
 the aarch64 cross compiler as the box's `cc` (at armv8.2-a with dot products, a Jetson Orin or a Pi 5). The same
-probe runs here capped at AVX2: its int8/int6/int4 stages run our AVX2 kernels, whose int32 sums the NEON ones
-make too. Slow (about 3 minutes, most of it torch under emulation) and skipped until the environment is built:
+probe runs here capped at AVX2: its int8/int6/int4 stages and int8 vision tower run our AVX2 kernels, whose int32
+sums the NEON ones make too. ONNX Runtime is not covered: its aarch64 wheel segfaults on import under qemu-user
+(its CPU probe parses the host's x86 /sys/devices/system/cpu). Slow (about 2 minutes, most of it torch under
+emulation) and skipped until the environment is built:
     .venv/bin/python tools/arm64_env.py"""
 
 from __future__ import annotations
@@ -125,3 +127,20 @@ def test_packed_stages_on_arm64_compute_what_the_avx2_build_computes(probes, wei
     if weights == "int8":
         n = len(there) // rows
         assert min(_cosine(there[i * n : (i + 1) * n], fp32[i * n : (i + 1) * n]) for i in range(rows)) > 0.99
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= cpu_flags(), reason="the x86 side runs capped at AVX2")
+def test_the_vision_tower_on_arm64_encodes_as_the_avx2_build_does(probes):
+    """A Raspberry Pi vision node's torch backends: fp32 to float rounding; int8 (our int8 layer, NEON there) to the
+    rounding of its activations: the MLP's GELU takes e^x from libm on ARM and from an AVX2 polynomial here, and a
+    last-bit difference can move an activation to the next int8 step in the linear after it."""
+    arm, x86 = probes
+    tokens, width = arm["vision"]["shape"]
+    rows = range(0, tokens * width, width)
+    there, here = arm["vision"]["fp32"], x86["vision"]["fp32"]
+    worst, scale = max(abs(a - b) for a, b in zip(there, here, strict=True)), max(map(abs, here))
+    assert worst <= 1e-4 * scale, f"fp32: arm64 off the AVX2 build by {worst:.3g} (largest {scale:.3g})"
+    there, here, fp32 = arm["vision"]["int8"], x86["vision"]["int8"], arm["vision"]["fp32"]
+    across = min(_cosine(there[i : i + width], here[i : i + width]) for i in rows)
+    to_fp32 = min(_cosine(there[i : i + width], fp32[i : i + width]) for i in rows)
+    assert across > 0.99999 and to_fp32 > 0.999, (across, to_fp32)

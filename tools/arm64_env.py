@@ -111,9 +111,8 @@ def build_site(site: Path) -> None:
     # pip evaluates torch's dependency markers for this host, not the target: its own dependencies go in by name.
     subprocess.run([*pip, "--no-deps", TORCH], check=True)
     pinned = [f"{name}=={version(name)}" for name in SAME_AS_HERE]
-    subprocess.run(
-        [*pip, "filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec", *pinned], check=True
-    )
+    torch_needs = ["filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec"]
+    subprocess.run([*pip, "--upgrade", *torch_needs, *pinned], check=True)  # --upgrade: into torch's folder too
 
 
 def main() -> None:
