@@ -41,8 +41,9 @@ INT4_LEVELS = {
 }
 PLAIN, NEON, SDOT = INT4_LEVELS  # the baseline first
 # int8: each NEON build against the plain loops as GCC vectorizes them at the same level
-INT8_PAIRS = {"armv8-a": ("plain C, GCC-vectorized (armv8-a)", "NEON (armv8-a)")} | {
-    "armv8.2-a+dotprod": ("plain C, GCC-vectorized (armv8.2-a+dotprod)", "NEON sdot (armv8.2-a+dotprod)")
+INT8_PAIRS = {
+    "armv8-a": ("plain C, GCC-vectorized (armv8-a)", "NEON (armv8-a)"),
+    "armv8.2-a+dotprod": ("plain C, GCC-vectorized (armv8.2-a+dotprod)", "NEON sdot (armv8.2-a+dotprod)"),
 }
 INT8_CASES = {"decode row, one pass": "gemv", "decode row, two passes": "two_pass", "prompt GEMM": "mm"}
 
