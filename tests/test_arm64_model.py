@@ -58,12 +58,29 @@ def _assert_within(there: list[float], here: list[float], what: str, rel: float 
     assert worst <= rel * scale, f"{what}: arm64 off the AVX2 build by {worst:.3g} (largest {scale:.3g})"
 
 
+def _working_tree(folder: Path) -> Path:
+    """The checkout's files (tracked, and untracked ones git does not ignore) copied into folder: a wheel built in
+    the checkout itself would leave build/ there, and a later build would ship the stale modules it keeps."""
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():  # a tracked file deleted from the working tree is listed too
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, folder / name)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def probes(tmp_path_factory, tiny_checkpoint):
     tmp = tmp_path_factory.mktemp("arm64")
     wheels, package = tmp / "wheels", tmp / "package"  # the working tree as pip installs it
+    source = _working_tree(tmp / "source")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(source)],
         check=True,
         capture_output=True,
     )
