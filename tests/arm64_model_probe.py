@@ -29,11 +29,9 @@ NEW_TOKENS = 12
 STEPS = (17, 230, 4, 99)  # the same decode tokens into every format's stage
 
 
-def reference_and_split(ckpt) -> dict:
-    from PIL import Image
-
+def reference_and_split(ckpt, image, visual: torch.Tensor) -> dict:
+    """`visual`: the fp32 tower's tokens of `image`, which our stages take where generate() runs the tower itself."""
     processor = load_processor(ckpt)
-    image = Image.open(asset_path("part_scratch.jpg")).convert("RGB")
     text = prompt_text(
         processor, build_messages("Inspect the part in the image.", context="Scratches up to 0.5 mm pass.")
     )
@@ -43,7 +41,6 @@ def reference_and_split(ckpt) -> dict:
         out = model.generate(
             **inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True, return_dict_in_generate=True
         )
-        visual = load_vision_tower(ckpt)(ImagePreprocessor(ckpt)(image))[0]
     n = inputs["input_ids"].shape[1]
     ids = prompt_ids(processor, text)
     pipe = LocalPipeline(load_local_stages(ckpt, even_split(ckpt.num_layers, 2)))
@@ -69,27 +66,28 @@ def format_logits(ckpt) -> dict:
     return logits
 
 
-def vision_tokens(ckpt) -> dict:
-    from PIL import Image
-
-    pixels = ImagePreprocessor(ckpt)(Image.open(asset_path("part_scratch.jpg")).convert("RGB"))
+def vision_tokens(ckpt, image) -> dict[str, torch.Tensor]:
+    pixels = ImagePreprocessor(ckpt)(image)
     with torch.inference_mode():
-        tokens = {w: load_vision_tower(ckpt, w)(pixels)[0].float() for w in ("fp32", "int8")}
-    return {"shape": list(tokens["fp32"].shape)} | {w: t.flatten().tolist() for w, t in tokens.items()}
+        return {w: load_vision_tower(ckpt, w)(pixels)[0].float() for w in ("fp32", "int8")}
 
 
 def main() -> None:
+    from PIL import Image
+
     ckpt = open_checkpoint(sys.argv[1])
     torch.manual_seed(0)
+    image = Image.open(asset_path("part_scratch.jpg")).convert("RGB")
+    vision = vision_tokens(ckpt, image)
     result = {
         "machine": platform.machine(),
         "torch": torch.__version__,
         "int8_kernel": quant.default_kernel(),
         "int8_simd": quant.kernels_simd(),
         "int4_simd": int(kernels.int4_library().ei_int4_simd()) if kernels.int4_library() is not None else None,
-        "reference": reference_and_split(ckpt),
+        "reference": reference_and_split(ckpt, image, vision["fp32"]),
         "logits": format_logits(ckpt),
-        "vision": vision_tokens(ckpt),
+        "vision": {"shape": list(vision["fp32"].shape)} | {w: t.flatten().tolist() for w, t in vision.items()},
     }
     with open(sys.argv[2], "w") as f:
         json.dump(result, f)

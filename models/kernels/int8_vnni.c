@@ -585,16 +585,13 @@ static inline int32_t dot1(const int8_t *xr, const int8_t *w, int K) {
     return s;
 }
 
-static inline void dot4(const int8_t *xr, const int8_t *xr2, const int8_t *w0, int K, int32_t out[NBLOCK],
-                        int32_t out2[NBLOCK]) {
-    for (int i = 0; i < NBLOCK; i++) {
-        out[i] = dot1(xr, w0 + (int64_t)i * K, K);
-        if (xr2) out2[i] = dot1(xr2, w0 + (int64_t)i * K, K);
-    }
+/* Plain C: one dot after the other (the weight row is read twice; the SIMD paths read it once for both rows). */
+static inline void dot2(const int8_t *xa, const int8_t *xb, const int8_t *w, int K, int32_t *sa, int32_t *sb) {
+    *sa = dot1(xa, w, K);
+    *sb = dot1(xb, w, K);
 }
 #endif
 
-#if EI_Q8_SIMD
 /* int32 dots of activation row xr with the block's weight rows w0..w0 + 3K, one row after another; with xr2, also
  * of that row, over the same reads (a two-pass row and its residual, or two sessions: the block is read once). */
 static inline void dot4(const int8_t *xr, const int8_t *xr2, const int8_t *w0, int K, int32_t out[NBLOCK],
@@ -606,7 +603,6 @@ static inline void dot4(const int8_t *xr, const int8_t *xr2, const int8_t *w0, i
             out[i] = dot1(xr, w0 + (int64_t)i * K, K);
     }
 }
-#endif
 
 void ei_q8_gemv(int R, int N, int K, int two_pass, const int8_t *xq, const float *xs, const int8_t *w,
                 const float *ws, const int32_t *wsum, float *y, int threads) {
