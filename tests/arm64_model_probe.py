@@ -5,9 +5,11 @@ qemu-user with an aarch64 CPython, torch and our package (tools/arm64_env.py bui
    and our fp32 stages split in two over the same inputs: tokens and logits.
 2. One whole-model stage per packed format (int8 on the default kernel, int6, int4) over a prompt and four fixed
    decode steps: its logits, with the kernel each format ran and our kernels' SIMD levels.
-3. The vision tower (a Raspberry Pi vision node's torch backends) in fp32 and int8 on the sample photo: its tokens.
+3. The vision tower on the sample photo, as a Raspberry Pi vision node runs it: torch fp32 and int8, and ONNX
+   Runtime fp32 and int8 as the node loads them (the export made on the box at first start, the int8 copy quantised
+   there): its tokens, and the backends `backend: auto` would time there.
 
-Usage: python arm64_model_probe.py CHECKPOINT OUT.json"""
+Usage: python arm64_model_probe.py CHECKPOINT OUT.json ONNX_PATH (ONNX_PATH: where the node's export goes)"""
 
 from __future__ import annotations
 
@@ -18,12 +20,14 @@ import sys
 import torch
 
 from edgeinspect.assets import asset_path
+from edgeinspect.config import VisionSettings
 from edgeinspect.models import kernels, quant
 from edgeinspect.models.checkpoint import load_processor, load_reference_model, open_checkpoint
 from edgeinspect.models.pipeline import LocalPipeline, Request, even_split, load_local_stages
 from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
+from edgeinspect.services.vision.backends import auto_loaders
 
 NEW_TOKENS = 12
 STEPS = (17, 230, 4, 99)  # the same decode tokens into every format's stage
@@ -66,10 +70,15 @@ def format_logits(ckpt) -> dict:
     return logits
 
 
-def vision_tokens(ckpt, image) -> dict[str, torch.Tensor]:
+def vision_tokens(ckpt, image, onnx_path: str) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Tokens per backend, and the backends `backend: auto` would time on this box."""
     pixels = ImagePreprocessor(ckpt)(image)
     with torch.inference_mode():
-        return {w: load_vision_tower(ckpt, w)(pixels)[0].float() for w in ("fp32", "int8")}
+        tokens = {w: load_vision_tower(ckpt, w)(pixels)[0].float() for w in ("fp32", "int8")}
+    loaders = auto_loaders(ckpt, VisionSettings(checkpoint=ckpt.path, backend="auto", onnx_path=onnx_path))
+    for name in ("onnxruntime-fp32", "onnxruntime-int8"):  # as the node loads them: exported, quantised here
+        tokens[name] = loaders[name]()(pixels)[0]
+    return tokens, list(loaders)
 
 
 def main() -> None:
@@ -78,7 +87,7 @@ def main() -> None:
     ckpt = open_checkpoint(sys.argv[1])
     torch.manual_seed(0)
     image = Image.open(asset_path("part_scratch.jpg")).convert("RGB")
-    vision = vision_tokens(ckpt, image)
+    vision, vision_candidates = vision_tokens(ckpt, image, sys.argv[3])
     result = {
         "machine": platform.machine(),
         "torch": torch.__version__,
@@ -88,6 +97,7 @@ def main() -> None:
         "reference": reference_and_split(ckpt, image, vision["fp32"]),
         "logits": format_logits(ckpt),
         "vision": {"shape": list(vision["fp32"].shape)} | {w: t.flatten().tolist() for w, t in vision.items()},
+        "vision_auto_candidates": vision_candidates,
     }
     with open(sys.argv[2], "w") as f:
         json.dump(result, f)

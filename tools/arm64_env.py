@@ -7,8 +7,9 @@ DIR/root holds python3.11 and the shared libraries it and torch load, from Debia
 release file's signature is checked against the host's Debian archive keyring, then every package's SHA-256, before
 anything is unpacked (no package is installed on the host, no foreign architecture is added). DIR/site holds the
 wheels, installed for aarch64 by this environment's pip. torch is 2.10.0, the newest aarch64 wheel on PyPI that is
-a CPU build (from 2.11 on PyPI's aarch64 wheels depend on CUDA packages); transformers, tokenizers, safetensors,
-numpy, pillow and PyYAML take the versions installed here.
+a CPU build (from 2.11 on PyPI's aarch64 wheels depend on CUDA packages); the rest (transformers, ONNX Runtime and
+the ONNX exporter's packages, pydantic for the vision node's settings, ...) take the versions installed here. DIR/site
+is rebuilt when that list changes (its .complete file holds the list).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import hashlib
 import lzma
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,7 +33,11 @@ KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 DEBIAN_PACKAGES = ("python3.11-minimal", "libpython3.11-stdlib", "libc6", "libgcc-s1", "libstdc++6", "libgomp1")
 NOT_NEEDED = {"debconf", "debconf-2.0", "perl-base", "dpkg", "tzdata", "media-types", "netbase", "readline-common"}
 TORCH = "torch==2.10.0"
-SAME_AS_HERE = ("transformers", "tokenizers", "safetensors", "numpy", "pillow", "PyYAML")
+SAME_AS_HERE = (
+    *("transformers", "tokenizers", "safetensors", "numpy", "pillow", "PyYAML"),
+    *("onnxruntime", "onnx", "onnxscript", "onnx-ir", "ml_dtypes", "protobuf"),  # the vision node's default backend
+    *("pydantic", "pydantic-settings"),  # its settings
+)
 AARCH64 = ["--platform", "manylinux_2_28_aarch64", "--platform", "manylinux_2_17_aarch64", "--python-version", "3.11"]
 
 
@@ -105,12 +111,16 @@ def build_root(root: Path) -> None:
             subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
 
 
+def site_requirements() -> list[str]:
+    return [TORCH, *(f"{name}=={version(name)}" for name in SAME_AS_HERE)]
+
+
 def build_site(site: Path) -> None:
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(site), "--only-binary=:all:", *AARCH64]
     print(f"installing {TORCH} (aarch64) and the model path's packages into {site}", flush=True)
     # pip evaluates torch's dependency markers for this host, not the target: its own dependencies go in by name.
     subprocess.run([*pip, "--no-deps", TORCH], check=True)
-    pinned = [f"{name}=={version(name)}" for name in SAME_AS_HERE]
+    pinned = site_requirements()[1:]
     torch_needs = ["filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec"]
     subprocess.run([*pip, "--upgrade", *torch_needs, *pinned], check=True)  # --upgrade: into torch's folder too
 
@@ -119,14 +129,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=default_dir(), help="the folder to build (default: %(default)s)")
     args = ap.parse_args()
-    for part, build in (("root", build_root), ("site", build_site)):
-        target = args.out / part
-        if (target / ".complete").exists():
+    # Each part's .complete holds what it was built from; a root built before that was written holds nothing.
+    parts = (("root", build_root, (SUITE, "")), ("site", build_site, (" ".join(site_requirements()),)))
+    for part, build, stamps in parts:
+        target, done = args.out / part, args.out / part / ".complete"
+        if done.exists() and done.read_text() in stamps:
             print(f"{target}: already built", flush=True)
             continue
-        target.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            print(f"{target}: built from another list than this one, rebuilding", flush=True)
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
         build(target)
-        (target / ".complete").touch()
+        done.write_text(stamps[0])
     print(f"arm64 environment ready: {args.out}")
 
 
