@@ -29,9 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = Path(__file__).with_name("arm64_model_probe.py")
 ARM_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 # qemu's model of the core, and the level our kernels build at. Not qemu's `max` CPU: it has SME, where ONNX
-# Runtime 1.32's int8 matmuls (its KleidiAI SME path) come out wrong under qemu 7.2, worst-token cosine 0.34 against
-# fp32. Whether qemu's SME or ONNX Runtime's is at fault needs an SME box; a vision node's `backend: auto` would
-# refuse that backend by its accuracy gate, and none of the boxes edgeinspect targets has SME.
+# Runtime 1.32's int8 matmuls take KleidiAI's SME path, which Debian bookworm's qemu 7.2 emulates wrongly (worst
+# token cosine 0.34 against fp32; under qemu 10 from bookworm-backports the same path gives 0.99966, NEON 0.99975).
 ARM_CPU, ARM_LEVEL = "cortex-a76", "armv8.2-a+dotprod"
 ENV = Path(os.environ.get("EDGEINSPECT_ARM64_ENV", Path.home() / ".cache" / "edgeinspect" / "arm64-env"))
 AVX2_CAP = {"EDGEINSPECT_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
