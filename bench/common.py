@@ -33,13 +33,9 @@ def require_checkpoint(path: Path, also: str = "") -> None:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from edgeinspect.models.quant import cpu_model as named
+
+    return named() or platform.processor() or platform.machine()
 
 
 def cpu_flags() -> list[str]:
@@ -47,7 +43,9 @@ def cpu_flags() -> list[str]:
     above EDGEINSPECT_CPU_ISA's level where a run caps it."""
     from edgeinspect.models.quant import cpu_flags as flags
 
-    return sorted(f for f in flags() if f.startswith(("avx", "amx", "fma", "f16c")))
+    arm = platform.machine() == "aarch64"  # ARM's names by prefix would take x86's smep
+    simd = ("asimd", "sve", "sme", "i8mm", "bf16", "fphp") if arm else ("avx", "amx", "fma", "f16c")
+    return sorted(f for f in flags() if f.startswith(simd))
 
 
 def meminfo_gib() -> dict[str, float]:

@@ -34,7 +34,7 @@ import torch
 
 from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import Checkpoint
-from edgeinspect.models.quant import cpu_flags
+from edgeinspect.models.quant import cpu_flags, cpu_model
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,16 +69,6 @@ class FormatChoice:
 def cache_dir() -> Path:
     base = os.environ.get("EDGEINSPECT_FORMAT_CACHE")
     return Path(base) if base else Path.home() / ".cache" / "edgeinspect" / "formats"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def cache_key(ckpt: Checkpoint, candidates: tuple[str, ...]) -> str:

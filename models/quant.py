@@ -452,6 +452,47 @@ def _cpu_flags_here() -> frozenset[str]:
     return frozenset()
 
 
+# The ARM cores edgeinspect's boxes have, by the "CPU part" their kernel reports (Arm Ltd, implementer 0x41).
+ARM_CORES = {
+    "0xd03": "Cortex-A53",  # Raspberry Pi 3
+    "0xd05": "Cortex-A55",  # the little cores of an RK3588 box
+    "0xd08": "Cortex-A72",  # Raspberry Pi 4
+    "0xd0b": "Cortex-A76",  # Raspberry Pi 5, the big cores of an RK3588 box
+    "0xd0c": "Neoverse-N1",
+    "0xd40": "Neoverse-V1",
+    "0xd41": "Cortex-A78",
+    "0xd42": "Cortex-A78AE",  # Jetson Orin
+    "0xd4f": "Neoverse-V2",
+}
+
+
+def cpu_model_from(cpuinfo: str) -> str:
+    """The CPU's name from /proc/cpuinfo's text: x86's "model name"; on ARM, which has none, its cores by their
+    "CPU part" (a big.LITTLE box lists both kinds), so benchmark records and per-CPU caches tell boxes apart."""
+    parts: dict[str, int] = {}
+    implementer = ""
+    for line in cpuinfo.splitlines():
+        key, _, value = (x.strip() for x in line.partition(":"))
+        if key == "model name":
+            return value
+        if key == "CPU implementer":
+            implementer = value
+        elif key == "CPU part":
+            name = ARM_CORES.get(value, f"part {value}") if implementer == "0x41" else f"{implementer}/{value}"
+            parts[name] = parts.get(name, 0) + 1
+    return " + ".join(f"{name} x{n}" for name, n in sorted(parts.items()))
+
+
+@functools.cache
+def cpu_model() -> str:
+    """This CPU's name ("" where /proc/cpuinfo does not say)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return cpu_model_from(f.read())
+    except OSError:
+        return ""
+
+
 def fast_bf16() -> bool:
     """Whether this CPU has bf16 matmul instructions (AMX or AVX512-BF16); without them bf16 GEMM is emulated."""
     return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})

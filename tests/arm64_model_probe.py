@@ -91,6 +91,8 @@ def main() -> None:
     result = {
         "machine": platform.machine(),
         "torch": torch.__version__,
+        "cpu": quant.cpu_model(),
+        "cpu_flags": sorted(quant.cpu_flags()),
         "int8_kernel": quant.default_kernel(),
         "int8_simd": quant.kernels_simd(),
         "int4_simd": int(kernels.int4_library().ei_int4_simd()) if kernels.int4_library() is not None else None,

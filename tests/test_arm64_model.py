@@ -149,6 +149,7 @@ def probes(tmp_path_factory, tiny_checkpoint):
 def test_an_arm64_box_runs_our_neon_kernels_for_every_packed_format(probes):
     arm, _ = probes
     assert arm["machine"] == "aarch64" and arm["torch"].startswith("2.10")
+    assert arm["cpu"] == f"Cortex-A76 x{os.cpu_count()}" and "asimddp" in arm["cpu_flags"]  # the box's, not x86's
     assert arm["int8_kernel"] == "vnni" and arm["int8_simd"] == 1  # our int8 layer, NEON GEMV and prompt GEMM
     assert arm["int4_simd"] == 1  # the NEON int4/int6 loop
 

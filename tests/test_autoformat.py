@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from edgeinspect.models import autoformat, kernels
+from edgeinspect.models import autoformat, kernels, quant
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.stage import LayerRange, load_stage
 
@@ -60,3 +60,23 @@ def test_a_stage_loaded_as_auto_runs_the_chosen_format(tiny_checkpoint, format_c
     chosen = autoformat.choose_weights(ckpt).weights
     module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "auto")
     assert module.weights == chosen
+
+
+ARM_CORE = "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x4\nCPU part\t: {part}\nCPU revision\t: 1\n\n"
+
+
+def test_the_format_cache_names_the_cpu_on_arm_as_on_x86():
+    """ARM's /proc/cpuinfo has no "model name": its cores are named from their part numbers, so a Pi 4's cached
+    choice is not a Pi 5's, and a big.LITTLE box says both kinds of core."""
+    rk3588 = "".join(
+        f"processor\t: {i}\nFeatures\t: fp asimd asimddp\n" + ARM_CORE.format(part="0xd05" if i < 4 else "0xd0b")
+        for i in range(8)
+    )
+    assert quant.cpu_model_from(rk3588) == "Cortex-A55 x4 + Cortex-A76 x4"
+    assert quant.cpu_model_from(ARM_CORE.format(part="0xd08") * 4) == "Cortex-A72 x4"
+    assert quant.cpu_model_from(ARM_CORE.format(part="0xfff")) == "part 0xfff x1"  # an Arm core not in the table
+    other = ARM_CORE.replace("0x41", "0x51").format(part="0x802")  # another vendor's core: its raw ids
+    assert quant.cpu_model_from(other) == "0x51/0x802 x1"
+    x86 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\nflags\t: avx2\n"
+    assert quant.cpu_model_from(x86) == "AMD EPYC 9654 96-Core Processor"
+    assert quant.cpu_model_from("") == ""

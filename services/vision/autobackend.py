@@ -29,9 +29,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from edgeinspect.config import VisionSettings
-from edgeinspect.models.autoformat import cache_dir, cpu_model, fastest_within, read_cached, write_cached
+from edgeinspect.models.autoformat import cache_dir, fastest_within, read_cached, write_cached
 from edgeinspect.models.checkpoint import Checkpoint
-from edgeinspect.models.quant import cpu_flags
+from edgeinspect.models.quant import cpu_flags, cpu_model
 
 log = logging.getLogger(__name__)
 
