@@ -440,15 +440,21 @@ def cpu_flags() -> frozenset[str]:
 
 
 @functools.cache
-def _cpu_flags_here() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where that does not exist)."""
+def _proc_cpuinfo() -> str:
+    """/proc/cpuinfo's text ("" where that does not exist)."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
+            return f.read()
     except OSError:
-        pass
+        return ""
+
+
+@functools.cache
+def _cpu_flags_here() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where it does not list them)."""
+    for line in _proc_cpuinfo().splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
     return frozenset()
 
 
@@ -483,14 +489,9 @@ def cpu_model_from(cpuinfo: str) -> str:
     return " + ".join(f"{name} x{n}" for name, n in sorted(parts.items()))
 
 
-@functools.cache
 def cpu_model() -> str:
     """This CPU's name ("" where /proc/cpuinfo does not say)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return cpu_model_from(f.read())
-    except OSError:
-        return ""
+    return cpu_model_from(_proc_cpuinfo())
 
 
 def fast_bf16() -> bool:

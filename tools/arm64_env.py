@@ -111,8 +111,8 @@ def build_root(root: Path) -> None:
             subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
 
 
-def site_requirements() -> list[str]:
-    return [TORCH, *(f"{name}=={version(name)}" for name in SAME_AS_HERE)]
+def same_as_here() -> list[str]:
+    return [f"{name}=={version(name)}" for name in SAME_AS_HERE]
 
 
 def build_site(site: Path) -> None:
@@ -120,9 +120,8 @@ def build_site(site: Path) -> None:
     print(f"installing {TORCH} (aarch64) and the model path's packages into {site}", flush=True)
     # pip evaluates torch's dependency markers for this host, not the target: its own dependencies go in by name.
     subprocess.run([*pip, "--no-deps", TORCH], check=True)
-    pinned = site_requirements()[1:]
     torch_needs = ["filelock", "typing-extensions", "sympy", "networkx", "jinja2", "fsspec"]
-    subprocess.run([*pip, "--upgrade", *torch_needs, *pinned], check=True)  # --upgrade: into torch's folder too
+    subprocess.run([*pip, "--upgrade", *torch_needs, *same_as_here()], check=True)  # --upgrade: into torch's folder too
 
 
 def main() -> None:
@@ -130,7 +129,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=default_dir(), help="the folder to build (default: %(default)s)")
     args = ap.parse_args()
     # Each part's .complete holds what it was built from; a root built before that was written holds nothing.
-    parts = (("root", build_root, (SUITE, "")), ("site", build_site, (" ".join(site_requirements()),)))
+    parts = (("root", build_root, (SUITE, "")), ("site", build_site, (" ".join([TORCH, *same_as_here()]),)))
     for part, build, stamps in parts:
         target, done = args.out / part, args.out / part / ".complete"
         if done.exists() and done.read_text() in stamps:
