@@ -38,8 +38,9 @@ capped() {
 }
 if grep -qw avx512f /proc/cpuinfo; then capped avx2 avx2 AVX2; fi
 if grep -qw avx2 /proc/cpuinfo; then capped generic default SSE41; fi
-# The model path as an arm64 box runs it (torch's aarch64 build, our NEON kernels, generate() as the oracle there),
-# under qemu-user: tools/arm64_env.py builds its Python once (~1.2 GB); where it cannot (no network), the test skips.
+# The model path as an arm64 box runs it (torch's and ONNX Runtime's aarch64 builds, our NEON kernels, generate() as
+# the oracle there), under qemu-user: tools/arm64_env.py builds its Python once (~1.2 GB); where it cannot (no
+# network), the test skips.
 echo "== the model path on arm64, emulated =="
 .venv/bin/python tools/arm64_env.py || echo "no emulated arm64 Python (see above): tests/test_arm64_model.py skips"
 .venv/bin/pytest -q -m slow tests/test_arm64_model.py
