@@ -64,6 +64,18 @@ def decode_min_cosine(ex, case, ref, swap) -> float:
     return min(cos)
 
 
+def fp32_case(checkpoint: Path, tokens: int):
+    """The evaluated prompt (perf_accuracy's text case), fp32's greedy tokens and logits on it, a whole fp32 model,
+    the linears int4 quantizes in it and copies of their weights (to put back after each perturbation)."""
+    case = text_case(checkpoint)
+    ckpt, ids, visual = case
+    print(f"fp32 reference: {len(ids)} prompt tokens, {tokens} new", flush=True)
+    ref = reference(ckpt, ids, visual, tokens)
+    ex = whole_model(ckpt, "fp32")
+    linears = quantized_to_int4(ex.module.layers)
+    return case, ref, ex, linears, [m.weight.detach().clone() for _, m in linears]
+
+
 @torch.inference_mode()
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -75,13 +87,8 @@ def main() -> None:
     args = ap.parse_args()
     require_checkpoint(args.checkpoint)
 
-    case = text_case(args.checkpoint)
+    case, ref, ex, linears, originals = fp32_case(args.checkpoint, args.tokens)
     ckpt, ids, visual = case
-    print(f"fp32 reference: {len(ids)} prompt tokens, {args.tokens} new", flush=True)
-    ref = reference(ckpt, ids, visual, args.tokens)
-    ex = whole_model(ckpt, "fp32")
-    linears = quantized_to_int4(ex.module.layers)
-    originals = [m.weight.detach().clone() for _, m in linears]
     n_weights = sum(w.numel() for w in originals)
     print(f"{len(linears)} linears, {n_weights / 1e9:.2f} G weights perturbed", flush=True)
 
