@@ -64,6 +64,12 @@ def decode_min_cosine(ex, case, ref, swap) -> float:
     return min(cos)
 
 
+def round_trip_q4(w: torch.Tensor) -> torch.Tensor:
+    """w through the int4 format and back: q4_0's rounding, what an int4 stage's decode multiplies by."""
+    q, d = quantize_q4(w)
+    return dequantize_q4(pack_q4(q), d)
+
+
 def fp32_case(checkpoint: Path, tokens: int):
     """The evaluated prompt (perf_accuracy's text case), fp32's greedy tokens and logits on it, a whole fp32 model,
     the linears int4 quantizes in it and copies of their weights (to put back after each perturbation)."""
@@ -100,8 +106,7 @@ def main() -> None:
     err2 = ref2 = 0.0
     rounded = []
     for w in originals:
-        q, d = quantize_q4(w)
-        rounded.append(dequantize_q4(pack_q4(q), d))
+        rounded.append(round_trip_q4(w))
         err2 += float((rounded[-1] - w).pow(2).sum())
         ref2 += float(w.pow(2).sum())
     rho_q4 = math.sqrt(err2 / ref2)

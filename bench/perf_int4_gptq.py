@@ -32,11 +32,11 @@ from pathlib import Path
 import torch
 from common import load_average, machine_info, require_checkpoint, target, write_json
 from perf_accuracy import BIG, COSINE_TARGET
-from perf_int4_bound import decode_min_cosine, fp32_case
+from perf_int4_bound import decode_min_cosine, fp32_case, round_trip_q4
 from torch import nn
 
 from edgeinspect.models.checkpoint import load_processor
-from edgeinspect.models.int4 import GROUP, dequantize_q4, pack_q4, quantize_q4
+from edgeinspect.models.int4 import GROUP, quantize_q4
 from edgeinspect.models.stage import StepInput
 
 KB = Path(__file__).resolve().parents[1] / "rag" / "sample_kb"
@@ -97,11 +97,6 @@ def round_q4(w: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     """Columns w [N, c] rounded onto the q4_0 grid of scales d [N, 1] (quantize_q4's rule; a zero scale gives 0)."""
     inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
     return (torch.clamp(torch.round(w * inv) + 8, 0, 15) - 8) * d
-
-
-def round_trip_q4(w: torch.Tensor) -> torch.Tensor:
-    q, d = quantize_q4(w)
-    return dequantize_q4(pack_q4(q), d)
 
 
 def gptq_q4(weight: torch.Tensor, gram: torch.Tensor, damp: float) -> torch.Tensor:
