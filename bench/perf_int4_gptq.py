@@ -159,12 +159,13 @@ def main() -> None:
     for kind, row in inputs.items():
         print(f"  {kind} inputs: AM/GM {row['am_gm_median']}, top-10 share {row['top10_share_median']}", flush=True)
 
+    ref2 = sum(float(w.pow(2).sum()) for w in originals)
+
     def measure(label: str, rounding) -> dict:
         t = time.perf_counter()
         rounded = [rounding(name, w) for (name, _), w in zip(linears, originals, strict=True)]
         secs = time.perf_counter() - t
         err2 = sum(float((q - w).pow(2).sum()) for q, w in zip(rounded, originals, strict=True))
-        ref2 = sum(float(w.pow(2).sum()) for w in originals)
 
         def put() -> None:
             for (_, m), q in zip(linears, rounded, strict=True):
