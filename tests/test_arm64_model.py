@@ -7,7 +7,7 @@ CPU build on PyPI; ONNX Runtime and the ONNX exporter at this environment's vers
 wheel, and tests/arm64_model_probe.py runs under qemu-user as a Cortex-A76 (a Pi 5's core: ARMv8.2 with dot
 products, as a Jetson Orin's A78AE), with the aarch64 cross compiler as the box's `cc`. The same probe runs here
 capped at AVX2: its int8/int6/int4 stages and int8 vision tower run our AVX2 kernels, whose int32 sums the NEON ones
-make too. Slow (about 3 minutes, most of it torch under emulation) and skipped until the environment is built:
+make too. Slow (about 2 minutes, most of it torch under emulation) and skipped until the environment is built:
     .venv/bin/python tools/arm64_env.py"""
 
 from __future__ import annotations
