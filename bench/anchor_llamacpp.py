@@ -53,6 +53,20 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CKPT = ROOT / "var" / "checkpoints" / "deepseek-vl-1.3b"
 
 
+# A decoder layer's tensors: checkpoint name (under the layer's prefix) -> GGUF name (under "blk.<i>.").
+LAYER_TENSORS = {
+    "self_attn.q_proj.weight": "attn_q",
+    "self_attn.k_proj.weight": "attn_k",
+    "self_attn.v_proj.weight": "attn_v",
+    "self_attn.o_proj.weight": "attn_output",
+    "mlp.gate_proj.weight": "ffn_gate",
+    "mlp.up_proj.weight": "ffn_up",
+    "mlp.down_proj.weight": "ffn_down",
+    "input_layernorm.weight": "attn_norm",
+    "post_attention_layernorm.weight": "ffn_norm",
+}
+
+
 class Unavailable(Exception):
     """llama.cpp cannot be built or run here (no compiler, no cmake, no source); the message says why."""
 
@@ -123,6 +137,11 @@ def _permute(w, heads: int):
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _unpermute(w, heads: int):
+    """llama.cpp's rotary layout (interleaved pairs) -> HF's (halves): _permute's inverse."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def _vocab(ckpt, vocab_size: int) -> tuple[list[str], list[int], list[str]]:
     """(tokens, token types, merges) from the checkpoint's tokenizer.json (byte-level BPE), padded to vocab_size."""
     data = json.loads((ckpt.path / "tokenizer.json").read_text())
@@ -173,23 +192,12 @@ def write_f16_gguf(ckpt, out: Path) -> None:
     def add(name: str, t: torch.Tensor, norm: bool = False) -> None:
         w.add_tensor(name, t.float().numpy() if norm else t.half().numpy())
 
-    names = {
-        "self_attn.q_proj.weight": "attn_q",
-        "self_attn.k_proj.weight": "attn_k",
-        "self_attn.v_proj.weight": "attn_v",
-        "self_attn.o_proj.weight": "attn_output",
-        "mlp.gate_proj.weight": "ffn_gate",
-        "mlp.up_proj.weight": "ffn_up",
-        "mlp.down_proj.weight": "ffn_down",
-        "input_layernorm.weight": "attn_norm",
-        "post_attention_layernorm.weight": "ffn_norm",
-    }
     top = ckpt.read([EMBED_KEY, NORM_KEY, ckpt.lm_head_key], torch.float32)
     add("token_embd.weight", top[EMBED_KEY])
     for i in range(cfg.num_hidden_layers):
         prefix = layer_prefix(i)
-        layer = ckpt.read([prefix + k for k in names], torch.float32, strip=prefix)
-        for key, short in names.items():
+        layer = ckpt.read([prefix + k for k in LAYER_TENSORS], torch.float32, strip=prefix)
+        for key, short in LAYER_TENSORS.items():
             t = layer[key]
             if short == "attn_q":
                 t = _permute(t, cfg.num_attention_heads)
