@@ -35,6 +35,7 @@ from perf_int4_bound import decode_min_cosine, fp32_case, round_trip_q4
 from edgeinspect.models.accuracy import compare, teacher_forced_logits
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.pipeline import LocalPipeline, Request
+from edgeinspect.models.planner import layer_costs_from_checkpoint
 
 GRID_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")  # what our int4 rounds to 4 bits
 PARAM_OF = {short: key for key, short in LAYER_TENSORS.items()}
@@ -70,6 +71,20 @@ def read_gguf(path: Path, cfg) -> dict[str, dict]:
 def bits_per_weight(tensors: dict[str, dict], names) -> float:
     names = list(names)
     return 8 * sum(tensors[n]["bytes"] for n in names) / sum(tensors[n]["elements"] for n in names)
+
+
+def read_per_token(name: str) -> bool:
+    """Whether decode reads all of a tensor each token (the embedding: one row)."""
+    return name != "token_embd.weight"
+
+
+def ours_decode_bits(checkpoint: Path, weights: str, n_weights: int) -> float:
+    """Bits per weight our `weights` stage reads per decode token over the layers' linears and the lm_head (the
+    planner's byte count: int4 keeps down_proj and the lm_head int8; norms included, a rounding error)."""
+    costs = layer_costs_from_checkpoint(checkpoint, weights)
+    layers = sum(costs.layer_read_bytes or costs.layer_bytes)
+    tail = costs.tail_bytes if costs.tail_read_bytes is None else costs.tail_read_bytes
+    return 8 * (layers + tail) / n_weights
 
 
 def is_grid(name: str) -> bool:
@@ -133,6 +148,7 @@ def llamacpp_rows(ex, case, ref, files: dict[str, Path]) -> tuple[float, dict]:
             "tensor_types": types,
             "grid_bits_per_weight": round(bits_per_weight(tensors, grid_names), 3),
             "whole_bits_per_weight": round(bits_per_weight(tensors, tensors), 3),
+            "decode_bits_per_weight": round(bits_per_weight(tensors, filter(read_per_token, tensors)), 3),
             "grid": {"min_cosine": round(grid, 5)},
             "whole_file": whole,
             "meets_cosine_target": whole["min_cosine"] >= COSINE_TARGET,
@@ -165,12 +181,14 @@ def main() -> None:
     del copies  # perf_int4_bound's copies of the int4 linears: every weight is copied below
     ckpt = case[0]
     ours_grid, rows = llamacpp_rows(ex, case, ref, files)
+    n_read = sum(p.numel() for n, p in parameters_by_gguf_name(ex.module).items() if read_per_token(n))
     del ex  # frees the fp32 model before our stages load
 
     ours = {}
     for weights in [w for w in args.ours.split(",") if w]:
         acc = compare(ckpt, case[1], case[2], weights, args.tokens, ref=ref)
         ours[weights] = {k: round(v, 5) if isinstance(v, float) else v for k, v in dataclasses.asdict(acc).items()}
+        ours[weights]["decode_bits_per_weight"] = round(ours_decode_bits(args.checkpoint, weights, n_read), 3)
         print(f"ours {weights}: {ours[weights]}", flush=True)
 
     result = {

@@ -86,5 +86,9 @@ def test_the_bench_on_a_small_checkpoint(ckpt256, tmp_path):
     assert rows["f16"]["grid"]["min_cosine"] >= rows["q8_0"]["grid"]["min_cosine"] > rows["q4_0"]["grid"]["min_cosine"]
     assert abs(got["ours_q4_0_round_trip_grid"]["min_cosine"] - rows["q4_0"]["grid"]["min_cosine"]) < 1e-3
     assert set(got["ours_whole"]) == {"int8", "int4"}
+    # Bits read per decode token: q8_0 throughout; our int4 keeps down_proj and the lm_head int8.
+    assert rows["q8_0"]["decode_bits_per_weight"] == 8.5
+    ours_bits = {w: row["decode_bits_per_weight"] for w, row in got["ours_whole"].items()}
+    assert 4.5 < ours_bits["int4"] < ours_bits["int8"]
     assert set(got["targets"]) == {"ours.int8.min_cosine", "ours.int4.min_cosine"}
     assert rows["f16"]["meets_cosine_target"]
