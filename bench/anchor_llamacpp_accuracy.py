@@ -32,9 +32,8 @@ from common import load_average, machine_info, require_checkpoint, skip, target,
 from perf_accuracy import BIG, COSINE_TARGET
 from perf_int4_bound import decode_min_cosine, fp32_case, round_trip_q4
 
-from edgeinspect.models.accuracy import compare, teacher_forced_logits
+from edgeinspect.models.accuracy import FormatAccuracy, accuracy_of, compare
 from edgeinspect.models.checkpoint import open_checkpoint
-from edgeinspect.models.pipeline import LocalPipeline, Request
 from edgeinspect.models.planner import layer_costs_from_checkpoint
 
 GRID_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")  # what our int4 rounds to 4 bits
@@ -87,23 +86,12 @@ def ours_decode_bits(checkpoint: Path, weights: str, n_weights: int) -> float:
     return 8 * (layers + tail) / n_weights
 
 
+def rounded(acc: FormatAccuracy) -> dict:
+    return {k: round(v, 5) if isinstance(v, float) else v for k, v in dataclasses.asdict(acc).items()}
+
+
 def is_grid(name: str) -> bool:
     return name.startswith("blk.") and name.split(".")[-2] in GRID_TENSORS
-
-
-def whole_accuracy(ex, case, ref) -> dict:
-    """perf_accuracy's measures of the weights now in `ex`: min and mean cosine vs fp32, greedy agreement."""
-    ckpt, ids, visual = case
-    ref_tokens, ref_logits = ref
-    got = teacher_forced_logits(ex, ids, visual, ref_tokens)
-    cos = [float(torch.nn.functional.cosine_similarity(a, b, dim=0)) for a, b in zip(ref_logits, got, strict=True)]
-    free = LocalPipeline([ex]).generate({"r": Request(ids, visual, max_new_tokens=len(ref_tokens))})["r"].tokens
-    same = [a == b for a, b in zip(free, ref_tokens, strict=False)]
-    return {
-        "min_cosine": round(min(cos), 5),
-        "mean_cosine": round(sum(cos) / len(cos), 5),
-        "token_agreement": round(sum(same) / len(ref_tokens), 3),
-    }
 
 
 def llamacpp_rows(ex, case, ref, files: dict[str, Path]) -> tuple[float, dict]:
@@ -141,7 +129,7 @@ def llamacpp_rows(ex, case, ref, files: dict[str, Path]) -> tuple[float, dict]:
         grid = decode_min_cosine(ex, case, ref, lambda tensors=tensors: put(tensors, grid_names))
         restore()
         put(tensors, tensors)
-        whole = whole_accuracy(ex, case, ref)
+        whole = rounded(accuracy_of(ex, case[1], case[2], ref, name))
         restore()
         rows[name] = {
             "file_bytes": path.stat().st_size,
@@ -187,7 +175,7 @@ def main() -> None:
     ours = {}
     for weights in [w for w in args.ours.split(",") if w]:
         acc = compare(ckpt, case[1], case[2], weights, args.tokens, ref=ref)
-        ours[weights] = {k: round(v, 5) if isinstance(v, float) else v for k, v in dataclasses.asdict(acc).items()}
+        ours[weights] = rounded(acc)
         ours[weights]["decode_bits_per_weight"] = round(ours_decode_bits(args.checkpoint, weights, n_read), 3)
         print(f"ours {weights}: {ours[weights]}", flush=True)
 

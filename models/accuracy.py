@@ -55,8 +55,15 @@ def compare(
     ref: tuple[list[int], list[torch.Tensor]] | None = None,
 ) -> FormatAccuracy:
     """FormatAccuracy of `weights` against fp32 on this prompt (`ref` from reference(), computed when absent)."""
-    ref_tokens, ref_logits = ref or reference(ckpt, ids, visual, tokens)
-    ex = whole_model(ckpt, weights, int8_kernel)
+    ref = ref or reference(ckpt, ids, visual, tokens)
+    return accuracy_of(whole_model(ckpt, weights, int8_kernel), ids, visual, ref, weights)
+
+
+def accuracy_of(
+    ex: StageExecutor, ids: list[int], visual, ref: tuple[list[int], list[torch.Tensor]], weights: str
+) -> FormatAccuracy:
+    """FormatAccuracy of the whole model `ex` as it stands (named `weights`) against fp32's `ref`."""
+    ref_tokens, ref_logits = ref
     got_logits = teacher_forced_logits(ex, ids, visual, ref_tokens)
     free = LocalPipeline([ex]).generate({"r": Request(ids, visual, max_new_tokens=len(ref_tokens))})["r"].tokens
     cos = [
