@@ -65,6 +65,8 @@ LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm",
     "post_attention_layernorm.weight": "ffn_norm",
 }
+# The tensors whose rows llama.cpp keeps in its own rotary order, and the config field that gives their head count.
+ROTARY_HEADS = {"attn_q": "num_attention_heads", "attn_k": "num_key_value_heads"}
 
 
 class Unavailable(Exception):
@@ -199,10 +201,8 @@ def write_f16_gguf(ckpt, out: Path) -> None:
         layer = ckpt.read([prefix + k for k in LAYER_TENSORS], torch.float32, strip=prefix)
         for key, short in LAYER_TENSORS.items():
             t = layer[key]
-            if short == "attn_q":
-                t = _permute(t, cfg.num_attention_heads)
-            elif short == "attn_k":
-                t = _permute(t, cfg.num_key_value_heads)
+            if short in ROTARY_HEADS:
+                t = _permute(t, getattr(cfg, ROTARY_HEADS[short]))
             add(f"blk.{i}.{short}.weight", t, norm=short.endswith("norm"))
     add("output_norm.weight", top[NORM_KEY], norm=True)
     add("output.weight", top[ckpt.lm_head_key])

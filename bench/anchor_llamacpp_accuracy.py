@@ -27,16 +27,25 @@ import time
 from pathlib import Path
 
 import torch
-from anchor_llamacpp import LAYER_TENSORS, Unavailable, _gguf_module, _unpermute, binaries, gguf_files, source_dir
+from anchor_llamacpp import (
+    LAYER_TENSORS,
+    ROTARY_HEADS,
+    Unavailable,
+    _gguf_module,
+    _unpermute,
+    binaries,
+    gguf_files,
+    source_dir,
+)
 from common import load_average, machine_info, require_checkpoint, skip, target, write_json
 from perf_accuracy import BIG, COSINE_TARGET
 from perf_int4_bound import decode_min_cosine, fp32_case, round_trip_q4
 
 from edgeinspect.models.accuracy import FormatAccuracy, accuracy_of, compare
 from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.models.int4 import INT8_LINEARS
 from edgeinspect.models.planner import layer_costs_from_checkpoint
 
-GRID_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")  # what our int4 rounds to 4 bits
 PARAM_OF = {short: key for key, short in LAYER_TENSORS.items()}
 
 
@@ -59,10 +68,8 @@ def read_gguf(path: Path, cfg) -> dict[str, dict]:
             continue
         w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
         short = t.name.split(".")[-2]
-        if short == "attn_q":
-            w = _unpermute(w, cfg.num_attention_heads)
-        elif short == "attn_k":
-            w = _unpermute(w, cfg.num_key_value_heads)
+        if short in ROTARY_HEADS:
+            w = _unpermute(w, getattr(cfg, ROTARY_HEADS[short]))
         out[t.name] = {"type": t.tensor_type.name, "bytes": int(t.n_bytes), "elements": int(t.n_elements), "w": w}
     return out
 
@@ -91,7 +98,11 @@ def rounded(acc: FormatAccuracy) -> dict:
 
 
 def is_grid(name: str) -> bool:
-    return name.startswith("blk.") and name.split(".")[-2] in GRID_TENSORS
+    """Whether our int4 rounds this layer linear to 4 bits (models/int4.py keeps INT8_LINEARS in int8)."""
+    if not name.startswith("blk."):
+        return False
+    key = PARAM_OF[name.split(".")[-2]]  # e.g. "mlp.down_proj.weight"
+    return not key.endswith("norm.weight") and key.split(".")[-2] not in INT8_LINEARS
 
 
 def llamacpp_rows(ex, case, ref, files: dict[str, Path]) -> tuple[float, dict]:
