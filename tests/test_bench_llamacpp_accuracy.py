@@ -43,7 +43,7 @@ def ckpt256(tmp_path_factory):
 
 @pytest.mark.slow  # builds llama.cpp once (~3 min on 2 cores, cached under ~/.cache/edgeinspect/llamacpp)
 @pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("c++")), reason="no cmake or C++ compiler")
-def test_llamacpp_files_read_back_as_written_and_q4_0_is_our_grid(ckpt256, tmp_path):
+def test_llamacpp_files_read_back_as_written_and_q4_0_is_our_grid(ckpt256):
     anchor, bench = bench_modules()
     from edgeinspect.models.checkpoint import open_checkpoint
     from edgeinspect.models.stage import LayerRange, load_stage
