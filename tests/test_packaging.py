@@ -43,19 +43,14 @@ def test_wheel_contains_every_subpackage(tmp_path):
     )
     wheel = next(out.glob("edgeinspect-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    roots = {
-        "edgeinspect": source / "edgeinspect",
-        "edgeinspect/models": source / "models",
-        "edgeinspect/services": source / "services",
-        "edgeinspect/rag": source / "rag",
-    }
-    tracked = {f"{prefix}/{m.relative_to(folder)}" for prefix, folder in roots.items() for m in folder.rglob("*.py")}
+    package = source / "edgeinspect"
+    tracked = {f"edgeinspect/{m.relative_to(package)}" for m in package.rglob("*.py")}
     packed = {n for n in names if n.endswith(".py")}
     assert not tracked - packed, f"modules missing from the wheel: {sorted(tracked - packed)}"
     assert not packed - tracked, f"modules in the wheel that the checkout does not track: {sorted(packed - tracked)}"
     assert not any(n.startswith(("models/", "services/", "rag/")) for n in names), "generic top-level packages"
     # Package data outside any package's own folder level: the console's templates and static files.
-    console = source / "services" / "console"
+    console = source / "edgeinspect" / "services" / "console"
     for data in [*(console / "templates").iterdir(), *(console / "static").iterdir()]:
-        rel = data.relative_to(source / "services")
+        rel = data.relative_to(source / "edgeinspect" / "services")
         assert f"edgeinspect/services/{rel}" in names, f"{rel} is missing from the wheel"
