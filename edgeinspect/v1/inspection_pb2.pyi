@@ -18,6 +18,13 @@ class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERDICT_DEFECT: _ClassVar[Verdict]
     VERDICT_UNCERTAIN: _ClassVar[Verdict]
 
+class DecidedBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DECIDED_BY_UNSPECIFIED: _ClassVar[DecidedBy]
+    DECIDED_BY_GATE: _ClassVar[DecidedBy]
+    DECIDED_BY_GATE_AND_VLM: _ClassVar[DecidedBy]
+    DECIDED_BY_VLM: _ClassVar[DecidedBy]
+
 class ImageState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     IMAGE_STATE_UNSPECIFIED: _ClassVar[ImageState]
@@ -35,6 +42,10 @@ VERDICT_UNSPECIFIED: Verdict
 VERDICT_OK: Verdict
 VERDICT_DEFECT: Verdict
 VERDICT_UNCERTAIN: Verdict
+DECIDED_BY_UNSPECIFIED: DecidedBy
+DECIDED_BY_GATE: DecidedBy
+DECIDED_BY_GATE_AND_VLM: DecidedBy
+DECIDED_BY_VLM: DecidedBy
 IMAGE_STATE_UNSPECIFIED: ImageState
 IMAGE_STATE_STORED: ImageState
 IMAGE_STATE_EXPIRED: ImageState
@@ -151,7 +162,7 @@ class Failover(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., endpoint: _Optional[str] = ..., position: _Optional[int] = ..., reason: _Optional[str] = ..., recovery_ms: _Optional[float] = ..., replayed_tokens: _Optional[int] = ..., route: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DefectReport(_message.Message):
-    __slots__ = ("report_id", "request_id", "idempotency_key", "station", "part", "camera_id", "capture_time", "created_time", "verdict", "defects", "description", "references", "model", "timings", "raw_text", "generated_token_ids", "verdict_reason", "image_sha256", "prompt_tokens", "prompt_token_ids", "review", "previous_attempt_id", "failovers", "degraded", "decode_steps", "jump_forward_tokens")
+    __slots__ = ("report_id", "request_id", "idempotency_key", "station", "part", "camera_id", "capture_time", "created_time", "verdict", "defects", "description", "references", "model", "timings", "raw_text", "generated_token_ids", "verdict_reason", "image_sha256", "prompt_tokens", "prompt_token_ids", "review", "previous_attempt_id", "failovers", "degraded", "decode_steps", "jump_forward_tokens", "anomaly")
     REPORT_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +189,7 @@ class DefectReport(_message.Message):
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ANOMALY_FIELD_NUMBER: _ClassVar[int]
     report_id: str
     request_id: str
     idempotency_key: str
@@ -204,7 +216,62 @@ class DefectReport(_message.Message):
     degraded: _containers.RepeatedScalarFieldContainer[str]
     decode_steps: int
     jump_forward_tokens: int
-    def __init__(self, report_id: _Optional[str] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defects: _Optional[_Iterable[_Union[Defect, _Mapping]]] = ..., description: _Optional[str] = ..., references: _Optional[_Iterable[_Union[Reference, _Mapping]]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[_stage_pb2.StageTiming, _Mapping]]] = ..., raw_text: _Optional[str] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., verdict_reason: _Optional[str] = ..., image_sha256: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., review: _Optional[_Union[Review, _Mapping]] = ..., previous_attempt_id: _Optional[str] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ..., decode_steps: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ...) -> None: ...
+    anomaly: AnomalyFinding
+    def __init__(self, report_id: _Optional[str] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defects: _Optional[_Iterable[_Union[Defect, _Mapping]]] = ..., description: _Optional[str] = ..., references: _Optional[_Iterable[_Union[Reference, _Mapping]]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[_stage_pb2.StageTiming, _Mapping]]] = ..., raw_text: _Optional[str] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., verdict_reason: _Optional[str] = ..., image_sha256: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., review: _Optional[_Union[Review, _Mapping]] = ..., previous_attempt_id: _Optional[str] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ..., decode_steps: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., anomaly: _Optional[_Union[AnomalyFinding, _Mapping]] = ...) -> None: ...
+
+class AnomalyFinding(_message.Message):
+    __slots__ = ("score", "threshold", "bank_id", "extractor_fingerprint", "decided_by", "regions", "heatmap_stored", "policy", "note")
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    BANK_ID_FIELD_NUMBER: _ClassVar[int]
+    EXTRACTOR_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    HEATMAP_STORED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    score: float
+    threshold: float
+    bank_id: str
+    extractor_fingerprint: str
+    decided_by: DecidedBy
+    regions: _containers.RepeatedCompositeFieldContainer[BoundingBox]
+    heatmap_stored: bool
+    policy: str
+    note: str
+    def __init__(self, score: _Optional[float] = ..., threshold: _Optional[float] = ..., bank_id: _Optional[str] = ..., extractor_fingerprint: _Optional[str] = ..., decided_by: _Optional[_Union[DecidedBy, str]] = ..., regions: _Optional[_Iterable[_Union[BoundingBox, _Mapping]]] = ..., heatmap_stored: _Optional[bool] = ..., policy: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+
+class AddToGoodSetRequest(_message.Message):
+    __slots__ = ("report_id",)
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    report_id: str
+    def __init__(self, report_id: _Optional[str] = ...) -> None: ...
+
+class TeachFromReportsRequest(_message.Message):
+    __slots__ = ("station", "part", "last_n")
+    STATION_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    LAST_N_FIELD_NUMBER: _ClassVar[int]
+    station: str
+    part: str
+    last_n: int
+    def __init__(self, station: _Optional[str] = ..., part: _Optional[str] = ..., last_n: _Optional[int] = ...) -> None: ...
+
+class AnomalyBankVersion(_message.Message):
+    __slots__ = ("part", "bank_id", "version", "threshold", "frames", "outliers")
+    PART_FIELD_NUMBER: _ClassVar[int]
+    BANK_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    OUTLIERS_FIELD_NUMBER: _ClassVar[int]
+    part: str
+    bank_id: str
+    version: int
+    threshold: float
+    frames: int
+    outliers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, part: _Optional[str] = ..., bank_id: _Optional[str] = ..., version: _Optional[int] = ..., threshold: _Optional[float] = ..., frames: _Optional[int] = ..., outliers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Review(_message.Message):
     __slots__ = ("review_id", "report_id", "verdict", "defect_classes", "comment", "reviewer", "reviewer_role", "created_time", "model_verdict", "model_defect_classes", "agrees")
@@ -245,12 +312,14 @@ class ReviewReportRequest(_message.Message):
     def __init__(self, report_id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defect_classes: _Optional[_Iterable[str]] = ..., comment: _Optional[str] = ...) -> None: ...
 
 class GetReportImageRequest(_message.Message):
-    __slots__ = ("report_id", "thumbnail")
+    __slots__ = ("report_id", "thumbnail", "heatmap")
     REPORT_ID_FIELD_NUMBER: _ClassVar[int]
     THUMBNAIL_FIELD_NUMBER: _ClassVar[int]
+    HEATMAP_FIELD_NUMBER: _ClassVar[int]
     report_id: str
     thumbnail: bool
-    def __init__(self, report_id: _Optional[str] = ..., thumbnail: _Optional[bool] = ...) -> None: ...
+    heatmap: bool
+    def __init__(self, report_id: _Optional[str] = ..., thumbnail: _Optional[bool] = ..., heatmap: _Optional[bool] = ...) -> None: ...
 
 class ReportImage(_message.Message):
     __slots__ = ("report_id", "image_sha256", "state", "data", "media_type", "width", "height")

@@ -80,6 +80,16 @@ class InspectionServiceStub:
                 request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatus.FromString,
                 _registered_method=True)
+        self.AddToGoodSet = channel.unary_unary(
+                '/edgeinspect.v1.InspectionService/AddToGoodSet',
+                request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.AddToGoodSetRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.FromString,
+                _registered_method=True)
+        self.TeachFromReports = channel.unary_unary(
+                '/edgeinspect.v1.InspectionService/TeachFromReports',
+                request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.TeachFromReportsRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.FromString,
+                _registered_method=True)
 
 
 class InspectionServiceServicer:
@@ -152,6 +162,21 @@ class InspectionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddToGoodSet(self, request, context):
+        """Adds a stored report's frame to its part's good set (a falsely rejected good part): the vision node teaches a
+        new bank version from the current one's frames plus this one. Needs an admin token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TeachFromReports(self, request, context):
+        """Teaches a part's bank from stored frames of a station: the last `last_n` reports reviewed OK. Admin only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InspectionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -199,6 +224,16 @@ def add_InspectionServiceServicer_to_server(servicer, server):
                     servicer.GetClusterStatus,
                     request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatusRequest.FromString,
                     response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatus.SerializeToString,
+            ),
+            'AddToGoodSet': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddToGoodSet,
+                    request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.AddToGoodSetRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.SerializeToString,
+            ),
+            'TeachFromReports': grpc.unary_unary_rpc_method_handler(
+                    servicer.TeachFromReports,
+                    request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.TeachFromReportsRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -445,6 +480,60 @@ class InspectionService:
             '/edgeinspect.v1.InspectionService/GetClusterStatus',
             edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatusRequest.SerializeToString,
             edgeinspect_dot_v1_dot_inspection__pb2.ClusterStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddToGoodSet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.InspectionService/AddToGoodSet',
+            edgeinspect_dot_v1_dot_inspection__pb2.AddToGoodSetRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TeachFromReports(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.InspectionService/TeachFromReports',
+            edgeinspect_dot_v1_dot_inspection__pb2.TeachFromReportsRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.FromString,
             options,
             channel_credentials,
             insecure,

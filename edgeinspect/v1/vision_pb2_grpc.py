@@ -45,6 +45,16 @@ class VisionServiceStub:
                 request_serializer=edgeinspect_dot_v1_dot_vision__pb2.InfoRequest.SerializeToString,
                 response_deserializer=edgeinspect_dot_v1_dot_vision__pb2.VisionInfo.FromString,
                 _registered_method=True)
+        self.Score = channel.unary_unary(
+                '/edgeinspect.v1.VisionService/Score',
+                request_serializer=edgeinspect_dot_v1_dot_vision__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_vision__pb2.AnomalyScore.FromString,
+                _registered_method=True)
+        self.Teach = channel.unary_unary(
+                '/edgeinspect.v1.VisionService/Teach',
+                request_serializer=edgeinspect_dot_v1_dot_vision__pb2.TeachRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_vision__pb2.TeachResponse.FromString,
+                _registered_method=True)
 
 
 class VisionServiceServicer:
@@ -59,7 +69,25 @@ class VisionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Info(self, request, context):
-        """Which checkpoint, backend and output shape this node serves.
+        """Which checkpoint, backend and output shape this node serves, and the anomaly bank version it holds per part.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Score(self, request, context):
+        """Scores a frame against its part's anomaly bank (patch features of good frames): image score, threshold,
+        verdict, regions and heatmap. NOT_FOUND when the node holds no bank for the part; FAILED_PRECONDITION when it
+        holds another version than expect_bank_id, or a bank taught with another extractor.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Teach(self, request, context):
+        """Teaches a part's bank from good frames (or the current bank's frames plus these) and publishes it as a new
+        version, atomically: a refused teach (too few frames, a corrupt or oversized frame, outliers) leaves the
+        current version as it was.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -77,6 +105,16 @@ def add_VisionServiceServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=edgeinspect_dot_v1_dot_vision__pb2.InfoRequest.FromString,
                     response_serializer=edgeinspect_dot_v1_dot_vision__pb2.VisionInfo.SerializeToString,
+            ),
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=edgeinspect_dot_v1_dot_vision__pb2.ScoreRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_vision__pb2.AnomalyScore.SerializeToString,
+            ),
+            'Teach': grpc.unary_unary_rpc_method_handler(
+                    servicer.Teach,
+                    request_deserializer=edgeinspect_dot_v1_dot_vision__pb2.TeachRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_vision__pb2.TeachResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +172,60 @@ class VisionService:
             '/edgeinspect.v1.VisionService/Info',
             edgeinspect_dot_v1_dot_vision__pb2.InfoRequest.SerializeToString,
             edgeinspect_dot_v1_dot_vision__pb2.VisionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.VisionService/Score',
+            edgeinspect_dot_v1_dot_vision__pb2.ScoreRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_vision__pb2.AnomalyScore.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Teach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.VisionService/Teach',
+            edgeinspect_dot_v1_dot_vision__pb2.TeachRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_vision__pb2.TeachResponse.FromString,
             options,
             channel_credentials,
             insecure,
