@@ -2,9 +2,16 @@
 
 What a user would run instead of us on a CPU box is llama.cpp, so the report benchmark measures it beside us. The
 source is the llama.cpp tree that the `llama-cpp-python` sdist vendors (PyPI serves it; pinned below): downloaded
-with pip, unpacked and built with cmake once (CPU only, Release, -march=native via GGML_NATIVE, `-j2`) into a cache
-folder ($EDGEINSPECT_LLAMACPP_DIR, default ~/.cache/edgeinspect/llamacpp/<version>), of which only `llama-bench`
-and `llama-quantize` are built. Nothing of it lives in the repository.
+with pip, unpacked and built with cmake once (CPU only, Release, `-j2`) into a cache folder
+($EDGEINSPECT_LLAMACPP_DIR, default ~/.cache/edgeinspect/llamacpp/<version>), of which only `llama-bench` and
+`llama-quantize` are built. Nothing of it lives in the repository.
+
+Which build runs is chosen by the CPU (build_flavour): `native` (GGML_NATIVE, -march=native: the same CPU features
+our kernels get) everywhere except where the CPU has AMX: there llama.cpp's AMX path dies with SIGILL/SIGSEGV on
+these VMs (llama.cpp issue 20824), so the anchor builds `avx512-noamx` (GGML_NATIVE off, AVX-512 F/BW/VL, VNNI and
+BF16 on, every AMX option off): llama.cpp at its best without AMX, 17.4 s for the q4_0 text where the `--repack 0`
+workaround it once fell back to gave 26.3 s. A llama-bench that still crashes is reported, never rerun crippled:
+a ratio against a crippled baseline is not a result. Every record names the build that ran.
 
 The checkpoint's language model is LLaMA-shaped (DeepSeek-VL's LM is LlamaForCausalLM), so it is written straight
 to an f16 GGUF with the gguf-py package from the same tree (arch "llama"; q/k rows permuted as llama.cpp's own
@@ -34,13 +41,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import load_average, machine_info, require_checkpoint, skip, write_json
+from common import cpu_flags, load_average, machine_info, require_checkpoint, skip, write_json
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp we build
 BUILD_TARGETS = ("llama-bench", "llama-quantize")
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=ON",  # -march=native: the same CPU features our kernels get
     "-DBUILD_SHARED_LIBS=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
@@ -49,6 +55,15 @@ CMAKE_FLAGS = (
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_CURL=OFF",
 )
+# The instruction-set flags of each build flavour (build_flavour picks one by the CPU's flags).
+FLAVOUR_FLAGS = {
+    "native": ("-DGGML_NATIVE=ON",),
+    "avx512-noamx": (
+        "-DGGML_NATIVE=OFF",
+        *(f"-DGGML_{x}=ON" for x in ("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX512", "AVX512_VNNI", "AVX512_BF16")),
+        *(f"-DGGML_AMX_{x}=OFF" for x in ("TILE", "INT8", "BF16")),
+    ),
+}
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CKPT = ROOT / "var" / "checkpoints" / "deepseek-vl-1.3b"
 
@@ -103,9 +118,16 @@ def source_dir() -> Path:
     return src
 
 
-def binaries() -> dict[str, Path]:
-    """llama-bench and llama-quantize, built on first use (minutes on 2 cores); Unavailable without a toolchain."""
-    build = cache_dir() / "build"
+def build_flavour(flags: set[str] | None = None) -> str:
+    """`avx512-noamx` on a CPU with AMX (llama.cpp's AMX path crashes on these VMs), else `native`."""
+    flags = set(cpu_flags()) if flags is None else flags
+    return "avx512-noamx" if any(f.startswith("amx") for f in flags) and "avx512f" in flags else "native"
+
+
+def binaries(flavour: str) -> dict[str, Path]:
+    """llama-bench and llama-quantize of one build flavour, built on first use (minutes on 2 cores); Unavailable
+    without a toolchain."""
+    build = cache_dir() / f"build-{flavour}"
     found = {t: build / "bin" / t for t in BUILD_TARGETS}
     if all(p.is_file() for p in found.values()):
         return found
@@ -113,12 +135,12 @@ def binaries() -> dict[str, Path]:
     if missing:
         raise Unavailable(f"no {' or '.join(missing)} on this machine to build llama.cpp (apt-get install cmake g++)")
     src = source_dir()
-    log = cache_dir() / "build.log"
+    log = cache_dir() / f"build-{flavour}.log"
     t0 = time.perf_counter()
-    print(f"building llama.cpp ({', '.join(BUILD_TARGETS)}) in {build}; log: {log}", flush=True)
+    print(f"building llama.cpp {flavour} ({', '.join(BUILD_TARGETS)}) in {build}; log: {log}", flush=True)
     with log.open("w") as out:
         for cmd in (
-            ["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS],
+            ["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS, *FLAVOUR_FLAGS[flavour]],
             ["cmake", "--build", str(build), "-j2", "--target", *BUILD_TARGETS],
         ):
             if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
@@ -247,29 +269,15 @@ def failed(what: str, done: subprocess.CompletedProcess) -> Unavailable:
 
 
 def llama_bench(binary: Path, model: Path, args: list[str]) -> list[dict]:
-    """One llama-bench invocation (JSON output), each test's record.
-
-    Where it dies of a signal, it runs once more with llama.cpp's extra weight layouts off (`--repack 0`): on an
-    AMX Xeon llama-bench died of SIGSEGV, the crash llama.cpp issue 20824 reports in ggml_backend_amx_mul_mat (the
-    AMX layout is one of those extra buffers). That run is slower than llama.cpp at its best (no repacked q4_0
-    either), so its records carry repack 0 (llama-bench's own field) and "retried_after": the first run's end."""
-
-    def run(extra: list[str]) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(binary), "-m", str(model), "-o", "json", *args, *extra],
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=3600,
-        )
-
-    done = run([])
-    if done.returncode < 0 and "--repack" not in args:
-        first = failed("llama-bench", done)
-        print(f"  {first}; once more with --repack 0 (no AMX or repacked weight layouts)", flush=True)
-        done = run(["--repack", "0"])
-        if done.returncode == 0:
-            return [{**record, "retried_after": str(first)} for record in json.loads(done.stdout)]
+    """One llama-bench invocation (JSON output), each test's record. A crash is reported with its signal and never
+    retried with llama.cpp's weight layouts off (`--repack 0` made it ~1.5x slower: not the baseline a user gets)."""
+    done = subprocess.run(
+        [str(binary), "-m", str(model), "-o", "json", *args],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=3600,
+    )
     if done.returncode != 0:
         raise failed("llama-bench", done)
     return json.loads(done.stdout)
@@ -277,7 +285,8 @@ def llama_bench(binary: Path, model: Path, args: list[str]) -> list[dict]:
 
 def measure(ckpt, prompt_tokens: int, tokens: int, threads: int, reps: int, quants: list[str]) -> dict:
     """Each quant's text-only report time (pg), prefill tok/s, decode ms/token at depth 0 and at the prompt's depth."""
-    bins = binaries()
+    flavour = build_flavour()
+    bins = binaries(flavour)
     files = gguf_files(ckpt, quants, bins)
     common = ["-t", str(threads), "-r", str(reps)]
     out = {}
@@ -308,14 +317,12 @@ def measure(ckpt, prompt_tokens: int, tokens: int, threads: int, reps: int, quan
             "build": pg.get("build_commit", ""),
             "cpu_info": pg.get("cpu_info", ""),
         }
-        retried = [r["retried_after"] for r in (pg, tgd) if "retried_after" in r]
-        if retried:  # a slower llama.cpp than its default: the comparison must say so
-            out[q]["repack"] = False
-            out[q]["retried_after"] = retried[0]
         print(f"  {q}: {json.dumps(out[q])}", flush=True)
     return {
         "what": "llama.cpp llama-bench, text only (no DeepSeek-VL vision path), same prompt length and threads",
-        "source": f"llama-cpp-python=={LLAMA_CPP_PYTHON} sdist (vendored llama.cpp), cmake Release, GGML_NATIVE",
+        "source": f"llama-cpp-python=={LLAMA_CPP_PYTHON} sdist (vendored llama.cpp), cmake Release, {flavour}",
+        "build_flavour": flavour,
+        "cmake_flags": list(FLAVOUR_FLAGS[flavour]),
         "prompt_tokens": prompt_tokens,
         "tokens": tokens,
         "threads": threads,

@@ -34,6 +34,7 @@ from anchor_llamacpp import (
     _gguf_module,
     _unpermute,
     binaries,
+    build_flavour,
     gguf_files,
     source_dir,
 )
@@ -173,7 +174,7 @@ def main() -> None:
     t0 = time.time()
 
     try:  # llama.cpp first: where it cannot be built, say so before minutes of fp32 work
-        files = gguf_files(open_checkpoint(args.checkpoint), quants, binaries())
+        files = gguf_files(open_checkpoint(args.checkpoint), quants, binaries(build_flavour()))
     except Unavailable as e:
         skip(str(e))
     case, ref, ex, _, copies = fp32_case(args.checkpoint, args.tokens)

@@ -468,8 +468,6 @@ def main() -> None:
             targets[f"report_time_ours_vs_llamacpp_{q}_text_only"] = target(
                 ours_total / theirs, goal, higher_is_better=False
             )
-            if llamacpp["quants"][q].get("repack") is False:  # llama.cpp crashed at its default, ran slower
-                targets[f"report_time_ours_vs_llamacpp_{q}_text_only"]["llamacpp_repack_off"] = True
             targets[f"report_text_only_ours_vs_llamacpp_{q}"] = {"value": round(ours_text / theirs, 4)}
         if "int4" in candidates:
             theirs = llamacpp["quants"]["q4_0"]["decode_ms_per_token_at_depth"]

@@ -49,7 +49,7 @@ def test_llamacpp_files_read_back_as_written_and_q4_0_is_our_grid(ckpt256):
     from edgeinspect.models.stage import LayerRange, load_stage
 
     ckpt = open_checkpoint(ckpt256)
-    files = anchor.gguf_files(ckpt, ["q4_0"], anchor.binaries())
+    files = anchor.gguf_files(ckpt, ["q4_0"], anchor.binaries(anchor.build_flavour()))
     model = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "fp32")
     ours = {n: p.detach() for n, p in bench.parameters_by_gguf_name(model).items()}
 
