@@ -1,0 +1,228 @@
+"""A taught bank (coreset patch features + calibrated threshold) and its versioned on-disk store.
+
+    <root>/<part>/v0001/bank.json        metadata (everything but the features)
+    <root>/<part>/v0001/features.npy     [K, C] float32 coreset
+    <root>/<part>/CURRENT                "v0003": the version the gate serves
+
+A version folder is written whole under a temporary name, fsynced and renamed into place; CURRENT is swapped by
+temp file + fsync + rename + directory fsync. A crash at any point leaves the previous version current and whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
+
+PART_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+VERSION_DIR = re.compile(r"v(\d{4,})")
+FORMAT = 1  # bank.json layout; bump on incompatible change
+
+
+@dataclass
+class Bank:
+    """What the gate scores against for one part: good-patch coreset, threshold, and how it was made."""
+
+    part: str
+    version: int  # 0 until BankStore.publish assigns one
+    extractor: dict  # the extractor's describe(): name, options, fingerprint, grid, channels
+    fingerprint: str  # the extractor's fingerprint: a scorer with another one refuses this bank
+    features: np.ndarray  # [K, C] float32 coreset of good patch features
+    grid: tuple[int, int]  # the extractor's patch grid (h, w)
+    threshold: float  # image score above which a frame is not OK
+    band: tuple[float, float]  # scores in [low, high] are UNCERTAIN; below OK, above ANOMALOUS
+    teach_hashes: list[str]  # sha256 of each kept teach frame's bytes
+    coreset_ratio: float
+    created_at: str  # ISO 8601 UTC
+    stats: dict = field(default_factory=dict)  # LOO score summary, timings, frame counts, outliers
+
+    @cached_property
+    def content_hash(self) -> str:
+        """sha256 over what decides a verdict (features, threshold, band, fingerprint, teach set), not the version."""
+        h = hashlib.sha256()
+        meta = [self.part, self.fingerprint, list(self.grid), self.threshold, list(self.band), self.teach_hashes]
+        h.update(json.dumps(meta, sort_keys=True).encode())
+        h.update(np.ascontiguousarray(self.features, dtype=np.float32).tobytes())
+        return h.hexdigest()
+
+    @property
+    def bank_id(self) -> str:
+        """part@vN:hash8, what reports and replicas compare."""
+        return f"{self.part}@v{self.version}:{self.content_hash[:8]}"
+
+    def metadata(self) -> dict:
+        """Everything but the features, JSON-able (bank.json, `anomaly banks show`)."""
+        meta = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "features"}
+        meta.update(format=FORMAT, bank_id=self.bank_id, grid=list(self.grid), band=list(self.band))
+        meta["patches"], meta["channels"] = int(self.features.shape[0]), int(self.features.shape[1])
+        return meta
+
+
+def default_banks_dir() -> Path:
+    """EDGEINSPECT_BANKS, else the embedded stack's work dir: var/embedded/banks."""
+    env = os.environ.get("EDGEINSPECT_BANKS")
+    return Path(env).expanduser() if env else Path("var/embedded/banks")
+
+
+def check_part(part: str) -> str:
+    """A part name is a path component we create: letters, digits, . _ -, no traversal."""
+    if not isinstance(part, str) or not PART_NAME.fullmatch(part) or part.strip(".") == "":
+        raise InvalidInput(f"part name {part!r} is not allowed: use letters, digits, '.', '_', '-' (at most 64)")
+    return part
+
+
+class BankStore:
+    """Banks per part under one root folder, versioned; publish and rollback never leave a half-written bank."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def list_parts(self) -> list[str]:
+        """Parts with at least one published version."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if PART_NAME.fullmatch(p.name) and self._numbers(p.name))
+
+    def versions(self, part: str) -> list[Bank]:
+        """Every published version of a part, oldest first (features memory-mapped, not read)."""
+        return [self._read(check_part(part), n, mmap=True) for n in self._numbers(part)]
+
+    def current(self, part: str) -> Bank | None:
+        """The version CURRENT names, or None where the part has none."""
+        number = self._current_number(check_part(part))
+        return None if number is None else self._read(part, number)
+
+    def load(self, part: str, version: int | None = None) -> Bank:
+        """One version (default: the current one); NotFound where there is none."""
+        check_part(part)
+        number = self._current_number(part) if version is None else int(version)
+        if number is None:
+            raise NotFound(f"part {part!r} has no anomaly bank in {self.root}: teach one first")
+        return self._read(part, number)
+
+    def publish(self, bank: Bank) -> Bank:
+        """Writes the bank as the part's next version and makes it current; returns it with its version."""
+        part_dir = self.root / check_part(bank.part)
+        part_dir.mkdir(parents=True, exist_ok=True)
+        with _locked(part_dir):
+            number = max(self._numbers(bank.part), default=0) + 1
+            published = dataclasses.replace(bank, version=number)
+            tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=part_dir))
+            final = part_dir / _dirname(number)
+            try:
+                self._write_version(tmp, published)
+                os.rename(tmp, final)  # the version appears whole or not at all
+                _fsync_dir(part_dir)
+                self._set_current(part_dir, number)
+            except BaseException:
+                # Nothing became current: remove what this attempt wrote, the previous version stays current.
+                shutil.rmtree(tmp, ignore_errors=True)
+                if self._current_number(bank.part) != number:
+                    shutil.rmtree(final, ignore_errors=True)
+                raise
+        return published
+
+    def rollback(self, part: str, version: int) -> Bank:
+        """Makes an earlier (or later) published version current again."""
+        bank = self.load(part, version)  # NotFound / unreadable before anything changes
+        part_dir = self.root / part
+        with _locked(part_dir):
+            self._set_current(part_dir, bank.version)
+        return bank
+
+    def _numbers(self, part: str) -> list[int]:
+        part_dir = self.root / part
+        if not part_dir.is_dir():
+            return []
+        found = (VERSION_DIR.fullmatch(p.name) for p in part_dir.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def _current_number(self, part: str) -> int | None:
+        try:
+            text = (self.root / part / "CURRENT").read_text().strip()
+        except FileNotFoundError:
+            return None
+        match = VERSION_DIR.fullmatch(text)
+        if not match:
+            raise FailedPrecondition(f"{self.root / part / 'CURRENT'} holds {text!r}, not a version like v0003")
+        return int(match.group(1))
+
+    def _read(self, part: str, number: int, mmap: bool = False) -> Bank:
+        folder = self.root / part / _dirname(number)
+        try:
+            meta = json.loads((folder / "bank.json").read_text())
+            features = np.load(folder / "features.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
+        except FileNotFoundError as exc:
+            raise NotFound(f"part {part!r} has no bank version {number} in {self.root}") from exc
+        except (OSError, ValueError) as exc:
+            raise FailedPrecondition(f"bank {folder} is unreadable: {exc}") from exc
+        if meta.get("format") != FORMAT:
+            raise FailedPrecondition(f"bank {folder} has format {meta.get('format')}, this build reads {FORMAT}")
+        names = {f.name for f in dataclasses.fields(Bank)} - {"features"}
+        kwargs = {k: v for k, v in meta.items() if k in names}
+        kwargs.update(grid=tuple(meta["grid"]), band=tuple(meta["band"]), version=number)
+        bank = Bank(features=features, **kwargs)
+        if not mmap and bank.bank_id != meta["bank_id"]:
+            raise FailedPrecondition(f"bank {folder} does not match its recorded id {meta['bank_id']}: corrupted")
+        return bank
+
+    @staticmethod
+    def _write_version(folder: Path, bank: Bank) -> None:
+        features = np.ascontiguousarray(bank.features, dtype=np.float32)
+        with (folder / "features.npy").open("wb") as f:
+            np.save(f, features, allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        _write_synced(folder / "bank.json", json.dumps(bank.metadata(), indent=2, sort_keys=True) + "\n")
+        _fsync_dir(folder)
+
+    @staticmethod
+    def _set_current(part_dir: Path, number: int) -> None:
+        tmp = part_dir / "CURRENT.tmp"
+        _write_synced(tmp, _dirname(number) + "\n")
+        os.replace(tmp, part_dir / "CURRENT")
+        _fsync_dir(part_dir)
+
+
+def _dirname(number: int) -> str:
+    return f"v{number:04d}"
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with path.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _locked(part_dir: Path) -> Iterator[None]:
+    """An exclusive flock on <part>/.lock: two admins publishing at once get consecutive versions."""
+    fd = os.open(part_dir / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock

@@ -1,0 +1,158 @@
+"""Frames -> anomaly score, heatmap and regions against a taught bank (PatchCore: k=1 nearest good patch)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import cv2
+import faiss
+import numpy as np
+
+from edgeinspect.errors import FailedPrecondition, InvalidInput
+from edgeinspect.models.anomaly.bank import Bank
+from edgeinspect.models.anomaly.features import FeatureExtractor
+
+OK, ANOMALOUS, UNCERTAIN = "OK", "ANOMALOUS", "UNCERTAIN"
+# PatchCore's smoothing, sigma 4 px at the extractor's input size (224 px: half a stride-8 patch), applied there
+# and not at the frame's size so the same bank smooths the same way whatever the camera resolution.
+BLUR_SIGMA = 4.0
+MAX_REGIONS = 8
+
+
+class BankMismatch(FailedPrecondition):
+    """A bank taught with other features than this extractor computes: its distances would mean nothing."""
+
+    code = "anomaly_bank_mismatch"
+
+
+@dataclass
+class Region:
+    """A connected area of the heatmap above the threshold, in fractions of the frame (0..1)."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+    peak: float  # highest heatmap value inside
+    area: float  # fraction of the frame's pixels
+
+
+@dataclass
+class AnomalyResult:
+    """One frame's gate outcome."""
+
+    score: float  # max patch distance to the bank
+    threshold: float
+    verdict: str  # OK | ANOMALOUS | UNCERTAIN
+    heatmap: np.ndarray  # [H, W] float32 at the frame's size, same units as score
+    regions: list[Region]  # hottest first
+    bank_id: str
+    fingerprint: str
+    timings: dict = field(default_factory=dict)  # ms: features, knn, post
+
+
+def verdict_of(score: float, band: tuple[float, float]) -> str:
+    """Below the band OK, above it ANOMALOUS, inside it UNCERTAIN."""
+    low, high = band
+    return OK if score < low else ANOMALOUS if score > high else UNCERTAIN
+
+
+class Scorer:
+    """Scores frames against one bank with the extractor it was taught with; the FAISS index is built once."""
+
+    def __init__(self, bank: Bank, extractor: FeatureExtractor):
+        if bank.fingerprint != extractor.fingerprint:
+            raise BankMismatch(
+                f"bank {bank.bank_id} was taught with {bank.extractor.get('name')} features (fingerprint "
+                f"{bank.fingerprint}), but this extractor is {extractor.name} (fingerprint {extractor.fingerprint}): "
+                "re-teach the part with this extractor, or score with the extractor the bank names"
+            )
+        self.bank, self.extractor = bank, extractor
+        features = np.ascontiguousarray(bank.features, dtype=np.float32)  # [K, C]
+        self.index = faiss.IndexFlatL2(features.shape[1])
+        self.index.add(features)
+
+    def score(self, frames: Sequence[np.ndarray]) -> list[AnomalyResult]:
+        """RGB uint8 frames [H, W, 3] of any size -> one result per frame."""
+        start = time.perf_counter()
+        grid = self.extractor.extract(frames)  # [N, h, w, C]
+        per_frame_ms = 1000 * (time.perf_counter() - start) / len(frames)
+        results = self.score_features(grid, [f.shape[:2] for f in frames])
+        for r in results:
+            r.timings["features_ms"] = per_frame_ms
+        return results
+
+    def score_features(self, grid: np.ndarray, frame_sizes: Sequence[tuple[int, int]]) -> list[AnomalyResult]:
+        """Features computed elsewhere (the vision node's hidden states): grid [N, h, w, C], frame (H, W) each."""
+        n, h, w, c = grid.shape
+        if (h, w) != tuple(self.bank.grid) or c != self.bank.features.shape[1]:
+            raise InvalidInput(f"feature grid {h}x{w}x{c} does not match bank {self.bank.bank_id} "
+                               f"({self.bank.grid[0]}x{self.bank.grid[1]}x{self.bank.features.shape[1]})")  # fmt: skip
+        if len(frame_sizes) != n:
+            raise InvalidInput(f"{n} feature grids but {len(frame_sizes)} frame sizes")
+        start = time.perf_counter()
+        squared, _ = self.index.search(np.ascontiguousarray(grid.reshape(-1, c), dtype=np.float32), 1)  # [N*h*w, 1]
+        patch = np.sqrt(np.maximum(squared, 0)).reshape(n, h, w)  # [N, h, w] distance to the nearest good patch
+        knn_ms = 1000 * (time.perf_counter() - start) / n
+        return [self._result(patch[i], frame_sizes[i], knn_ms) for i in range(n)]
+
+    def _result(self, patch: np.ndarray, frame_size: tuple[int, int], knn_ms: float) -> AnomalyResult:
+        start = time.perf_counter()
+        score = float(patch.max())
+        verdict = verdict_of(score, self.bank.band)
+        heatmap = upsample(patch, self.extractor.input_size, frame_size)  # [H, W]
+        regions: list[Region] = []
+        if verdict != OK:
+            # Blurring shaves a lone hot patch below the threshold; a flagged frame still names its hottest spot.
+            regions = find_regions(heatmap, min(self.bank.threshold, 0.9 * float(heatmap.max())))
+        post_ms = 1000 * (time.perf_counter() - start)
+        return AnomalyResult(score, self.bank.threshold, verdict, heatmap, regions, self.bank.bank_id,
+                             self.bank.fingerprint, {"knn_ms": knn_ms, "post_ms": post_ms})  # fmt: skip
+
+
+def upsample(patch: np.ndarray, input_size: int, frame_size: tuple[int, int]) -> np.ndarray:
+    """Patch scores [h, w] -> a smoothed heatmap [H, W] float32 at the frame's size."""
+    at_input = cv2.resize(patch.astype(np.float32), (input_size, input_size), interpolation=cv2.INTER_LINEAR)
+    at_input = cv2.GaussianBlur(at_input, (0, 0), BLUR_SIGMA)  # kernel 33 px at sigma 4, as PatchCore
+    height, width = frame_size
+    return cv2.resize(at_input, (int(width), int(height)), interpolation=cv2.INTER_LINEAR)
+
+
+def find_regions(heatmap: np.ndarray, level: float) -> list[Region]:
+    """Connected components of heatmap > level as boxes in frame fractions, highest peak first."""
+    height, width = heatmap.shape
+    count, labels, stats, _ = cv2.connectedComponentsWithStats((heatmap > level).astype(np.uint8), connectivity=8)
+    regions = []
+    for i in range(1, count):  # 0 is the background
+        x, y, w, h, pixels = (int(v) for v in stats[i])
+        peak = float(heatmap[y : y + h, x : x + w][labels[y : y + h, x : x + w] == i].max())
+        regions.append(
+            Region(x / width, y / height, (x + w) / width, (y + h) / height, peak, pixels / (width * height))
+        )
+    regions.sort(key=lambda r: (-r.peak, -r.area))
+    return regions[:MAX_REGIONS]
+
+
+def heatmap_png(frame_rgb: np.ndarray, heatmap: np.ndarray, threshold: float) -> bytes:
+    """The frame with the heatmap over it (blue cool, red hot; the threshold sits mid-scale) and region boxes."""
+    height, width = frame_rgb.shape[:2]
+    if heatmap.shape != (height, width):
+        heatmap = cv2.resize(heatmap, (width, height), interpolation=cv2.INTER_LINEAR)
+    scale = np.clip(heatmap / (2.0 * threshold), 0.0, 1.0) if threshold > 0 else np.zeros_like(heatmap)  # [H, W]
+    colours = cv2.applyColorMap((255 * scale).astype(np.uint8), cv2.COLORMAP_JET)  # [H, W, 3] BGR
+    # Cool areas stay close to the photo so a person still sees the part; hot areas take the colour.
+    alpha = (0.25 + 0.5 * scale)[..., None]
+    frame_bgr = cv2.cvtColor(frame_rgb, cv2.COLOR_RGB2BGR).astype(np.float32)
+    picture = (frame_bgr * (1 - alpha) + colours.astype(np.float32) * alpha).astype(np.uint8)
+    line = max(1, round(min(height, width) / 200))
+    for r in find_regions(heatmap, threshold):
+        p0 = (int(r.x0 * width), int(r.y0 * height))
+        p1 = (min(width - 1, int(r.x1 * width)), min(height - 1, int(r.y1 * height)))
+        cv2.rectangle(picture, p0, p1, (0, 0, 0), line + 2)  # dark outline: the box reads on any colour
+        cv2.rectangle(picture, p0, p1, (255, 255, 255), line)
+    ok, png = cv2.imencode(".png", picture)
+    if not ok:
+        raise InvalidInput(f"could not encode a {width}x{height} heatmap picture as PNG")
+    return png.tobytes()
