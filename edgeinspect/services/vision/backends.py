@@ -39,6 +39,7 @@ class TorchBackend:
 
         if weights not in ("fp32", "bf16", "int8"):
             raise CheckpointError(f"the torch vision backend runs fp32, bf16 or int8 weights, not {weights!r}")
+        self.weights = weights  # fp32 | bf16 | int8: what the anomaly gate's siglip features must match to share it
         self.dtype = torch.float32 if weights == "int8" else torch_dtype(weights)
         self.tower = load_vision_tower(ckpt, weights)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from edgeinspect.config import VisionSettings
 from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
+from edgeinspect.services.vision.anomaly import AnomalyGate
 from edgeinspect.services.vision.encoder import VisionEncoder
 from edgeinspect.services.vision.servicer import ROLE, VisionServicer
 from edgeinspect.v1 import vision_pb2, vision_pb2_grpc
@@ -30,7 +31,7 @@ def _load_and_check(cfg: VisionSettings) -> VisionEncoder:
 
 async def start_vision(cfg: VisionSettings) -> tuple[RunningServer, VisionServicer]:
     """Binds the port (health NOT_SERVING), loads the model in a thread, then flips health to SERVING."""
-    servicer = VisionServicer()
+    servicer = VisionServicer(anomaly_enabled=cfg.anomaly.enabled)
     running = await start_server(
         [lambda s: vision_pb2_grpc.add_VisionServiceServicer_to_server(servicer, s)],
         [SERVICE_NAME],
@@ -40,8 +41,13 @@ async def start_vision(cfg: VisionSettings) -> tuple[RunningServer, VisionServic
     try:
         # In a thread: health checks and reflection keep answering during a load that takes seconds.
         servicer.encoder = await asyncio.to_thread(_load_and_check, cfg)
+        if cfg.anomaly.enabled:
+            encoder = servicer.encoder
+            servicer.gate = await asyncio.to_thread(AnomalyGate.open, cfg, encoder.ckpt.path, encoder.backend)
     except BaseException:
         await running.stop(0)
+        if servicer.encoder is not None:
+            servicer.encoder.close()
         raise
     await running.health.set_serving(True)
     return running, servicer
@@ -53,6 +59,8 @@ async def serve(cfg: VisionSettings) -> None:
     try:
         await serve_until_signal(running, cfg.server.grace_s)
     finally:
+        if servicer.gate is not None:
+            servicer.gate.close()
         if servicer.encoder is not None:
             servicer.encoder.close()
 

@@ -1,4 +1,4 @@
-"""VisionService over gRPC: protobuf in, the encoder's domain call, protobuf out."""
+"""VisionService over gRPC: protobuf in, the encoder's or the anomaly gate's domain call, protobuf out."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import grpc
 
 import edgeinspect
 from edgeinspect.codec import Codec, codec_from_proto, encode_frame, wire_nbytes
-from edgeinspect.errors import Unavailable
+from edgeinspect.errors import FailedPrecondition, Unavailable
+from edgeinspect.models.anomaly.bank import Bank, check_part
 from edgeinspect.services.common.metrics import WIRE_BYTES
+from edgeinspect.services.vision.anomaly import AnomalyGate, ScoreCall, TeachCall
 from edgeinspect.services.vision.encoder import EncodeResult, VisionEncoder
 from edgeinspect.v1 import common_pb2, tensor_pb2, vision_pb2, vision_pb2_grpc
 
@@ -21,13 +23,23 @@ log = logging.getLogger(__name__)
 class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
     """Answers UNAVAILABLE until `encoder` is set (the model loads after the port is bound)."""
 
-    def __init__(self) -> None:
+    def __init__(self, anomaly_enabled: bool = True) -> None:
         self.encoder: VisionEncoder | None = None
+        self.gate: AnomalyGate | None = None  # set after the encoder; stays None with anomaly.enabled off
+        self.gate_enabled = anomaly_enabled
 
     def _ready(self) -> VisionEncoder:
         if self.encoder is None:
             raise Unavailable("vision node is still loading its model; retry once health is SERVING")
         return self.encoder
+
+    def _gate(self) -> AnomalyGate:
+        self._ready()
+        if self.gate is None:
+            if not self.gate_enabled:
+                raise FailedPrecondition("the anomaly gate is off on this vision node (anomaly.enabled is false)")
+            raise Unavailable("vision node is still loading its anomaly banks; retry once health is SERVING")
+        return self.gate
 
     async def Encode(
         self, request: vision_pb2.EncodeRequest, context: grpc.aio.ServicerContext
@@ -59,7 +71,7 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
         )
 
     async def Info(self, request: vision_pb2.InfoRequest, context: grpc.aio.ServicerContext) -> vision_pb2.VisionInfo:
-        """Checkpoint identity, backend and output shape of this node."""
+        """Checkpoint identity, backend, output shape and the anomaly bank of every part this node can score."""
         encoder = self._ready()
         identity = common_pb2.PeerIdentity(
             protocol_version=edgeinspect.PROTOCOL_VERSION,
@@ -68,8 +80,79 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
             role=ROLE,
         )
         return vision_pb2.VisionInfo(
-            identity=identity, backend=encoder.backend.name, output_shape=list(encoder.output_shape)
+            identity=identity,
+            backend=encoder.backend.name,
+            output_shape=list(encoder.output_shape),
+            banks=[_bank_proto(h.bank, h.frames) for h in (self.gate.banks() if self.gate is not None else ())],
         )
+
+    async def Score(
+        self, request: vision_pb2.ScoreRequest, context: grpc.aio.ServicerContext
+    ) -> vision_pb2.AnomalyScore:
+        """One frame against its part's anomaly bank: score, verdict, regions, and the heatmap PNG when asked."""
+        gate = self._gate()
+        call = ScoreCall(check_part(request.part), request.image, request.expect_bank_id, request.heatmap)
+        outcome = await asyncio.to_thread(gate.score, call)
+        result = outcome.result
+        log.info(
+            "scored part %s: %.4g (threshold %.4g) %s in %.1f ms",
+            call.part,
+            result.score,
+            result.threshold,
+            result.verdict,
+            outcome.score_ms,
+            extra={"part": call.part, "bank_id": result.bank_id, "verdict": result.verdict},
+        )
+        return vision_pb2.AnomalyScore(
+            score=result.score,
+            threshold=result.threshold,
+            band_low=outcome.band[0],
+            band_high=outcome.band[1],
+            verdict=VERDICTS[result.verdict],
+            regions=[
+                vision_pb2.AnomalyRegion(x=r.x0, y=r.y0, width=r.x1 - r.x0, height=r.y1 - r.y0, peak=r.peak)
+                for r in result.regions
+            ],
+            heatmap_png=outcome.heatmap_png,
+            bank_id=result.bank_id,
+            extractor_fingerprint=result.fingerprint,
+            score_ms=outcome.score_ms,
+            image_sha256=outcome.image_sha256,
+        )
+
+    async def Teach(
+        self, request: vision_pb2.TeachRequest, context: grpc.aio.ServicerContext
+    ) -> vision_pb2.TeachResponse:
+        """Teaches the part's next bank version from good frames and publishes it; a refusal changes nothing."""
+        gate = self._gate()
+        call = TeachCall(check_part(request.part), list(request.frames), request.add_to_current, request.extractor)
+        outcome = await asyncio.to_thread(gate.teach, call)
+        return vision_pb2.TeachResponse(
+            bank=_bank_proto(outcome.bank, outcome.frames),
+            outliers=[
+                f"{o.name}: score {o.score:.4g}, {o.robust_z:.1f} MADs above the set's median" for o in outcome.outliers
+            ],
+            teach_ms=outcome.teach_ms,
+        )
+
+
+VERDICTS = {
+    "OK": vision_pb2.ANOMALY_VERDICT_NORMAL,
+    "ANOMALOUS": vision_pb2.ANOMALY_VERDICT_ANOMALOUS,
+    "UNCERTAIN": vision_pb2.ANOMALY_VERDICT_UNCERTAIN,
+}
+
+
+def _bank_proto(bank: Bank, frames: int) -> vision_pb2.AnomalyBank:
+    return vision_pb2.AnomalyBank(
+        part=bank.part,
+        bank_id=bank.bank_id,
+        version=bank.version,
+        extractor=bank.extractor["name"],
+        extractor_fingerprint=bank.fingerprint,
+        threshold=bank.threshold,
+        frames=frames,
+    )
 
 
 def _encode(
