@@ -103,13 +103,13 @@ class BankStore:
 
     def current(self, part: str) -> Bank | None:
         """The version CURRENT names, or None where the part has none."""
-        number = self._current_number(check_part(part))
+        number = self.current_version(check_part(part))
         return None if number is None else self._read(part, number)
 
     def load(self, part: str, version: int | None = None) -> Bank:
         """One version (default: the current one); NotFound where there is none."""
         check_part(part)
-        number = self._current_number(part) if version is None else int(version)
+        number = self.current_version(part) if version is None else int(version)
         if number is None:
             raise NotFound(f"part {part!r} has no anomaly bank in {self.root}: teach one first")
         return self._read(part, number)
@@ -131,7 +131,7 @@ class BankStore:
             except BaseException:
                 # Nothing became current: remove what this attempt wrote, the previous version stays current.
                 shutil.rmtree(tmp, ignore_errors=True)
-                if self._current_number(bank.part) != number:
+                if self.current_version(bank.part) != number:
                     shutil.rmtree(final, ignore_errors=True)
                 raise
         return published
@@ -151,7 +151,8 @@ class BankStore:
         found = (VERSION_DIR.fullmatch(p.name) for p in part_dir.iterdir())
         return sorted(int(m.group(1)) for m in found if m)
 
-    def _current_number(self, part: str) -> int | None:
+    def current_version(self, part: str) -> int | None:
+        """The version number CURRENT names (a few bytes: cheap to poll), or None where the part has none."""
         try:
             text = (self.root / part / "CURRENT").read_text().strip()
         except FileNotFoundError:

@@ -196,7 +196,9 @@ class SiglipExtractor:
 
     name = "siglip"
 
-    def __init__(self, checkpoint: str | Path, layers: Sequence[int] | None = None, weights: str = "fp32"):
+    def __init__(self, checkpoint: str | Path, layers: Sequence[int] | None = None, weights: str = "fp32", tower=None):
+        """tower: a VisionTower of the same checkpoint and weights already loaded (the vision node's), shared
+        instead of loading a second copy; None loads one on first extract."""
         from edgeinspect.models.checkpoint import load_processor, open_checkpoint
 
         self.checkpoint = open_checkpoint(checkpoint)
@@ -213,7 +215,7 @@ class SiglipExtractor:
         self.std = tuple(255.0 * s for s in proc.image_std)
         weights_id = f"{self.checkpoint.fingerprint}:{weights}"
         self.fingerprint = fingerprint_of(self.name, weights_id, self.layers, self.input_size, (self.mean, self.std))
-        self._tower = None  # loaded on first extract: the vision node scores its own hidden states instead
+        self._tower = tower
 
     def extract(self, frames: Sequence[np.ndarray]) -> np.ndarray:
         return _in_batches(frames, self._extract)

@@ -23,7 +23,7 @@ from prometheus_client import Counter, Gauge, Histogram, Info
 
 from edgeinspect.config import AnomalyExtractor, VisionSettings
 from edgeinspect.errors import EdgeInspectError, FailedPrecondition, InvalidInput, NotFound
-from edgeinspect.models.anomaly.bank import VERSION_DIR, Bank, BankStore
+from edgeinspect.models.anomaly.bank import Bank, BankStore
 from edgeinspect.models.anomaly.features import FeatureExtractor, open_extractor
 from edgeinspect.models.anomaly.scoring import AnomalyResult, Scorer, heatmap_png
 from edgeinspect.models.anomaly.teach import ASPECT_TOLERANCE, MAX_ASPECT, Outlier, TeachError, teach
@@ -141,23 +141,23 @@ class Extractors:
 
     def _build(self, name: str, options: dict) -> FeatureExtractor:
         start = time.perf_counter()
-        extractor = open_extractor(name, **options)
         if name == AnomalyExtractor.siglip:
-            self._share_tower(extractor)
+            options = {**options, "tower": self._shared_tower(options["weights"])}
+        extractor = open_extractor(name, **options)
         log.info("anomaly features %s ready in %.0f ms (fingerprint %s)", name,
                  1e3 * (time.perf_counter() - start), extractor.fingerprint)  # fmt: skip
         return extractor
 
-    def _share_tower(self, extractor: FeatureExtractor) -> None:
+    def _shared_tower(self, weights: str):
+        """The tower Encode already holds where it runs torch with the same weights (no second copy), else None:
+        the extractor then loads its own."""
         backend = self.backend
-        if isinstance(backend, TorchBackend) and backend.weights == getattr(extractor, "weights", None):
-            # The tower Encode already holds: no second copy of the weights. SiglipExtractor loads its tower on
-            # first use into `_tower`; setting it first is the seam until the extractor takes one (see report).
-            extractor._tower = backend.tower
-            log.info("siglip anomaly features use this node's own %s vision tower", backend.weights)
-        else:
-            log.info("siglip anomaly features load their own %s vision tower (Encode runs %s %s)",
-                     getattr(extractor, "weights", "?"), backend.name, getattr(backend, "weights", ""))  # fmt: skip
+        if isinstance(backend, TorchBackend) and backend.weights == weights:
+            log.info("siglip anomaly features use this node's own %s vision tower", weights)
+            return backend.tower
+        log.info("siglip anomaly features load their own %s vision tower (Encode runs %s %s)",
+                 weights, backend.name, getattr(backend, "weights", ""))  # fmt: skip
+        return None
 
 
 class AnomalyGate:
@@ -221,13 +221,10 @@ class AnomalyGate:
         return changed
 
     def _current_version(self, part: str) -> int | None:
-        # Only CURRENT's few bytes per poll; the bank itself is read when it changed.
         try:
-            text = (self.store.root / part / "CURRENT").read_text().strip()
-        except FileNotFoundError:
+            return self.store.current_version(part)
+        except FailedPrecondition:  # a CURRENT being written by hand: look again at the next poll
             return None
-        match = VERSION_DIR.fullmatch(text)
-        return int(match.group(1)) if match else None
 
     def _load(self, part: str, version: int) -> HeldBank:
         try:
