@@ -30,7 +30,7 @@ from pathlib import Path
 
 from common import machine_info, skip, write_json
 
-from edgeinspect.models import kernels
+from edgeinspect.models.kernels import build as kernel_build
 
 NATIVE = Path(__file__).with_name("native")
 ARM_CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", "/usr/aarch64-linux-gnu"
@@ -50,7 +50,7 @@ INT8_CASES = {"decode row, one pass": "gemv", "decode row, two passes": "two_pas
 
 def _cross(source: Path, out: Path, march: str, *extra: str) -> Path:
     subprocess.run(
-        [ARM_CC, *kernels.BASE_FLAGS, f"-march={march}", *extra, str(source), "-o", str(out), "-lm"], check=True
+        [ARM_CC, *kernel_build.BASE_FLAGS, f"-march={march}", *extra, str(source), "-o", str(out), "-lm"], check=True
     )
     return out
 
@@ -65,11 +65,11 @@ def build(folder: Path) -> tuple[dict[str, Path], dict[str, Path], dict[str, Pat
         subprocess.run(
             [ARM_CC, "-O2", "-march=armv8-a", str(NATIVE / f"{name}.c"), "-o", str(drivers[name])], check=True
         )
-    int4 = {name: _cross(kernels.INT4_SOURCE, folder / f"int4_{m}.so", m) for name, m in INT4_LEVELS.items()}
+    int4 = {name: _cross(kernel_build.INT4_SOURCE, folder / f"int4_{m}.so", m) for name, m in INT4_LEVELS.items()}
     int8 = {}
     for march, (plain, neon) in INT8_PAIRS.items():
-        int8[plain] = _cross(kernels.Q8_SOURCE, folder / f"q8_plain_{march}.so", march, "-DEI_Q8_PLAIN")
-        int8[neon] = _cross(kernels.Q8_SOURCE, folder / f"q8_{march}.so", march)
+        int8[plain] = _cross(kernel_build.Q8_SOURCE, folder / f"q8_plain_{march}.so", march, "-DEI_Q8_PLAIN")
+        int8[neon] = _cross(kernel_build.Q8_SOURCE, folder / f"q8_{march}.so", march)
     return drivers, int4, int8
 
 

@@ -33,7 +33,7 @@ def require_checkpoint(path: Path, also: str = "") -> None:
 
 
 def cpu_model() -> str:
-    from edgeinspect.models.quant import cpu_model as named
+    from edgeinspect.models.cpu import cpu_model as named
 
     return named() or platform.processor() or platform.machine()
 
@@ -41,7 +41,7 @@ def cpu_model() -> str:
 def cpu_flags() -> list[str]:
     """The SIMD extensions that decide which matmul kernels run (bf16 is slow without avx512_bf16/amx), less those
     above EDGEINSPECT_CPU_ISA's level where a run caps it."""
-    from edgeinspect.models.quant import cpu_flags as flags
+    from edgeinspect.models.cpu import cpu_flags as flags
 
     arm = platform.machine() == "aarch64"  # ARM's names by prefix would take x86's smep
     simd = ("asimd", "sve", "sme", "i8mm", "bf16", "fphp") if arm else ("avx", "amx", "fma", "f16c")
@@ -84,7 +84,7 @@ def machine_info(bandwidth: bool = True) -> dict:
     """CPU, cores, memory, library versions, load average and (optionally) measured read bandwidth."""
     import torch
 
-    from edgeinspect.models.quant import cpu_isa
+    from edgeinspect.models.cpu import cpu_isa
 
     info = {
         "cpu": cpu_model(),

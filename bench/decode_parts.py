@@ -31,8 +31,8 @@ import torch
 from common import load_average, machine_info, memory_buckets, require_checkpoint, skip, write_json
 from perf_decode import DEFAULT_CKPT, linear_bytes, step_bytes
 
-from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.models.kernels import bindings, build
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 
 PARTS = ("elementwise", "qkv", "attention", "o", "gate_up", "down")  # int8_vnni.c's PART_* order
@@ -41,7 +41,7 @@ SID = "parts"
 
 def timed_library(folder: Path) -> ctypes.CDLL:
     """The int8 kernel with its part clocks on (the project's flags otherwise)."""
-    return kernels.variant(kernels.Q8_SOURCE, folder / "int8_vnni_part_times.so", "EI_PART_TIMES")
+    return bindings.variant(build.Q8_SOURCE, folder / "int8_vnni_part_times.so", "EI_PART_TIMES")
 
 
 def part_bytes(executor: StageExecutor, depth: int) -> dict[str, int]:
@@ -67,7 +67,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     require_checkpoint(args.checkpoint)
-    if kernels._compiler() is None or kernels.q8_library() is None:
+    if build.compiler() is None or bindings.q8_library() is None:
         skip("no C compiler (set CC or install gcc): the int8 kernel cannot be built with its part clocks")
     torch.set_num_threads(args.threads)
     ckpt = open_checkpoint(args.checkpoint)

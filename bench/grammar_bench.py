@@ -25,7 +25,7 @@ from edgeinspect.models.checkpoint import load_processor, open_checkpoint
 from edgeinspect.models.grammar import GrammarCache, grammar_cache_for
 from edgeinspect.models.sampling import SamplingParams, sample
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
-from edgeinspect.services.gateway.schema import build_report_grammar
+from edgeinspect.services.gateway.reports.schema import build_report_grammar
 from edgeinspect.testing import sample_spec_chunks
 
 CKPT_13B = Path("var/checkpoints/deepseek-vl-1.3b")

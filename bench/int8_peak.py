@@ -5,7 +5,7 @@ Why the report target (<= 0.5x llama.cpp q4_0) is out of reach on a CPU without 
 974-token prefill of the 1.3B model multiplies ~1.2 T int8 pairs in its linears, and AVX2 can only multiply int8
 exactly through vpmaddwd (int16 pairs, what our ei_q8_mm does) or vpmaddubsw (u8 x s8, fbgemm's route). This
 measures each route's rate from registers (bench/native/int8_peak.c, inline assembly, every thread at once), then
-our GEMM (kernels.q8_int_mm, the prompt rows in the row blocks the linear uses) at the checkpoint's shapes,
+our GEMM (ops.q8_int_mm, the prompt rows in the row blocks the linear uses) at the checkpoint's shapes,
 interleaved round by round, and reports:
   - products/s per core of each route, and ours as a fraction of the exact symmetric-int8 ceiling (the best of
     "madd", "signed" and, where measured, "vnni"; "maddubs" alone is exact only for 7-bit activations, so it is
@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 from common import load_average, machine_info, require_checkpoint, skip, write_json
 
-from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.models.kernels import bindings, ops
 
 SOURCE = Path(__file__).with_name("native") / "int8_peak.c"
 DEFAULT_CKPT = Path(__file__).resolve().parents[1] / "var" / "checkpoints" / "deepseek-vl-1.3b"
@@ -80,11 +80,11 @@ def linear_shapes(ckpt) -> dict[str, tuple[int, int]]:
 
 
 def gemm_seconds(rows: int, n: int, k: int, xq: torch.Tensor, w: torch.Tensor) -> float:
-    """q8_int_mm over `rows` prompt rows in the row blocks kernels.q8_linear uses (its int32 output bounded)."""
-    block = max(kernels.Q8_GEMV_ROWS, kernels.Q8_OUTPUT_BYTES // (4 * n))
+    """q8_int_mm over `rows` prompt rows in the row blocks ops.q8_linear uses (its int32 output bounded)."""
+    block = max(ops.Q8_GEMV_ROWS, ops.Q8_OUTPUT_BYTES // (4 * n))
     t0 = time.perf_counter()
     for r0 in range(0, rows, block):
-        kernels.q8_int_mm(xq[r0 : r0 + block], w)
+        ops.q8_int_mm(xq[r0 : r0 + block], w)
     return time.perf_counter() - t0
 
 
@@ -103,7 +103,7 @@ def main() -> None:
     if "avx2" not in machine["cpu_flags"]:
         skip("no AVX2 on this CPU")
     require_checkpoint(args.checkpoint)
-    if kernels.q8_library() is None:
+    if bindings.q8_library() is None:
         skip("the int8 kernel (models/kernels/int8_vnni.c) cannot be built here")
     torch.set_num_threads(args.threads)
     ckpt = open_checkpoint(args.checkpoint)

@@ -1,10 +1,10 @@
 """Grammar jump-forward: decode steps per structured report with and without it, same model, same run.
 
-For each sample part, the report grammar the gateway builds (services/gateway/schema.py, sample KB vocabulary) drives
-a greedy constrained generation on a whole-model StageExecutor twice: step by step (one decode step per token), and
-with jump-forward (after each sampled token, the tokens the grammar forces, i.e. where its bitmask allows exactly
-one token, are appended in the same multi-token step; models/grammar.py LogitsConstraint.forced_tokens). The
-tokens must be identical; the figure is the share of decode steps saved.
+For each sample part, the report grammar the gateway builds (services/gateway/reports/schema.py, sample KB
+vocabulary) drives a greedy constrained generation on a whole-model StageExecutor twice: step by step (one decode
+step per token), and with jump-forward (after each sampled token, the tokens the grammar forces, i.e. where its
+bitmask allows exactly one token, are appended in the same multi-token step; models/grammar.py
+LogitsConstraint.forced_tokens). The tokens must be identical; the figure is the share of decode steps saved.
 
 `--gateway` measures the same through the real stack instead (vision, 2 stages, retrieval over the sample KB,
 gateway: separate processes, fp32): each sample part's report on each image, first with the gateway started with
@@ -29,7 +29,7 @@ from edgeinspect.models.checkpoint import load_processor, open_checkpoint
 from edgeinspect.models.grammar import grammar_cache_for
 from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
-from edgeinspect.services.gateway.schema import build_report_grammar
+from edgeinspect.services.gateway.reports.schema import build_report_grammar
 from edgeinspect.testing import sample_spec_chunks
 
 SAVED_TARGET = 0.25

@@ -22,8 +22,9 @@ import torch
 from common import load_average, machine_info, require_checkpoint, target, write_json
 
 from edgeinspect.models.checkpoint import Checkpoint, load_reference_model, open_checkpoint
+from edgeinspect.models.cpu import fast_bf16
 from edgeinspect.models.int4 import Int4Linear
-from edgeinspect.models.quant import Half16Linear, Int8Linear, fast_bf16, use_half16
+from edgeinspect.models.quant import Half16Linear, Int8Linear, use_half16
 from edgeinspect.models.stage import LayerRange, StageExecutor, StageModule, StepInput, load_stage
 
 DEFAULT_CKPT = Path(__file__).resolve().parents[1] / "var" / "checkpoints" / "deepseek-vl-1.3b"

@@ -38,16 +38,16 @@ import torch
 from common import load_average, machine_info, memory_buckets, require_checkpoint, skip, write_json
 from step_ab import print_buckets, whole_step_ab
 
-from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.models.cpu import cpu_flags
+from edgeinspect.models.kernels import bindings, build
 from edgeinspect.models.kv import KVBuffer
-from edgeinspect.models.quant import cpu_flags
 from edgeinspect.models.stage import LayerRange, StageExecutor, load_stage
 
 
 def fixed_library(folder: Path) -> ctypes.CDLL:
     """decode_attention.c with its fixed-point int8 loops (the project's flags otherwise)."""
-    return kernels.variant(kernels.SOURCE, folder / "decode_attention_fixed.so", "EI_FIXED_ATTENTION")
+    return bindings.variant(build.SOURCE, folder / "decode_attention_fixed.so", "EI_FIXED_ATTENTION")
 
 
 def whole_steps(checkpoint: Path, builds: dict[str, ctypes.CDLL], depth: int, rounds: int, split_gbs: float) -> dict:
@@ -62,7 +62,7 @@ def whole_steps(checkpoint: Path, builds: dict[str, ctypes.CDLL], depth: int, ro
     try:
         return {"checkpoint": checkpoint.name, **whole_step_ab(executor, setups, depth, rounds, split_gbs)}
     finally:
-        layers.use_attention(kernels.library())
+        layers.use_attention(bindings.library())
 
 
 def main() -> None:
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200, help="whole steps per build (with --checkpoint)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    if not kernels.available():
+    if not bindings.available():
         skip("no C compiler here to build the native kernels")
     if args.checkpoint is not None:
         require_checkpoint(args.checkpoint)
@@ -92,7 +92,7 @@ def main() -> None:
     k, v = (torch.randn(1, H, hd, generator=g) for _ in range(2))
     scale = hd**-0.5
     with tempfile.TemporaryDirectory() as tmp:
-        builds = {"fixed": fixed_library(Path(tmp)), "float": kernels.library()}
+        builds = {"fixed": fixed_library(Path(tmp)), "float": bindings.library()}
         cache = (ctypes.c_void_p * 1)(kv.data.data_ptr())
         capacity, pasts = (ctypes.c_int64 * 1)(kv.capacity), (ctypes.c_int * 1)(past)
         out = torch.empty(1, H * hd)

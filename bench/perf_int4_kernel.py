@@ -18,8 +18,8 @@ import torch
 from common import load_average, machine_info, target, write_json
 from torch import nn
 
-from edgeinspect.models import kernels
 from edgeinspect.models.int4 import Int4Linear, Int6Linear
+from edgeinspect.models.kernels import bindings
 from edgeinspect.models.quant import Int8Linear, vnni_available
 
 # DeepSeek-VL 1.3B: fused qkv, o_proj, fused gate_up, down_proj, lm_head ([N, K])
@@ -101,7 +101,7 @@ def main() -> None:
     speedup = int8 / total["int4_ours"]
     payload = {
         "benchmark": "perf_int4_kernel",
-        "machine": machine | {"loadavg_end": load_average(), "int4_simd": kernels.int4_fast()},
+        "machine": machine | {"loadavg_end": load_average(), "int4_simd": bindings.int4_fast()},
         "rows_per_call": args.rows,
         "threads": args.threads,
         "rounds": args.rounds,

@@ -22,7 +22,7 @@ import torch
 from common import load_average, machine_info, skip, write_json
 from torch import nn
 
-from edgeinspect.models import kernels as native
+from edgeinspect.models.kernels import ops
 from edgeinspect.models.kv import KVBuffer
 from edgeinspect.models.quant import TWO_PASS_LINEARS, Int8Linear, fbgemm_available, vnni_available
 
@@ -60,7 +60,7 @@ def attention_by_cache(depth: int, rounds: int, layers: int = 24, heads: int = 1
     times: dict[str, list[float]] = {name: [] for name in caches}
     for _ in range(rounds + 1):
         for name, kv in caches.items():
-            step = native.DecodeAttention([kv], [depth])  # rewrites row `depth` each round: the same work
+            step = ops.DecodeAttention([kv], [depth])  # rewrites row `depth` each round: the same work
             t0 = time.perf_counter()
             for layer in range(layers):
                 step(layer, q, k, v, head_dim**-0.5)

@@ -1,8 +1,8 @@
 """Pipelined decoder stages vs a monolith, each a real `edgeinspect serve stage` process pinned to its own core.
 
 Every stage is a separate OS process started with `taskset -c K` and threads=1, driven by the gateway's own client
-(services/gateway/stages.py StageCluster / InferenceSession) over loopback gRPC. One configuration runs at a time:
-its processes are stopped before the next starts (the box's RAM is shared).
+(services/gateway/decode/stages.py StageCluster / InferenceSession) over loopback gRPC. One configuration runs at a
+time: its processes are stopped before the next starts (the box's RAM is shared).
 
 1. Time to first token (TTFT) of an inspection prompt: 576 visual tokens (a random frame [576, vision_hidden]:
    cost does not depend on values) placed by the real prompt builder, plus ~300 tokens of spec context from the
@@ -60,8 +60,8 @@ from edgeinspect import codec
 from edgeinspect.config import ServerConfig, StageSettings, write_yaml
 from edgeinspect.errors import Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, load_processor, open_checkpoint
-from edgeinspect.services.gateway.pipeline import WireOptions
-from edgeinspect.services.gateway.stages import StageCluster
+from edgeinspect.services.gateway.decode.pipeline import WireOptions
+from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.launcher import RoleProcess, stage_ranges
 from edgeinspect.v1 import stage_pb2
 

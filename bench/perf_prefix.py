@@ -22,7 +22,7 @@ from common import inspection_prompt, load_average, machine_info, require_checkp
 from edgeinspect.config import StageSettings
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.stage import StepInput
-from edgeinspect.services.gateway.pipeline import prefix_key
+from edgeinspect.services.gateway.decode.pipeline import prefix_key
 from edgeinspect.services.stage.backend import SessionWork, StageBackend
 
 DEFAULT_CKPT = Path(__file__).resolve().parents[1] / "var" / "checkpoints" / "deepseek-vl-1.3b"

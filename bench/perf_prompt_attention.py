@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from common import load_average, machine_info, require_checkpoint, skip, target, write_json
 
-from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.models.kernels import bindings, ops
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 
 
@@ -44,12 +44,12 @@ def sdpa(q, k, v, scale: float) -> torch.Tensor:
 def one_layer(args) -> dict:
     q, k, v = layer_inputs(args.tokens, args.heads, args.kv_heads, args.head_dim)
     scale = args.head_dim**-0.5
-    ours, theirs = kernels.prompt_attention(q, k, v, 0, scale), sdpa(q, k, v, scale)
+    ours, theirs = ops.prompt_attention(q, k, v, 0, scale), sdpa(q, k, v, scale)
     times: dict[str, list[float]] = {"kernel": [], "sdpa": []}
     for r in range(args.rounds):
         for name in ("kernel", "sdpa") if r % 2 == 0 else ("sdpa", "kernel"):
             t0 = time.perf_counter()
-            kernels.prompt_attention(q, k, v, 0, scale) if name == "kernel" else sdpa(q, k, v, scale)
+            ops.prompt_attention(q, k, v, 0, scale) if name == "kernel" else sdpa(q, k, v, scale)
             times[name].append(time.perf_counter() - t0)
     # the causal half of q k^T and of p v, two FLOPs a product
     flops = 4 * args.heads * args.head_dim * args.tokens * (args.tokens + 1) / 2
@@ -119,12 +119,12 @@ def main() -> None:
     if args.checkpoint is not None:
         require_checkpoint(args.checkpoint)
     torch.set_num_threads(args.threads)
-    if not kernels.prompt_attention_fast():
+    if not bindings.prompt_attention_fast():
         skip("the prompt attention kernel does not run here (no C compiler, or neither AVX512-BF16 nor AVX2 + FMA)")
     payload = {
         "benchmark": "perf_prompt_attention",
         "machine": machine_info(),
-        "kernel": "bf16 dot products" if kernels.prompt_attention_bf16() else "fp32",
+        "kernel": "bf16 dot products" if bindings.prompt_attention_bf16() else "fp32",
     }
     with torch.inference_mode():
         layer = one_layer(args)

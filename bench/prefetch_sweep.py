@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 from common import cpu_flags, load_average, machine_info, memory_buckets, skip, write_json
 
-from edgeinspect.models import kernels
+from edgeinspect.models.kernels import bindings
+from edgeinspect.models.kernels import build as kernel_build
 from edgeinspect.models.weight_arena import huge_page_buffer
 
 D, INTERMEDIATE, VOCAB = 2048, 5632, 102400
@@ -54,8 +55,8 @@ def weight_bytes(fmt: str, n: int, k: int) -> int:
 
 def build(fmt: str, distance: int, folder: Path) -> ctypes.CDLL:
     """The format's kernel source compiled with its distance macro set (the project's flags, an uncached file)."""
-    source = kernels.Q8_SOURCE if fmt == "int8" else kernels.INT4_SOURCE
-    return kernels.variant(source, folder / f"{fmt}-{distance}.so", f"{MACRO[fmt]}={distance}")
+    source = kernel_build.Q8_SOURCE if fmt == "int8" else kernel_build.INT4_SOURCE
+    return bindings.variant(source, folder / f"{fmt}-{distance}.so", f"{MACRO[fmt]}={distance}")
 
 
 def step_linears(fmt: str, layers: int):
@@ -132,7 +133,7 @@ def main() -> None:
     ap.add_argument("--split-gbs", type=float, default=38.0, help="probe speed between the slow and fast buckets")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    if kernels._compiler() is None:
+    if kernel_build.compiler() is None:
         skip("no C compiler (set CC or install gcc): the kernels cannot be built per distance")
     if args.format != "int8" and not {"avx512f", "avx512bw", "avx512_vnni"} <= set(cpu_flags()):
         skip(f"the {args.format} distance is the AVX512-VNNI loop's ({MACRO[args.format]}): not this CPU's")

@@ -23,7 +23,7 @@ from common import load_average, machine_info, median_ms, write_json  # noqa: E4
 
 from edgeinspect.assets import asset_path  # noqa: E402
 from edgeinspect.config import FrameSettings  # noqa: E402
-from edgeinspect.services.gateway.store import ReportStore  # noqa: E402
+from edgeinspect.services.gateway.reports.store import ReportStore  # noqa: E402
 from edgeinspect.v1 import inspection_pb2  # noqa: E402
 
 T0 = datetime(2026, 1, 5, 6, 0, tzinfo=UTC)

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from edgeinspect.assets import asset_path
-from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.image_io import decode_image
+from edgeinspect.models.kernels import bindings
 from edgeinspect.models.onnx_export import export_vision_onnx, quantize_vision_onnx
 from edgeinspect.models.tiny import TinySpec, make_tiny
 from edgeinspect.models.vision import ImagePreprocessor
@@ -124,7 +124,7 @@ def main() -> None:
         "onnxruntime fp32": lambda: OnnxBackend(fp32_onnx, ckpt.fingerprint, args.threads),
         "onnxruntime int8": lambda: OnnxBackend(int8_onnx, ckpt.fingerprint, args.threads),
     }
-    if not kernels.q8_fast():  # the plain-C loop: correct, but no candidate (services/vision/autobackend.py)
+    if not bindings.q8_fast():  # the plain-C loop: correct, but no candidate (services/vision/autobackend.py)
         del loaders["torch int8"]
     rows, baseline, baseline_s = [], None, None
     for name, load in loaders.items():

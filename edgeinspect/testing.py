@@ -61,7 +61,7 @@ async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | 
     `chained` has each stage forward to the next (the gateway then talks to stage 0 only)."""
     from edgeinspect.config import StageSettings
     from edgeinspect.models.checkpoint import open_checkpoint
-    from edgeinspect.services.gateway.stages import StageCluster, fp32_wire
+    from edgeinspect.services.gateway.decode.stages import StageCluster, fp32_wire
     from edgeinspect.services.stage.server import start
 
     ckpt = open_checkpoint(checkpoint)

@@ -21,8 +21,9 @@ import torch
 
 from edgeinspect.assets import asset_path
 from edgeinspect.config import VisionSettings
-from edgeinspect.models import kernels, quant
+from edgeinspect.models import cpu, quant
 from edgeinspect.models.checkpoint import load_processor, load_reference_model, open_checkpoint
+from edgeinspect.models.kernels import bindings
 from edgeinspect.models.pipeline import LocalPipeline, Request, even_split, load_local_stages
 from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
@@ -91,11 +92,11 @@ def main() -> None:
     result = {
         "machine": platform.machine(),
         "torch": torch.__version__,
-        "cpu": quant.cpu_model(),
-        "cpu_flags": sorted(quant.cpu_flags()),
+        "cpu": cpu.cpu_model(),
+        "cpu_flags": sorted(cpu.cpu_flags()),
         "int8_kernel": quant.default_kernel(),
         "int8_simd": quant.kernels_simd(),
-        "int4_simd": int(kernels.int4_library().ei_int4_simd()) if kernels.int4_library() is not None else None,
+        "int4_simd": int(bindings.int4_library().ei_int4_simd()) if bindings.int4_library() is not None else None,
         "reference": reference_and_split(ckpt, image, vision["fp32"]),
         "logits": format_logits(ckpt),
         "vision": {"shape": list(vision["fp32"].shape)} | {w: t.flatten().tolist() for w, t in vision.items()},

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from edgeinspect.models import kernels, quant
+from edgeinspect.models import quant
+from edgeinspect.models.kernels import bindings
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 
 # Benches that time an int8 stage's decode layers as one native call: that needs the C kernels and the vnni kernel
 # (elsewhere int8 stages take fbgemm, whose layers run one torch call at a time).
 native_decode_layers = pytest.mark.skipif(
-    not kernels.available() or quant.default_kernel() != "vnni",
+    not bindings.available() or quant.default_kernel() != "vnni",
     reason="int8 decode layers are not one native call here (no C compiler, or int8 stages take fbgemm)",
 )
 

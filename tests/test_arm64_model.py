@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from edgeinspect.models.quant import cpu_flags
+from edgeinspect.models.cpu import cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = Path(__file__).with_name("arm64_model_probe.py")

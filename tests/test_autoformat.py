@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from edgeinspect.models import autoformat, kernels, quant
+from edgeinspect.models import autoformat, cpu
 from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.models.kernels import build
 from edgeinspect.models.stage import LayerRange, load_stage
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
@@ -43,8 +44,8 @@ def test_a_changed_kernel_source_is_measured_again(tiny_checkpoint, tmp_path, mo
     ckpt = open_checkpoint(tiny_checkpoint)
     before = autoformat.cache_key(ckpt, ("fp32", "int8"))
     edited = tmp_path / "int8_vnni.c"
-    edited.write_bytes(kernels.Q8_SOURCE.read_bytes() + b"\n/* a kernel edited after the choice was cached */\n")
-    monkeypatch.setattr(kernels, "Q8_SOURCE", edited)
+    edited.write_bytes(build.Q8_SOURCE.read_bytes() + b"\n/* a kernel edited after the choice was cached */\n")
+    monkeypatch.setattr(build, "Q8_SOURCE", edited)
     assert autoformat.cache_key(ckpt, ("fp32", "int8")) != before
 
 
@@ -72,11 +73,11 @@ def test_the_format_cache_names_the_cpu_on_arm_as_on_x86():
         f"processor\t: {i}\nFeatures\t: fp asimd asimddp\n" + ARM_CORE.format(part="0xd05" if i < 4 else "0xd0b")
         for i in range(8)
     )
-    assert quant.cpu_model_from(rk3588) == "Cortex-A55 x4 + Cortex-A76 x4"
-    assert quant.cpu_model_from(ARM_CORE.format(part="0xd08") * 4) == "Cortex-A72 x4"
-    assert quant.cpu_model_from(ARM_CORE.format(part="0xfff")) == "part 0xfff x1"  # an Arm core not in the table
+    assert cpu.cpu_model_from(rk3588) == "Cortex-A55 x4 + Cortex-A76 x4"
+    assert cpu.cpu_model_from(ARM_CORE.format(part="0xd08") * 4) == "Cortex-A72 x4"
+    assert cpu.cpu_model_from(ARM_CORE.format(part="0xfff")) == "part 0xfff x1"  # an Arm core not in the table
     other = ARM_CORE.replace("0x41", "0x51").format(part="0x802")  # another vendor's core: its raw ids
-    assert quant.cpu_model_from(other) == "0x51/0x802 x1"
+    assert cpu.cpu_model_from(other) == "0x51/0x802 x1"
     x86 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654 96-Core Processor\nflags\t: avx2\n"
-    assert quant.cpu_model_from(x86) == "AMD EPYC 9654 96-Core Processor"
-    assert quant.cpu_model_from("") == ""
+    assert cpu.cpu_model_from(x86) == "AMD EPYC 9654 96-Core Processor"
+    assert cpu.cpu_model_from("") == ""

@@ -8,15 +8,15 @@ import platform
 import pytest
 from bench_scripts import run_bench
 
-from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
-from edgeinspect.models.quant import cpu_flags
+from edgeinspect.models.cpu import cpu_flags
+from edgeinspect.models.kernels import bindings
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
 
 
 @pytest.mark.skipif(
-    platform.machine() != "x86_64" or "avx2" not in cpu_flags() or kernels.q8_library() is None,
+    platform.machine() != "x86_64" or "avx2" not in cpu_flags() or bindings.q8_library() is None,
     reason="the routes are AVX2 assembly; needs the int8 kernel built",
 )
 def test_int8_peak_measures_each_route_and_our_gemm_against_the_exact_ceiling(tiny_checkpoint, tmp_path):

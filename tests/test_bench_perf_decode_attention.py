@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from bench_scripts import native_decode_layers, run_bench
 
-from edgeinspect.models import kernels
-from edgeinspect.models.quant import cpu_flags
+from edgeinspect.models.cpu import cpu_flags
+from edgeinspect.models.kernels import bindings
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
 
 
-@pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the native kernels")
+@pytest.mark.skipif(not bindings.available(), reason="no C compiler here to build the native kernels")
 def test_the_bench_times_both_builds_hot_and_cold_and_reports_their_error(tmp_path):
     data = run_bench(
         "perf_decode_attention", "--layers", "2", "--heads", "4", "--depth", "40", "--rounds", "4",

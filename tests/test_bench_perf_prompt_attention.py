@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from bench_scripts import run_bench
 
-from edgeinspect.models import kernels
+from edgeinspect.models.kernels import bindings
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
 
 
 def test_perf_prompt_attention_times_the_kernel_against_sdpa(tiny_checkpoint, tmp_path):
-    if not kernels.prompt_attention_fast():
+    if not bindings.prompt_attention_fast():
         pytest.skip("the prompt attention kernel does not run on this CPU (the script prints SKIPPED and exits 0)")
     shape = ("--tokens", "40", "--heads", "4", "--kv-heads", "2", "--head-dim", "32")
     data = run_bench(

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from bench_scripts import run_bench
 
-from edgeinspect.models import kernels
-from edgeinspect.models.quant import cpu_flags, cpu_isa
+from edgeinspect.models.cpu import cpu_flags, cpu_isa
+from edgeinspect.models.kernels import bindings
 
 
-@pytest.mark.skipif(kernels.q8_library() is None, reason="needs a C compiler and the int8 kernel built")
+@pytest.mark.skipif(bindings.q8_library() is None, reason="needs a C compiler and the int8 kernel built")
 def test_prefetch_sweep_times_one_build_per_distance_against_the_probe(tmp_path):
     data = run_bench(
         "prefetch_sweep",

@@ -187,7 +187,7 @@ def test_a_frame_pruned_by_retention_says_it_expired_and_the_report_stays(browse
 
 def test_defect_boxes_are_drawn_over_the_frame(browser, console_url, reviewing_stack, shots):
     from edgeinspect.config import FrameSettings
-    from edgeinspect.services.gateway.store import ReportStore
+    from edgeinspect.services.gateway.reports.store import ReportStore
 
     # A report whose model gave coordinates, stored by a second writer on the gateway's own database.
     db = reviewing_stack.stack.opts.workdir / "reports.sqlite"
@@ -215,7 +215,7 @@ def test_defect_boxes_are_drawn_over_the_frame(browser, console_url, reviewing_s
 
 
 def test_a_quiet_station_still_shows_beside_busy_ones(browser, console_url, reviewing_stack):
-    from edgeinspect.services.gateway.store import ReportStore
+    from edgeinspect.services.gateway.reports.store import ReportStore
 
     # One report at a quiet station, then more reports elsewhere than the stations page's latest-reports page.
     with ReportStore(reviewing_stack.stack.opts.workdir / "reports.sqlite") as store:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgeinspect.services.gateway.report_text import (
+from edgeinspect.services.gateway.reports.report_text import (
     MAX_DEFECTS,
     MAX_DESCRIPTION,
     REASON_NO_VERDICT,

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from edgeinspect.errors import InvalidInput, NotFound
-from edgeinspect.services.gateway.store import ReportStore
+from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.v1 import inspection_pb2
 from edgeinspect.v1.inspection_pb2 import DefectReport
 
@@ -245,7 +245,7 @@ def test_unknown_verdict_filter_is_invalid_input(store):
 _KILLED_WRITER = """
 import os, signal, sys
 from pathlib import Path
-from edgeinspect.services.gateway.store import ReportStore
+from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.v1.inspection_pb2 import DefectReport
 store = ReportStore(Path(sys.argv[1]))
 report_id, _ = store.claim("durable-key", "req")

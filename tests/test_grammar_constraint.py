@@ -11,7 +11,7 @@ import torch
 from edgeinspect.errors import FailedPrecondition, InvalidInput
 from edgeinspect.models.checkpoint import load_processor, open_checkpoint
 from edgeinspect.models.grammar import GrammarCache, SessionConstraints, grammar_cache_for, schema_id
-from edgeinspect.services.gateway.schema import build_report_grammar
+from edgeinspect.services.gateway.reports.schema import build_report_grammar
 
 
 @pytest.fixture(scope="module")

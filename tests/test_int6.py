@@ -12,7 +12,7 @@ from test_perf_int4 import _int4_in_the_kernels_order
 from torch import nn
 
 from edgeinspect.config import StageSettings, WeightsDtype
-from edgeinspect.models import autoformat, int4, kernels, quant
+from edgeinspect.models import autoformat, int4, quant
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.int4 import (
     DECODE_ROWS,
@@ -24,13 +24,16 @@ from edgeinspect.models.int4 import (
     quantize_q6,
     unpack_q6,
 )
+from edgeinspect.models.kernels import bindings, ops
 from edgeinspect.models.quant import Int8Linear
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 from edgeinspect.services.verify import UNIT_ERROR
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
 
-needs_int4_library = pytest.mark.skipif(kernels.int4_library() is None, reason="no C compiler for the int4/int6 kernel")
+needs_int4_library = pytest.mark.skipif(
+    bindings.int4_library() is None, reason="no C compiler for the int4/int6 kernel"
+)
 
 
 def test_q6_grid_keeps_each_group_within_half_a_step_and_a_quarter_of_q4s_error():
@@ -102,14 +105,14 @@ def test_the_int6_kernel_matches_the_dequantized_weights(rows, out_features):
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5])  # each count of rows the kernel unrolls for, and a 4 + 1 split
 def test_the_simd_int6_kernel_sums_in_the_int4_kernels_order_bit_for_bit(rows):
-    if not kernels.int4_fast():
+    if not bindings.int4_fast():
         pytest.skip("this CPU builds only the plain-C int4/int6 loop (no AVX2/F16C or VNNI)")
     g = torch.Generator().manual_seed(7)
     for n, k in ((40, 192), (17, 320), (33, 2048), (9, 640)):
         q, d16 = quantize_q6(torch.randn(n, k, generator=g))
         x = torch.randn(rows, k, generator=g) * torch.rand(rows, 1, generator=g) * 4
         x[0, :32] = 0.0  # a group of zeros: scale 0, its lanes add nothing
-        got = kernels.int4_gemm(x, pack_q6(q), d16, bits=6)
+        got = ops.int4_gemm(x, pack_q6(q), d16, bits=6)
         want = _int4_in_the_kernels_order(x, q, d16, offset=32)
         assert torch.equal(got, want), (n, k, (got - want).abs().max())
 
@@ -171,7 +174,7 @@ def test_whole_native_decode_layers_call_the_int6_kernel_with_the_python_paths_b
     module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int6")
     whole, python = StageExecutor(module), StageExecutor(module)
     assert whole.decode_layers is not None
-    python.decode_layers = None
+    python.use_path("native")
     ids = torch.randint(10, 500, (20,), generator=torch.Generator().manual_seed(3))
     outs = {}
     for name, ex in (("whole", whole), ("python", python)):
@@ -181,5 +184,5 @@ def test_whole_native_decode_layers_call_the_int6_kernel_with_the_python_paths_b
         )
     assert torch.equal(outs["whole"], outs["python"])
     # and the C layer calls the int6 kernel on them (the int4 one would read 6-bit rows as 4-bit ones)
-    int6_gemm = ctypes.cast(kernels.int4_library().ei_int6_gemm, ctypes.c_void_p).value
+    int6_gemm = ctypes.cast(bindings.int4_library().ei_int6_gemm, ctypes.c_void_p).value
     assert whole.decode_layers.layers[0].qkv.int4 == int6_gemm

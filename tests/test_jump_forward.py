@@ -8,7 +8,7 @@ import torch
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.grammar import grammar_cache_for, single_allowed
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
-from edgeinspect.services.gateway.schema import build_report_grammar
+from edgeinspect.services.gateway.reports.schema import build_report_grammar
 from edgeinspect.testing import sample_spec_chunks
 
 BUDGET = 120

@@ -26,9 +26,9 @@ from edgeinspect.assets import asset_path
 from edgeinspect.models.checkpoint import load_processor, load_reference_model, open_checkpoint
 from edgeinspect.models.grammar import grammar_cache_for, logits_processor
 from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, prompt_text
-from edgeinspect.services.gateway.pipeline import StepResult
-from edgeinspect.services.gateway.schema import build_report_grammar, schema_instruction
-from edgeinspect.services.gateway.session import Journal
+from edgeinspect.services.gateway.decode.pipeline import StepResult
+from edgeinspect.services.gateway.decode.session import Journal
+from edgeinspect.services.gateway.reports.schema import build_report_grammar, schema_instruction
 from edgeinspect.services.launcher import LocalStack, StackOptions, stage_name
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, stage_pb2
 

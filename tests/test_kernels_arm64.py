@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from edgeinspect.models import kernels
-from edgeinspect.models.quant import CPU_ISA_LEVELS
+from edgeinspect.models.cpu import CPU_ISA_LEVELS
+from edgeinspect.models.kernels import build
 
 ARM_CC, ARM_NM, QEMU = "aarch64-linux-gnu-gcc", "aarch64-linux-gnu-nm", "qemu-aarch64"
 ARM_SYSROOT = "/usr/aarch64-linux-gnu"  # the cross toolchain's libc, which qemu-user loads the probe with
 PROBE = Path(__file__).with_name("kernel_probe.c")
-SOURCES = (kernels.SOURCE, kernels.INT4_SOURCE, kernels.ROWS_SOURCE, kernels.PROMPT_SOURCE, kernels.Q8_SOURCE)
+SOURCES = (build.SOURCE, build.INT4_SOURCE, build.ROWS_SOURCE, build.PROMPT_SOURCE, build.Q8_SOURCE)
 # A Raspberry Pi 4 (Cortex-A72) at the base level; a Jetson Orin or a Pi 5 (A78AE / A76) with fp16 and dot products.
 ARM_LEVELS = ("armv8-a", "armv8.2-a+fp16+dotprod")
 GENERIC = CPU_ISA_LEVELS["generic"][0]  # x86-64-v2: what EDGEINSPECT_CPU_ISA=generic builds the kernels at
@@ -44,7 +44,7 @@ def _build(cc: str, march: str, source: Path, out: Path, *extra: str) -> Path:
 
 def _library(cc: str, march: str, source: Path, folder: Path) -> Path:
     """`source` built as models/kernels builds it (its base flags), at `march` instead of native."""
-    return _build(cc, march, source, folder / f"{source.stem}.so", *kernels.BASE_FLAGS)
+    return _build(cc, march, source, folder / f"{source.stem}.so", *build.BASE_FLAGS)
 
 
 def _exports(nm: str, library: Path) -> set[str]:
@@ -63,7 +63,7 @@ def test_each_kernel_builds_for_arm64_with_every_function_the_python_side_binds(
 
 def _probe(cc: str, march: str, folder: Path, run: list[str]) -> dict[str, list[float]]:
     """The probe's printout, name#n -> values, run by `run` (qemu-user for arm64) over `march` builds."""
-    order = (kernels.SOURCE, kernels.INT4_SOURCE, kernels.ROWS_SOURCE, kernels.PROMPT_SOURCE, kernels.Q8_SOURCE)
+    order = (build.SOURCE, build.INT4_SOURCE, build.ROWS_SOURCE, build.PROMPT_SOURCE, build.Q8_SOURCE)
     libs = [_library(cc, march, source, folder) for source in order]
     exe = _build(cc, march, PROBE, folder / "probe", "-O2", "-std=gnu11")  # dlopen is in glibc itself since 2.34
     out = subprocess.run([*run, str(exe), *map(str, libs)], check=True, capture_output=True, text=True, timeout=120)

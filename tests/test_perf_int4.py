@@ -9,7 +9,6 @@ from test_perf_int8 import MID, NEW_TOKENS, _case
 from torch import nn
 
 from edgeinspect.config import StageSettings, WeightsDtype
-from edgeinspect.models import kernels
 from edgeinspect.models.accuracy import compare
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.int4 import (
@@ -22,6 +21,7 @@ from edgeinspect.models.int4 import (
     quantize_q4,
     unpack_q4,
 )
+from edgeinspect.models.kernels import bindings, ops
 from edgeinspect.models.quant import Int8Linear
 from edgeinspect.models.stage import LayerRange, load_stage
 
@@ -133,7 +133,7 @@ def _int4_in_the_kernels_order(x: torch.Tensor, q: torch.Tensor, d16: torch.Tens
 def test_the_simd_int4_kernel_sums_in_its_documented_order_bit_for_bit(rows):
     # The AVX2 and VNNI loops promise the same bits (a stage moved between boxes decodes the same tokens); this pins
     # whichever this CPU builds to the one order, so a faster rearrangement cannot drift from the other silently.
-    if not kernels.int4_fast():
+    if not bindings.int4_fast():
         pytest.skip("this CPU builds only the plain-C int4 loop (no AVX2/F16C or VNNI)")
     g = torch.Generator().manual_seed(7)
     # tails of the 16-row tasks; K of plain blocks only, of super-blocks only, and both
@@ -141,7 +141,7 @@ def test_the_simd_int4_kernel_sums_in_its_documented_order_bit_for_bit(rows):
         q, d16 = quantize_q4(torch.randn(n, k, generator=g))
         x = torch.randn(rows, k, generator=g) * torch.rand(rows, 1, generator=g) * 4
         x[0, :32] = 0.0  # a group of zeros: scale 0, its lanes add nothing
-        got = kernels.int4_gemm(x, pack_q4(q), d16)
+        got = ops.int4_gemm(x, pack_q4(q), d16)
         want = _int4_in_the_kernels_order(x, q, d16)
         assert torch.equal(got, want), (n, k, (got - want).abs().max())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from edgeinspect.services.gateway.pipeline import MicroBatchGroups
+from edgeinspect.services.gateway.decode.pipeline import MicroBatchGroups
 from edgeinspect.testing import decode_concurrently
 
 SESSIONS = 4

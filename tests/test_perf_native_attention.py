@@ -8,15 +8,16 @@ import pytest
 import torch
 from torch.nn.functional import cosine_similarity, scaled_dot_product_attention
 
-from edgeinspect.models import int4, kernels, quant
+from edgeinspect.models import cpu, int4, quant
 from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.models.kernels import bindings, build, ops
 from edgeinspect.models.kv import KVBuffer
 from edgeinspect.models.quant import use_half16
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
 
-needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C compiler here to build the native kernels")
+needs_kernels = pytest.mark.skipif(not bindings.available(), reason="no C compiler here to build the native kernels")
 
 
 def sdpa_one_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
@@ -43,7 +44,7 @@ def test_one_call_stores_each_sessions_row_and_attends_as_sdpa(heads, kv_heads, 
     q = torch.randn(3, heads, head_dim, generator=g)
     qkv = torch.randn(3, 2 * kv_heads * head_dim, generator=g)  # k and v as strided views of one fused output
     k, v = (x.reshape(3, kv_heads, head_dim) for x in qkv.split(kv_heads * head_dim, dim=-1))
-    got = kernels.DecodeAttention(buffers, pasts)(2, q, k, v, head_dim**-0.5)
+    got = ops.DecodeAttention(buffers, pasts)(2, q, k, v, head_dim**-0.5)
     assert got.shape == (3, heads * head_dim)
     for b, (ref, past) in enumerate(zip(expected, pasts, strict=True)):
         # torch's own fp16 rounding, or quantize_rows: the kernel stores the new row exactly as KVBuffer.write does
@@ -65,12 +66,12 @@ def test_int8_heads_attended_two_at_a_time_give_each_heads_own_bits(heads, kv_he
     single = [KVBuffer(2, 1, hd, torch.int8, capacity=past + 1) for _ in range(kv_heads)]
     for j, one in enumerate(single):
         one.data.copy_(kv.data[:, :, j : j + 1])
-    together = kernels.DecodeAttention([kv], [past])(1, q, k, v, hd**-0.5)
+    together = ops.DecodeAttention([kv], [past])(1, q, k, v, hd**-0.5)
     group = heads // kv_heads
     for h in range(heads):
         j = h // group
         one_head = q[:, h : h + 1], k[:, j : j + 1], v[:, j : j + 1]
-        alone = kernels.DecodeAttention([single[j]], [past])(1, *one_head, hd**-0.5)
+        alone = ops.DecodeAttention([single[j]], [past])(1, *one_head, hd**-0.5)
         assert torch.equal(together[0, h * hd : (h + 1) * hd], alone[0])
 
 
@@ -78,12 +79,12 @@ def test_int8_heads_attended_two_at_a_time_give_each_heads_own_bits(heads, kv_he
 def test_decode_attention_refuses_what_it_cannot_read():
     kv = KVBuffer(1, 2, 8, torch.float16, capacity=4)
     with pytest.raises(ValueError, match="all fp16 or all int8"):
-        kernels.DecodeAttention([KVBuffer(1, 2, 8, torch.float32, capacity=4)], [0])
+        ops.DecodeAttention([KVBuffer(1, 2, 8, torch.float32, capacity=4)], [0])
     with pytest.raises(ValueError, match="all fp16 or all int8"):
-        kernels.DecodeAttention([kv, KVBuffer(1, 2, 8, torch.int8, capacity=4)], [0, 0])
+        ops.DecodeAttention([kv, KVBuffer(1, 2, 8, torch.int8, capacity=4)], [0, 0])
     with pytest.raises(ValueError, match="room for one more row"):
-        kernels.DecodeAttention([kv], [kv.capacity])
-    step = kernels.DecodeAttention([kv], [0])
+        ops.DecodeAttention([kv], [kv.capacity])
+    step = ops.DecodeAttention([kv], [0])
     with pytest.raises(ValueError, match=r"want \[1, 4, 8\] fp32 rows"):
         step(0, torch.randn(1, 4, 8).half(), torch.randn(1, 2, 8), torch.randn(1, 2, 8), 1.0)
     with pytest.raises(ValueError, match="do not group"):
@@ -145,40 +146,40 @@ def test_fp32_stages_keep_sdpa_and_a_32_bit_cache(tiny_checkpoint):
 def test_a_failing_compiler_leaves_torch_kernels_and_says_why(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("EDGEINSPECT_KERNEL_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # found on PATH, exits 1: a broken toolchain
-    kernels.library.cache_clear()
+    bindings.library.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="edgeinspect.models.kernels"):
-            assert kernels.library() is None
+        with caplog.at_level(logging.WARNING, logger="edgeinspect.models.kernels.build"):
+            assert bindings.library() is None
         assert "could not be built" in caplog.text
         assert not list(tmp_path.glob("*.so"))
     finally:
         monkeypatch.undo()
-        kernels.library.cache_clear()
+        bindings.library.cache_clear()
 
 
 @needs_kernels
 def test_kernels_build_into_the_configured_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEINSPECT_KERNEL_DIR", str(tmp_path))
-    kernels.library.cache_clear()
+    bindings.library.cache_clear()
     try:
-        assert kernels.library() is not None
+        assert bindings.library() is not None
         (built,) = tmp_path.glob("decode_attention-*.so")
         assert built.stat().st_size > 0
-        kernels.library.cache_clear()
-        assert kernels.library() is not None and list(tmp_path.glob("*.so")) == [built]  # reused, not rebuilt
+        bindings.library.cache_clear()
+        assert bindings.library() is not None and list(tmp_path.glob("*.so")) == [built]  # reused, not rebuilt
     finally:
         monkeypatch.undo()
-        kernels.library.cache_clear()
+        bindings.library.cache_clear()
 
 
 def test_kernels_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("EDGEINSPECT_NATIVE_KERNELS", "0")
-    kernels.library.cache_clear()
+    bindings.library.cache_clear()
     try:
-        assert kernels.library() is None
+        assert bindings.library() is None
     finally:
         monkeypatch.undo()
-        kernels.library.cache_clear()
+        bindings.library.cache_clear()
 
 
 @needs_kernels
@@ -192,13 +193,13 @@ def test_prompt_rows_are_stored_natively_as_kvbuffer_write_stores_them(kv_heads,
     ours, ref = (KVBuffer(3, kv_heads, head_dim, torch.int8, capacity=at + t + 5) for _ in range(2))
     ours.data.zero_()
     ref.data.zero_()
-    kernels.store_rows_q8(ours, 1, k, v, at)
+    ops.store_rows_q8(ours, 1, k, v, at)
     ref.write(1, k.transpose(0, 1), v.transpose(0, 1), at)
     assert torch.equal(ours.data, ref.data)  # the same bytes, and nothing else touched
     with pytest.raises(ValueError, match="room"):
-        kernels.store_rows_q8(ours, 1, k, v, ours.capacity - t + 1)
+        ops.store_rows_q8(ours, 1, k, v, ours.capacity - t + 1)
     with pytest.raises(ValueError, match="fp32 rows"):
-        kernels.store_rows_q8(ours, 1, k.half(), v, at)
+        ops.store_rows_q8(ours, 1, k.half(), v, at)
 
 
 @needs_kernels
@@ -207,15 +208,15 @@ def test_an_int8_stages_prompt_chunks_store_their_rows_natively(tiny_checkpoint,
     ex = StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8"))
     ids = torch.randint(10, 500, (23,), generator=torch.Generator().manual_seed(3))
     calls = []
-    store = kernels.store_rows_q8
-    monkeypatch.setattr(kernels, "store_rows_q8", lambda kv, j, k, v, at: calls.append(j) or store(kv, j, k, v, at))
+    store = ops.store_rows_q8
+    monkeypatch.setattr(ops, "store_rows_q8", lambda kv, j, k, v, at: calls.append(j) or store(kv, j, k, v, at))
     native = ex.step([("a", StepInput(0, input_ids=ids))])[0].logits
     assert calls == list(range(ckpt.num_layers))  # every layer's prompt rows, one call each
 
     def torch_write(kv, j, k, v, at):  # what the stage did before: KVBuffer.write's torch ops
         kv.write(j, k.transpose(0, 1), v.transpose(0, 1), at)
 
-    monkeypatch.setattr(kernels, "store_rows_q8", torch_write)
+    monkeypatch.setattr(ops, "store_rows_q8", torch_write)
     written = ex.step([("b", StepInput(0, input_ids=ids))])[0].logits
     assert torch.equal(ex.sessions["a"].kv.data[:, :, :, :23], ex.sessions["b"].kv.data[:, :, :, :23])
     assert torch.equal(native, written)
@@ -253,21 +254,20 @@ def test_native_decode_layers_compute_what_the_torch_ops_do(tiny_checkpoint, wei
     monkeypatch.setattr(quant, "default_kernel", lambda: "dequant")
     monkeypatch.setattr(int4, "default_kernel", lambda: "dequant")
     calls = []
-    rope = kernels.rope_
-    monkeypatch.setattr(kernels, "rope_", lambda *a: calls.append(1) or rope(*a))
+    rope = ops.rope_
+    monkeypatch.setattr(ops, "rope_", lambda *a: calls.append(1) or rope(*a))
     ckpt = open_checkpoint(tiny_checkpoint)
     module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), weights)
-    fused, ops = StageExecutor(module), StageExecutor(module)
-    ops.fused_decode = False  # the same stage with norms, rotary, silu * up and adds as torch ops (prompts too)
-    ops.decode_layers = fused.decode_layers = None  # the per-layer Python path (whole C layers: the test below)
-    if kernels.prompt_attention_bf16():
+    fused, plain = StageExecutor(module), StageExecutor(module)
+    plain.use_path("torch")  # the same stage with norms, rotary, silu * up and adds as torch ops (prompts too)
+    fused.use_path("native")  # the per-layer Python path (whole C layers: the test below)
+    if bindings.prompt_attention_bf16():
         # bf16 dot products are a grid too (3 of 6 prompts apart by 2e-4 to 5e-3 on an AVX512-BF16 EPYC); the fp32
         # SDPA for both prompts here, that kernel's own bound in tests/test_prompt_attention.py
-        fused.prompt_kernel = ops.prompt_kernel = False
-    assert fused.fused_decode
+        fused.prompt_kernel = plain.prompt_kernel = False
     ids = torch.randint(10, 500, (20,), generator=torch.Generator().manual_seed(2))
     outs = {}
-    for name, ex in (("fused", fused), ("ops", ops)):
+    for name, ex in (("fused", fused), ("ops", plain)):
         rows = [ex.step([("a", StepInput(0, input_ids=ids)), ("b", StepInput(0, input_ids=ids[:5]))])[0].logits]
         for pos, token in enumerate((3, 77, 410), start=20):  # two sessions decoding in one pass
             a, _ = ex.step(
@@ -295,12 +295,12 @@ def test_whole_native_decode_layers_give_the_python_paths_bits(tiny_checkpoint, 
     module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), weights)
     whole, python = StageExecutor(module, kv_cache=kv_cache), StageExecutor(module, kv_cache=kv_cache)
     assert whole.decode_layers is not None
-    python.decode_layers = None
+    python.use_path("native")
     calls = []
     layers = whole.decode_layers
-    whole.decode_layers = lambda *a: calls.append(a[0].shape[0]) or layers(*a)
+    whole.path.decode_layers = lambda *a: calls.append(a[0].shape[0]) or layers(*a)
     ids = torch.randint(10, 500, (20,), generator=torch.Generator().manual_seed(3))
-    many = kernels.DecodeLayers.MAX_ROWS + 1  # a step of more sessions than the C layer takes runs the Python path
+    many = ops.DecodeLayers.MAX_ROWS + 1  # a step of more sessions than the C layer takes runs the Python path
     outs = {}
     for name, ex in (("whole", whole), ("python", python)):
         rows = []
@@ -324,13 +324,13 @@ def test_part_clocks_build_gives_the_same_bits_and_times_every_part(tiny_checkpo
     import ctypes
 
     monkeypatch.setattr(quant, "default_kernel", lambda: "vnni")
-    timed = kernels.variant(kernels.Q8_SOURCE, tmp_path / "timed.so", "EI_PART_TIMES")  # as the bench builds it
+    timed = bindings.variant(build.Q8_SOURCE, tmp_path / "timed.so", "EI_PART_TIMES")  # as the bench builds it
     ckpt = open_checkpoint(tiny_checkpoint)
     module = load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8")
     plain, clocked = StageExecutor(module), StageExecutor(module)
     clocked.decode_layers.lib = timed
     clocks = (ctypes.c_double * 6)()
-    assert kernels.q8_library().ei_q8_part_times(ctypes.addressof(clocks)) == 0
+    assert bindings.q8_library().ei_q8_part_times(ctypes.addressof(clocks)) == 0
     logits = {}
     for name, ex in (("plain", plain), ("clocked", clocked)):
         ex.step([("s", StepInput(0, input_ids=torch.arange(10, 17)))])
@@ -351,11 +351,11 @@ def test_fixed_point_int8_attention_stays_within_its_rounding_and_gives_each_hea
     """bench/perf_decode_attention.py times decode_attention.c built with -DEI_FIXED_ATTENTION (int8 heads in 16-bit
     fixed point, off by default): its output stays within the rounding it documents (~7e-5 relative) of fp32 SDPA over
     the stored rows, and a head attended beside another (paired) gets the bits it gets alone."""
-    if "avx512_vnni" not in quant.cpu_flags():
+    if "avx512_vnni" not in cpu.cpu_flags():
         pytest.skip("the fixed-point loops need AVX512-VNNI")
 
-    fixed = kernels.variant(kernels.SOURCE, tmp_path / "fixed.so", "EI_FIXED_ATTENTION")  # as the bench builds it
-    plain = kernels.library()
+    fixed = bindings.variant(build.SOURCE, tmp_path / "fixed.so", "EI_FIXED_ATTENTION")  # as the bench builds it
+    plain = bindings.library()
     g, past, scale = torch.Generator().manual_seed(head_dim + heads), 300, head_dim**-0.5
     kv = KVBuffer(1, kv_heads, head_dim, torch.int8, capacity=past + 1)
     kv.data.zero_()
@@ -364,9 +364,9 @@ def test_fixed_point_int8_attention_stays_within_its_rounding_and_gives_each_hea
     k, v = (torch.randn(1, kv_heads, head_dim, generator=g) for _ in range(2))
     got, data = {}, kv.data.clone()
     for name, lib in (("fixed", fixed), ("float", plain)):
-        monkeypatch.setattr(kernels, "library", lambda lib=lib: lib)
+        monkeypatch.setattr(bindings, "library", lambda lib=lib: lib)
         kv.data.copy_(data)  # the same rows for each build; each stores the same new row at `past`
-        got[name] = kernels.DecodeAttention([kv], [past])(0, q, k, v, scale)[0]
+        got[name] = ops.DecodeAttention([kv], [past])(0, q, k, v, scale)[0]
         if name == "fixed":
             alone = []
             group = heads // kv_heads
@@ -374,7 +374,7 @@ def test_fixed_point_int8_attention_stays_within_its_rounding_and_gives_each_hea
                 one = KVBuffer(1, 1, head_dim, torch.int8, capacity=past + 1)
                 one.data.copy_(kv.data[:, :, h // group : h // group + 1])
                 j = h // group
-                step = kernels.DecodeAttention([one], [past])
+                step = ops.DecodeAttention([one], [past])
                 alone.append(step(0, q[:, h : h + 1], k[:, j : j + 1], v[:, j : j + 1], scale)[0])
             assert torch.equal(got[name], torch.cat(alone))  # paired or alone, the same arithmetic per head
     want = sdpa_one_row(q[0], *kv.view(0, past + 1), scale)
@@ -388,7 +388,7 @@ def test_decode_layers_take_their_attention_from_the_build_they_are_given(tmp_pa
     """bench/perf_decode_attention.py times whole decode steps with each attention build (use_attention): the
     fixed-point build must really run inside the native layers (other logits, close to the default's), and going
     back to the default build must give the default's bits again."""
-    if "avx512_vnni" not in quant.cpu_flags():
+    if "avx512_vnni" not in cpu.cpu_flags():
         pytest.skip("the fixed-point loops and the native int8 layers need AVX512-VNNI")
     from edgeinspect.models.tiny import TinySpec, make_tiny
 
@@ -397,9 +397,9 @@ def test_decode_layers_take_their_attention_from_the_build_they_are_given(tmp_pa
     ckpt = open_checkpoint(make_tiny(tmp_path / "hd128", spec))
     ex = StageExecutor(load_stage(ckpt, LayerRange(0, ckpt.num_layers, ckpt.num_layers), "int8"))
     assert ex.decode_layers is not None and ex.head_dim == 128
-    fixed = kernels.variant(kernels.SOURCE, tmp_path / "fixed.so", "EI_FIXED_ATTENTION")  # as the bench builds it
+    fixed = bindings.variant(build.SOURCE, tmp_path / "fixed.so", "EI_FIXED_ATTENTION")  # as the bench builds it
     logits = {}
-    for name, lib in (("default", kernels.library()), ("fixed", fixed), ("back", kernels.library())):
+    for name, lib in (("default", bindings.library()), ("fixed", fixed), ("back", bindings.library())):
         ex.decode_layers.use_attention(lib)
         ex.step([(name, StepInput(0, input_ids=torch.arange(10, 60)))])  # the prompt: its own path, not the layers'
         logits[name] = torch.stack([ex.step([(name, StepInput(50 + i, input_ids=torch.tensor([t])))])[0].logits

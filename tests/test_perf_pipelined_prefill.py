@@ -13,7 +13,7 @@ from edgeinspect.errors import InvalidInput
 from edgeinspect.models.checkpoint import load_processor, load_reference_model, open_checkpoint
 from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
-from edgeinspect.services.gateway.pipeline import prompt_chunks
+from edgeinspect.services.gateway.decode.pipeline import prompt_chunks
 from edgeinspect.testing import local_stages
 
 NEW_TOKENS = 10
@@ -52,9 +52,10 @@ async def _run(
 
 
 def _record_steps(backend) -> list[tuple[float, float]]:
-    """Wraps the backend's run so each step's start and end time is kept (the real run still does the work)."""
+    """Wraps the backend's submit (what the servicer calls after admission) so each step's start and end time is
+    kept (the real submit still does the work)."""
     spans: list[tuple[float, float]] = []
-    run = backend.run
+    run = backend.submit
 
     async def timed(work):
         t0 = time.perf_counter()
@@ -62,7 +63,7 @@ def _record_steps(backend) -> list[tuple[float, float]]:
         spans.append((t0, time.perf_counter()))
         return out
 
-    backend.run = timed
+    backend.submit = timed
     return spans
 
 

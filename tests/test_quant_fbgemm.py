@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.models.cpu import fbgemm_vnni
 from edgeinspect.models.quant import (
     TWO_PASS_LINEARS,
     Int8Linear,
     fbgemm_available,
-    fbgemm_vnni,
     quantize_pair_bounded,
     quantize_per_channel,
 )
@@ -106,9 +106,10 @@ def test_int8_stage_runs_two_pass_only_on_the_listed_projections(tiny_checkpoint
 def test_the_fused_activation_kernel_gives_what_the_torch_steps_give(monkeypatch, rows, two_pass):
     # models/kernels/int8_rows.c replaces ~12 torch ops around fbgemm (per-row scaling, the residual pass): the
     # same grid, so the same result up to float rounding; and as close to the float linear.
-    from edgeinspect.models import kernels, quant
+    from edgeinspect.models import quant
+    from edgeinspect.models.kernels import bindings
 
-    if kernels.rows_library() is None:
+    if bindings.rows_library() is None:
         pytest.skip("no C compiler here: Int8Linear runs the torch steps only")
     lin = _linear(96, 320)
     q8 = Int8Linear.from_linear(lin, "fbgemm", two_pass=two_pass)

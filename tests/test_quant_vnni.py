@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
+from edgeinspect.models.kernels import bindings, ops
 from edgeinspect.models.quant import (
     Int8Linear,
     default_kernel,
@@ -22,7 +22,7 @@ from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_
 
 pytestmark = [
     pytest.mark.cpu_paths,
-    pytest.mark.skipif(kernels.q8_library() is None, reason="no C compiler here to build the native kernels"),
+    pytest.mark.skipif(bindings.q8_library() is None, reason="no C compiler here to build the native kernels"),
 ]
 
 
@@ -76,7 +76,7 @@ def test_a_bias_and_a_gelu_are_applied_on_decode_and_prompt_rows_alike(rows, gel
         want = nn.functional.gelu(want, approximate="tanh")
     torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
     with pytest.raises(ValueError, match="without bias"):
-        kernels.q8_linear(x, layer.qweight, layer.scales, layer.row_sums, False, gated=True, bias=layer.bias)
+        ops.q8_linear(x, layer.qweight, layer.scales, layer.row_sums, False, gated=True, bias=layer.bias)
 
 
 @pytest.mark.parametrize("two_pass", [False, True])
@@ -88,9 +88,9 @@ def test_a_prompt_whose_output_would_leave_the_heap_runs_in_row_blocks_with_the_
     x = torch.randn(300, 512, generator=g)[:, ::2]  # strided rows: each block reads them in place
     whole = layer(x)
     calls = []
-    int_mm = kernels.q8_int_mm
-    monkeypatch.setattr(kernels, "q8_int_mm", lambda a, b: calls.append(a.shape[0]) or int_mm(a, b))
-    monkeypatch.setattr(kernels, "Q8_OUTPUT_BYTES", 96 * 4 * 64)  # 64 rows of int32 output (two passes: 32 rows)
+    int_mm = ops.q8_int_mm
+    monkeypatch.setattr(ops, "q8_int_mm", lambda a, b: calls.append(a.shape[0]) or int_mm(a, b))
+    monkeypatch.setattr(ops, "Q8_OUTPUT_BYTES", 96 * 4 * 64)  # 64 rows of int32 output (two passes: 32 rows)
     blocked = layer(x)
     rows = 32 if two_pass else 64
     passes = 2 if two_pass else 1
@@ -148,10 +148,10 @@ def test_a_gated_projection_goes_from_int32_to_silu_times_up_with_the_bits_of_th
     nn.init.normal_(lin.weight, std=0.05, generator=g)
     gate_up = Int8Linear.from_linear(lin, "vnni")
     x = torch.randn(rows, k, generator=g)
-    monkeypatch.setattr(kernels, "Q8_OUTPUT_BYTES", 4 * n * 64)  # 300 rows: blocks of 64 (each its own finish)
+    monkeypatch.setattr(ops, "Q8_OUTPUT_BYTES", 4 * n * 64)  # 300 rows: blocks of 64 (each its own finish)
     got = gate_up.silu_mul(x)  # [R, n / 2], never [R, n] in fp32 for prompt rows
     assert got.shape == (rows, n // 2)
-    assert torch.equal(got, kernels.silu_mul(gate_up(x)))
+    assert torch.equal(got, ops.silu_mul(gate_up(x)))
     y = x.double() @ gate_up.dequantized().double().T
     exact = nn.functional.silu(y[:, : n // 2]) * y[:, n // 2 : 2 * (n // 2)]
     torch.testing.assert_close(got.double(), exact, rtol=0, atol=0.02 * float(exact.abs().max()))
@@ -179,7 +179,7 @@ def test_activation_rows_quantize_to_the_documented_bits_on_this_cpus_simd_path(
     passes = 2 if two_pass else 1
     xq = torch.full((passes * 6, k), 99, dtype=torch.int8)
     xs = torch.full((passes * 6,), -1.0)
-    rc = kernels.q8_library().ei_q8_prep(6, k, x.data_ptr(), k, int(two_pass), block, xq.data_ptr(), xs.data_ptr(), 2)
+    rc = bindings.q8_library().ei_q8_prep(6, k, x.data_ptr(), k, int(two_pass), block, xq.data_ptr(), xs.data_ptr(), 2)
     assert rc == 0
     norm = block**-0.5 if block else 1.0
     rows = x
@@ -206,11 +206,11 @@ def test_the_prompt_gemm_gives_the_exact_int32_product_whatever_the_tile_remaind
     w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
     xq[0, : min(k, 40)] = 127  # saturating pairs for vpmaddubsw if the sign trick were wrong
     w[0, : min(k, 40)] = -127
-    got = kernels.q8_int_mm(xq, w)
+    got = ops.q8_int_mm(xq, w)
     assert got.dtype == torch.int32
     assert torch.equal(got.long(), xq.long() @ w.long().T)
     acc = torch.empty(rows, n, dtype=torch.int32)  # our GEMM itself, also where the VNNI build uses torch._int_mm
-    kernels.q8_library().ei_q8_mm(rows, n, k, xq.data_ptr(), w.data_ptr(), acc.data_ptr(), 2)
+    bindings.q8_library().ei_q8_mm(rows, n, k, xq.data_ptr(), w.data_ptr(), acc.data_ptr(), 2)
     assert torch.equal(acc, got)
 
 
@@ -218,7 +218,7 @@ def test_the_prompt_gemm_gives_the_exact_int32_product_whatever_the_tile_remaind
     not vnni_available(), reason="no SIMD vnni kernel here (no AVX2 or no compiler): fbgemm is the default"
 )
 def test_vnni_is_the_default_wherever_its_simd_path_builds_avx2_or_vnni():
-    assert kernels.q8_fast()
+    assert bindings.q8_fast()
     assert kernels_simd() in (1, 2)  # AVX2 or NEON, or AVX512-VNNI: SIMD for decode rows and prompt rows alike
     assert default_kernel() == "vnni"
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import grpc
 import pytest
 
-from edgeinspect.services.gateway.store import ReportStore
+from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 from edgeinspect.v1.inspection_pb2 import DefectReport
 

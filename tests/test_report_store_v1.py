@@ -14,8 +14,8 @@ from PIL import Image
 
 from edgeinspect.config import FrameSettings
 from edgeinspect.errors import InvalidInput, NotFound
-from edgeinspect.services.gateway.frames import FrameFiles
-from edgeinspect.services.gateway.store import RESTARTED, ReportStore
+from edgeinspect.services.gateway.reports.frames import FrameFiles
+from edgeinspect.services.gateway.reports.store import RESTARTED, ReportStore
 from edgeinspect.v1 import inspection_pb2
 from edgeinspect.v1.inspection_pb2 import DefectReport
 

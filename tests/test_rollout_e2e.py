@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.tiny import TinySpec, make_tiny
 from edgeinspect.services.client import InspectionClient
-from edgeinspect.services.gateway.store import ReportStore
+from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.services.launcher import LocalStack, StackOptions
 from edgeinspect.v1 import inspection_pb2, rollout_pb2, rollout_pb2_grpc
 

@@ -19,8 +19,8 @@ from edgeinspect.models.checkpoint import load_processor, load_reference_model, 
 from edgeinspect.models.grammar import grammar_cache_for, logits_processor
 from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, prompt_text
 from edgeinspect.services.client import InspectionClient
-from edgeinspect.services.gateway.report_text import REASON_TRUNCATED
-from edgeinspect.services.gateway.schema import build_report_grammar, schema_instruction
+from edgeinspect.services.gateway.reports.report_text import REASON_TRUNCATED
+from edgeinspect.services.gateway.reports.schema import build_report_grammar, schema_instruction
 from edgeinspect.services.launcher import LocalStack, StackOptions
 from edgeinspect.v1 import inspection_pb2, retrieval_pb2, retrieval_pb2_grpc
 

@@ -16,8 +16,8 @@ from edgeinspect.models.grammar import grammar_cache_for
 from edgeinspect.models.pipeline import LocalPipeline, Request, even_split, load_local_stages
 from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, prompt_ids, prompt_text
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
-from edgeinspect.services.gateway.report_text import REASON_TRUNCATED
-from edgeinspect.services.gateway.schema import build_report_grammar, parse_structured, schema_instruction
+from edgeinspect.services.gateway.reports.report_text import REASON_TRUNCATED
+from edgeinspect.services.gateway.reports.schema import build_report_grammar, parse_structured, schema_instruction
 from edgeinspect.testing import sample_spec_chunks
 from edgeinspect.v1 import inspection_pb2
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgeinspect.services.gateway.report_text import REASON_TRUNCATED
-from edgeinspect.services.gateway.schema import (
+from edgeinspect.services.gateway.reports.report_text import REASON_TRUNCATED
+from edgeinspect.services.gateway.reports.schema import (
     DEFAULT_CLASSES,
     DEFAULT_SEVERITIES,
     MIN_LIMITS,

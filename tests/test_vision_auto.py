@@ -9,7 +9,7 @@ import pytest
 
 from edgeinspect.assets import sample_image
 from edgeinspect.config import VisionSettings
-from edgeinspect.models import kernels
+from edgeinspect.models.kernels import bindings
 from edgeinspect.services.vision.autobackend import MIN_TOKEN_COSINE, decide
 from edgeinspect.services.vision.encoder import VisionEncoder
 
@@ -33,7 +33,7 @@ def test_auto_measures_once_keeps_the_winner_and_a_restart_uses_the_cache(tiny_c
     encoder = VisionEncoder.load(cfg)
     (cached,) = (tmp_path / "cache").glob("vision-*.json")
     choice = json.loads(cached.read_text())
-    torch_int8 = {"torch-int8"} if kernels.q8_fast() else set()
+    torch_int8 = {"torch-int8"} if bindings.q8_fast() else set()
     everywhere = {"torch-fp32", "torch-bf16", "onnxruntime-fp32", "onnxruntime-int8"}
     assert set(choice["ms_per_image"]) == everywhere | torch_int8
     fastest = min(choice["eligible"], key=choice["ms_per_image"].get)

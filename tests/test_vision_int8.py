@@ -10,9 +10,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from edgeinspect.assets import sample_image
 from edgeinspect.errors import CheckpointError
-from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.image_io import decode_image
+from edgeinspect.models.kernels import bindings
 from edgeinspect.models.quant import Int8Linear
 from edgeinspect.models.vision import NATIVE_ATTENTION, ImagePreprocessor, native_attention
 from edgeinspect.services.vision.autobackend import MIN_TOKEN_COSINE
@@ -20,7 +20,7 @@ from edgeinspect.services.vision.backends import TorchBackend
 
 pytestmark = [
     pytest.mark.cpu_paths,
-    pytest.mark.skipif(kernels.q8_library() is None, reason="no C compiler here to build the native kernels"),
+    pytest.mark.skipif(bindings.q8_library() is None, reason="no C compiler here to build the native kernels"),
 ]
 
 
@@ -51,7 +51,7 @@ def test_native_attention_attends_as_sdpa_does_and_falls_back_to_it_with_a_mask(
     want, _ = sdpa_attention_forward(None, q, k, v, None, scaling=32**-0.5, is_causal=False)
     got, _ = native_attention(None, q, k, v, None, scaling=32**-0.5, is_causal=False)
     assert got.shape == want.shape == (2, 50, 4, 32)
-    bound = 1e-2 if kernels.prompt_attention_bf16() else 1e-5  # bf16 dot products, else fp32 (or SDPA itself)
+    bound = 1e-2 if bindings.prompt_attention_bf16() else 1e-5  # bf16 dot products, else fp32 (or SDPA itself)
     assert float((got - want).norm() / want.norm()) < bound
     mask = torch.zeros(2, 1, 50, 50)
     mask[..., 40:] = -torch.inf  # a mask the kernel does not take: SDPA's own result, bit for bit

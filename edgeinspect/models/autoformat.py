@@ -32,9 +32,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from edgeinspect.models import kernels
 from edgeinspect.models.checkpoint import Checkpoint
-from edgeinspect.models.quant import cpu_flags, cpu_model
+from edgeinspect.models.cpu import cpu_flags, cpu_model
+from edgeinspect.models.kernels import bindings, build
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,8 +80,8 @@ def cache_key(ckpt: Checkpoint, candidates: tuple[str, ...]) -> str:
         str(torch.get_num_threads()),
         ckpt.fingerprint,
         ",".join(candidates),
-        str(kernels.available()),
-        kernels.sources_digest(),  # a kernel's change is a new measurement, with no version to bump
+        str(bindings.available()),
+        build.sources_digest(),  # a kernel's change is a new measurement, with no version to bump
         str(MEASURE_VERSION),
     ):
         h.update(part.encode() + b"\0")
@@ -198,7 +198,7 @@ def write_cached(path: Path, choice: Any) -> None:
 
 def choose_weights(ckpt: Checkpoint, candidates: tuple[str, ...] = CANDIDATES, refresh: bool = False) -> FormatChoice:
     """The format `weights: auto` runs for this checkpoint on this CPU: cached, else measured now (and cached)."""
-    candidates = tuple(c for c in candidates if c not in ("int4", "int6") or kernels.int4_library() is not None)
+    candidates = tuple(c for c in candidates if c not in ("int4", "int6") or bindings.int4_library() is not None)
     path = cache_dir() / f"{cache_key(ckpt, candidates)}.json"
     cached = None if refresh else read_cached(path, FormatChoice, "format")
     if cached is not None:

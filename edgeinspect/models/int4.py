@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from edgeinspect.models import kernels
+from edgeinspect.models.kernels import bindings, ops
 from edgeinspect.models.quant import TWO_PASS_LINEARS, Int8Linear
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ def torch_int4_available() -> bool:
 
 
 def available_kernels() -> list[str]:
-    out = ["ours"] if kernels.int4_library() is not None else []
+    out = ["ours"] if bindings.int4_library() is not None else []
     return out + (["torch"] if torch_int4_available() else [])
 
 
@@ -283,8 +283,8 @@ class Int4Linear(nn.Module):
             return self.prefill(x)
         if self.kernel == "torch":
             y = self._torch_mm(x2)
-        elif self.kernel == "ours" and kernels.int4_library() is not None:
-            y = kernels.int4_gemm(x2, self.packed, self.scales, self.bits)  # [R, N]
+        elif self.kernel == "ours" and bindings.int4_library() is not None:
+            y = ops.int4_gemm(x2, self.packed, self.scales, self.bits)  # [R, N]
         else:
             y = nn.functional.linear(x2.float(), self.dequantized())
         if self.bias is not None:
@@ -295,11 +295,11 @@ class Int4Linear(nn.Module):
         """silu(gate) * up of this fused gate/up projection's output [R, 2I] -> [R, I]: prompt chunks through the
         int8 copy's fused form (Int8Linear.silu_mul: on the vnni kernel the [R, 2I] fp32 output is never written,
         ~2 GB of memory traffic over a 974-token 1.3B prefill), decode rows through this linear and
-        kernels.silu_mul."""
+        ops.silu_mul."""
         rows = x.reshape(-1, self.in_features).shape[0]
         if rows > DECODE_ROWS and self.prefill is not None:
             return self.prefill.silu_mul(x)
-        y = kernels.silu_mul(self(x).reshape(rows, self.out_features))
+        y = ops.silu_mul(self(x).reshape(rows, self.out_features))
         return y.reshape(*x.shape[:-1], self.out_features // 2)
 
     def extra_repr(self) -> str:
@@ -320,7 +320,7 @@ class Int6Linear(Int4Linear):
             raise ValueError(f"int6 runs on our kernel or dequantizes, not {kernel!r}")
         self.kernel = kernel or default_kernel()  # int4's pick on this CPU, our kernel where that is torch's
         if self.kernel == "torch":
-            self.kernel = "ours" if kernels.int4_library() is not None else "dequant"
+            self.kernel = "ours" if bindings.int4_library() is not None else "dequant"
         q, self.scales = quantize_q6(w)  # scales [N, K/32] fp16
         self.packed = pack_q6(q)  # [N, K * 3/4] uint8
 

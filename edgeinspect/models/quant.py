@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import warnings
 
 import numpy as np
 import torch
 from torch import nn
+
+from edgeinspect.models.cpu import fast_bf16, fbgemm_vnni
+from edgeinspect.models.kernels import bindings, ops
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +143,7 @@ def int8pack_available() -> bool:
 def kernels_simd() -> int:
     """The vnni kernel's SIMD level here: 2 AVX512-VNNI, 1 AVX2 or NEON (our GEMM for prompts), 0 plain C or not
     built."""
-    from edgeinspect.models import kernels  # kernels imports this module
-
-    lib = kernels.q8_library()
+    lib = bindings.q8_library()
     return lib.ei_q8_simd() if lib is not None else 0
 
 
@@ -151,9 +151,7 @@ def kernels_simd() -> int:
 def vnni_available() -> bool:
     """Whether the vnni kernel runs a SIMD path here: AVX512-VNNI (prompts on torch._int_mm, which must run), or
     AVX2 or NEON (our GEMM for prompts too); a C compiler either way."""
-    from edgeinspect.models import kernels  # kernels imports this module
-
-    if not kernels.q8_fast():
+    if not bindings.q8_fast():
         return False
     if kernels_simd() < 2:
         return True
@@ -247,9 +245,7 @@ class Int8Linear(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).float()  # [R, K]
         if self.kernel == "vnni":
-            from edgeinspect.models import kernels
-
-            y = kernels.q8_linear(
+            y = ops.q8_linear(
                 x2, self.qweight, self.scales, self.row_sums, self.two_pass, self.rotate, bias=self.bias, gelu=self.gelu
             )
             return y.reshape(*shape[:-1], self.out_features)  # bias (and GELU) applied in the kernel's scaling pass
@@ -267,14 +263,12 @@ class Int8Linear(nn.Module):
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this fused gate/up projection's output [R, 2I] -> [R, I]: on the vnni kernel prompt
-        rows go from the int32 GEMM straight to it (kernels.q8_linear), never writing [R, 2I] in fp32."""
-        from edgeinspect.models import kernels
-
+        rows go from the int32 GEMM straight to it (ops.q8_linear), never writing [R, 2I] in fp32."""
         x2 = x.reshape(-1, self.in_features)
         if self.kernel == "vnni" and self.bias is None and not self.two_pass and not self.rotate:
-            y = kernels.q8_linear(x2, self.qweight, self.scales, self.row_sums, False, gated=True)
+            y = ops.q8_linear(x2, self.qweight, self.scales, self.row_sums, False, gated=True)
         else:
-            y = kernels.silu_mul(self(x2))
+            y = ops.silu_mul(self(x2))
         return y.reshape(*x.shape[:-1], self.out_features // 2)
 
     def _fbgemm(self, x: torch.Tensor) -> torch.Tensor:
@@ -294,11 +288,9 @@ class Int8Linear(nn.Module):
     def _fbgemm_native(self, x: torch.Tensor) -> torch.Tensor:
         """The same steps as below in two fused passes (models/kernels/int8_rows.c): at prompt sizes the torch
         ops around the GEMM cost as much as the GEMM (a 974-row down_proj: 124 ms, of which fbgemm 67)."""
-        from edgeinspect.models import kernels
-
-        rows, norm, gain = kernels.int8_rows_prep(x, self.two_pass)
+        rows, norm, gain = ops.int8_rows_prep(x, self.two_pass)
         y = torch.ops.quantized.linear_dynamic(rows, self.packed, False)
-        return kernels.int8_rows_finish(y, norm, gain)
+        return ops.int8_rows_finish(y, norm, gain)
 
     def _fbgemm_two_pass(self, x: torch.Tensor) -> torch.Tensor | None:
         """x @ W.T with activations in ~16 bits: fbgemm runs [x; residual * g] as one call ([2R, K]).
@@ -332,9 +324,7 @@ class Int8Linear(nn.Module):
 @functools.cache
 def native_rows() -> bool:
     """Whether the fused activation kernel (models/kernels/int8_rows.c) is built here (else torch ops do it)."""
-    from edgeinspect.models import kernels  # kernels imports this module
-
-    return kernels.rows_library() is not None
+    return bindings.rows_library() is not None
 
 
 def quantize_linears(module: nn.Module, kernel: str | None = None) -> int:
@@ -408,101 +398,6 @@ def half16_linears(module: nn.Module) -> int:
 def use_half16(weights: str) -> bool:
     """bf16 weights on a CPU that would emulate bf16 GEMM, where the fbgemm fp16 kernel exists."""
     return weights == "bf16" and not fast_bf16() and fbgemm_fp16_available()
-
-
-# EDGEINSPECT_CPU_ISA=avx2 makes this box choose and build as an AVX2-only CPU (x86-64-v3) would: the native kernels
-# are compiled for that level and the flags above it are ignored wherever we pick a path by flags, so a box with
-# AVX-512 runs the paths an AVX2-only box takes (tools/test.sh runs the kernel tests so; "generic", SSE4.2, runs the
-# plain C loops an ARM box compiles). torch follows only its own variables (ATEN_CPU_CAPABILITY=avx2,
-# ONEDNN_MAX_CPU_ISA=AVX2) and fbgemm none: it picks its kernels from the CPU itself (fbgemm_vnni).
-CPU_ISA_ENV = "EDGEINSPECT_CPU_ISA"
-CPU_ISA_LEVELS = {  # level -> (the compiler's -march, prefixes of the flags a CPU of that level lacks)
-    "native": ("native", ()),
-    "avx2": ("x86-64-v3", ("avx512", "avx10", "avx_vnni", "amx", "gfni", "vaes", "vpclmulqdq")),
-    "generic": ("x86-64-v2", ("avx", "fma", "f16c", "amx", "gfni", "vaes", "vpclmulqdq")),
-}
-
-
-@functools.cache
-def cpu_isa() -> str:
-    """The instruction-set level paths are chosen and kernels built for: `native` unless EDGEINSPECT_CPU_ISA caps it."""
-    level = os.environ.get(CPU_ISA_ENV, "").strip().lower() or "native"
-    if level not in CPU_ISA_LEVELS:
-        raise ValueError(f"{CPU_ISA_ENV}={level!r} is not a level edgeinspect knows: use {', '.join(CPU_ISA_LEVELS)}")
-    return level
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags, less those above EDGEINSPECT_CPU_ISA's level where it is set."""
-    lacks = CPU_ISA_LEVELS[cpu_isa()][1]
-    return frozenset(f for f in _cpu_flags_here() if not f.startswith(lacks)) if lacks else _cpu_flags_here()
-
-
-@functools.cache
-def _proc_cpuinfo() -> str:
-    """/proc/cpuinfo's text ("" where that does not exist)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-@functools.cache
-def _cpu_flags_here() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where it does not list them)."""
-    for line in _proc_cpuinfo().splitlines():
-        if line.startswith(("flags", "Features")):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
-# The ARM cores edgeinspect's boxes have, by the "CPU part" their kernel reports (Arm Ltd, implementer 0x41).
-ARM_CORES = {
-    "0xd03": "Cortex-A53",  # Raspberry Pi 3
-    "0xd05": "Cortex-A55",  # the little cores of an RK3588 box
-    "0xd08": "Cortex-A72",  # Raspberry Pi 4
-    "0xd0b": "Cortex-A76",  # Raspberry Pi 5, the big cores of an RK3588 box
-    "0xd0c": "Neoverse-N1",
-    "0xd40": "Neoverse-V1",
-    "0xd41": "Cortex-A78",
-    "0xd42": "Cortex-A78AE",  # Jetson Orin
-    "0xd4f": "Neoverse-V2",
-}
-
-
-def cpu_model_from(cpuinfo: str) -> str:
-    """The CPU's name from /proc/cpuinfo's text: x86's "model name"; on ARM, which has none, its cores by their
-    "CPU part" (a big.LITTLE box lists both kinds), so benchmark records and per-CPU caches tell boxes apart."""
-    parts: dict[str, int] = {}
-    implementer = ""
-    for line in cpuinfo.splitlines():
-        key, _, value = (x.strip() for x in line.partition(":"))
-        if key == "model name":
-            return value
-        if key == "CPU implementer":
-            implementer = value
-        elif key == "CPU part":
-            name = ARM_CORES.get(value, f"part {value}") if implementer == "0x41" else f"{implementer}/{value}"
-            parts[name] = parts.get(name, 0) + 1
-    return " + ".join(f"{name} x{n}" for name, n in sorted(parts.items()))
-
-
-def cpu_model() -> str:
-    """This CPU's name ("" where /proc/cpuinfo does not say)."""
-    return cpu_model_from(_proc_cpuinfo())
-
-
-def fast_bf16() -> bool:
-    """Whether this CPU has bf16 matmul instructions (AMX or AVX512-BF16); without them bf16 GEMM is emulated."""
-    return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
-
-
-def fbgemm_vnni() -> bool:
-    """Whether fbgemm's int8 kernel accumulates u8 x s8 pairs in int32 here (VNNI/AMX) rather than int16: the CPU's
-    own flags, whatever EDGEINSPECT_CPU_ISA says, since fbgemm picks its kernels from the CPU itself."""
-    return bool(_cpu_flags_here() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def resolve_weights(name: str) -> str:

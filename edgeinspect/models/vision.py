@@ -68,11 +68,11 @@ def native_attention(module, query, key, value, attention_mask, scaling=None, is
     """SigLIP's attention through models/kernels/prompt_attention.c with the causal mask off (bf16 dot products on
     AVX512-BF16, fp32 on AVX2); query/key/value [B, H, N, hd] -> [B, N, H, hd]. SDPA where the kernel declines
     (no SIMD path, a head_dim it does not take) or where there is a mask (a vision tower has none)."""
-    from edgeinspect.models import kernels
+    from edgeinspect.models.kernels import ops
 
     if attention_mask is None and not is_causal and query.dtype == torch.float32:
         images = zip(query, key, value, strict=True)  # one kernel call per image: [H, N, hd] each
-        outs = [kernels.prompt_attention(q, k, v, 0, scaling, causal=False) for q, k, v in images]
+        outs = [ops.prompt_attention(q, k, v, 0, scaling, causal=False) for q, k, v in images]
         if all(o is not None for o in outs):
             batch, heads, n, hd = query.shape
             return torch.stack(outs).view(batch, n, heads, hd), None

@@ -14,7 +14,7 @@ from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.channel import make_channel
 from edgeinspect.services.common.errors import upstream_peer
 from edgeinspect.services.common.tracing import client_span
-from edgeinspect.services.gateway.routing import WATCH_DELAYS
+from edgeinspect.services.gateway.decode.routing import WATCH_DELAYS
 from edgeinspect.v1 import common_pb2, retrieval_pb2, retrieval_pb2_grpc, vision_pb2, vision_pb2_grpc
 
 log = logging.getLogger(__name__)

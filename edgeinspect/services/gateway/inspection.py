@@ -1,7 +1,7 @@
 """One inspection end to end: vision -> retrieval -> prompt -> decoder stages -> parsed, stored DefectReport.
 
 Each hop has its own step here and its own bounded share of the inspection's deadline; the decoder stages are
-reached only through an InferenceSession (services/gateway/session.py), which owns failover.
+reached only through an InferenceSession (services/gateway/decode/session.py), which owns failover.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -27,22 +28,16 @@ from edgeinspect.services.common import metrics
 from edgeinspect.services.common.context import deadline_var, request_id_var
 from edgeinspect.services.gateway.admission import Admission
 from edgeinspect.services.gateway.clients import RetrievalClient, VisionClient
-from edgeinspect.services.gateway.report_text import parse_report_text
-from edgeinspect.services.gateway.schema import build_report_grammar, parse_structured, schema_instruction
-from edgeinspect.services.gateway.session import InferenceSession
-from edgeinspect.services.gateway.stages import StageCluster
-from edgeinspect.services.gateway.store import ReportStore
-from edgeinspect.services.gateway.versions import prompt_digest
+from edgeinspect.services.gateway.decode.session import InferenceSession
+from edgeinspect.services.gateway.decode.stages import StageCluster
+from edgeinspect.services.gateway.reports.report_text import parse_report_text
+from edgeinspect.services.gateway.reports.schema import build_report_grammar, parse_structured, schema_instruction
+from edgeinspect.services.gateway.rollout.versions import prompt_digest
 from edgeinspect.services.outputs.fanout import Outputs
 from edgeinspect.v1 import inspection_pb2, retrieval_pb2, stage_pb2
 
 log = logging.getLogger(__name__)
-MAX_PROMPT_CHARS = 2000
-MAX_FIELD_CHARS = 128
-MAX_NEW_TOKENS_LIMIT = 2048
 MIN_PREFIX_TOKENS = 16  # shorter shared prefixes cost more in bookkeeping than they save
-# google.protobuf.Timestamp's valid range (years 1..9999): anything else breaks every reader of the report.
-MIN_TS_SECONDS, MAX_TS_SECONDS = -62_135_596_800, 253_402_300_799
 
 
 @dataclass
@@ -52,6 +47,17 @@ class Prompt:
     grammar: object | None
     budget: int
     degraded: list[str] = field(default_factory=list)
+
+
+class ReportWriter(Protocol):
+    """What an Inspector writes through: a ReportStore, or the rollout's RoutingStore that sends a candidate's shadow
+    runs to the shadow database (services/gateway/rollout/manager.py)."""
+
+    def claim(self, idempotency_key: str, request_id: str) -> tuple[str, inspection_pb2.DefectReport | None]: ...
+
+    def complete(self, report: inspection_pb2.DefectReport, *, image: bytes | None = None) -> None: ...
+
+    def fail(self, report_id: str, reason: str) -> None: ...
 
 
 class IncrementalText:
@@ -78,7 +84,7 @@ class Inspector:
         self,
         cfg: GatewaySettings,
         ckpt: Checkpoint,
-        store: ReportStore,
+        store: ReportWriter,
         vision: VisionClient,
         stages: StageCluster,
         retrieval: RetrievalClient | None,
@@ -107,26 +113,11 @@ class Inspector:
         inflight = 2 * max(min(per_range_batch, default=8), 1)
         self.admission.resize(inflight, self.cfg.max_queued or inflight)
 
-    def validate(self, req: inspection_pb2.InspectRequest) -> None:
-        if not req.image:
-            raise InvalidInput("image is empty: send the encoded image file bytes (JPEG, PNG, ...)")
-        if len(req.prompt) > MAX_PROMPT_CHARS:
-            raise InvalidInput(f"prompt is {len(req.prompt)} characters; at most {MAX_PROMPT_CHARS}")
-        for name in ("station", "part", "idempotency_key", "camera_id"):
-            if len(getattr(req, name)) > MAX_FIELD_CHARS:
-                raise InvalidInput(f"{name} is longer than {MAX_FIELD_CHARS} characters")
-        if not 0 <= req.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
-            raise InvalidInput(f"max_new_tokens must lie in [0, {MAX_NEW_TOKENS_LIMIT}] (0 = server default)")
-        if req.HasField("capture_time"):
-            ts = req.capture_time
-            if not MIN_TS_SECONDS <= ts.seconds <= MAX_TS_SECONDS or not 0 <= ts.nanos < 1_000_000_000:
-                raise InvalidInput("capture_time is not a valid timestamp: years 1..9999, nanos in [0, 999999999]")
-
     # -- the public entry -------------------------------------------------------------------------------------------
 
     async def run(self, req: inspection_pb2.InspectRequest) -> AsyncIterator[inspection_pb2.InspectEvent]:
-        """Yields token deltas, then the stored report (a retried idempotency key yields the stored one)."""
-        self.validate(req)
+        """Yields token deltas, then the stored report (a retried idempotency key yields the stored one). The request
+        was checked at the edge (services/gateway/api/requests.py)."""
         deadline = self._deadline()
         queued_at = time.monotonic()
         async with self.admission.slot(max(0.0, deadline - time.monotonic())):

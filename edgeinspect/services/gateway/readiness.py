@@ -15,8 +15,8 @@ import grpc
 
 from edgeinspect.services.common import metrics
 from edgeinspect.services.common.server import HealthState
+from edgeinspect.services.gateway.decode.replan import Replanner
 from edgeinspect.services.gateway.inspection import Inspector
-from edgeinspect.services.gateway.replan import Replanner
 
 log = logging.getLogger(__name__)
 PERIOD_S = 0.25  # also woken at once by any change the router sees

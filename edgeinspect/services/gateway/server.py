@@ -12,25 +12,25 @@ from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.services.common.auth import public_auth
 from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
-from edgeinspect.services.gateway import rollout_servicer
+from edgeinspect.services.gateway.api import rollout_servicer
+from edgeinspect.services.gateway.api.servicer import InspectionServicer
 from edgeinspect.services.gateway.clients import RetrievalClient, VisionClient, gateway_identity
-from edgeinspect.services.gateway.inspection import Inspector
-from edgeinspect.services.gateway.pipeline import WireOptions
+from edgeinspect.services.gateway.decode.pipeline import WireOptions
+from edgeinspect.services.gateway.decode.routing import StageRouter
+from edgeinspect.services.gateway.decode.session import RecoveryPolicy
+from edgeinspect.services.gateway.decode.stages import StageCluster
+from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
 from edgeinspect.services.gateway.readiness import Readiness
-from edgeinspect.services.gateway.rollout import RolloutManager
-from edgeinspect.services.gateway.routing import StageRouter
-from edgeinspect.services.gateway.servicer import InspectionServicer
-from edgeinspect.services.gateway.session import RecoveryPolicy
-from edgeinspect.services.gateway.stages import StageCluster
-from edgeinspect.services.gateway.store import ReportStore
-from edgeinspect.services.gateway.versions import apply_record
+from edgeinspect.services.gateway.reports.store import ReportStore
+from edgeinspect.services.gateway.rollout.manager import RolloutManager
+from edgeinspect.services.gateway.rollout.versions import apply_record
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = inspection_pb2.DESCRIPTOR.services_by_name["InspectionService"].full_name
 
 
-async def connect(cfg: GatewaySettings, store: ReportStore) -> Inspector:
+async def connect(cfg: GatewaySettings, store: ReportWriter) -> Inspector:
     """Builds the Inspector over live views of the upstreams; nothing here waits for them to be up (readiness
     follows them: services/gateway/readiness.py)."""
     ckpt = await asyncio.to_thread(open_checkpoint, cfg.checkpoint)
@@ -65,7 +65,7 @@ async def connect(cfg: GatewaySettings, store: ReportStore) -> Inspector:
 
 
 async def start(cfg: GatewaySettings) -> tuple[RunningServer, Readiness]:
-    cfg = apply_record(cfg)  # a promoted model version survives a restart (services/gateway/versions.py)
+    cfg = apply_record(cfg)  # a promoted model version survives a restart (services/gateway/rollout/versions.py)
     store = ReportStore(cfg.db_path, frames=cfg.frames)
     store.recover_interrupted()  # rows a crash left pending: failed, "gateway restarted during inspection"
     servicer = InspectionServicer(store)
@@ -82,7 +82,7 @@ async def start(cfg: GatewaySettings) -> tuple[RunningServer, Readiness]:
         interceptors=auth,
     )
     inspector = await connect(cfg, store)
-    servicer.inspector = await rollout.attach(inspector)  # per-station version routing and the shadow
+    servicer.versions = await rollout.attach(inspector)  # per-station version routing and the shadow
     readiness = Readiness(inspector, running.health, live=rollout.live_inspector)  # follows promotions
     readiness.start()
     log.info("gateway started: vision %s, stages %s, retrieval %s", cfg.vision, cfg.stages, cfg.retrieval)

@@ -150,8 +150,12 @@ class StageBackend:
             raise PeerMismatch("peer mismatch: " + "; ".join(diffs))
 
     async def run(self, work: list[SessionWork]) -> list[SessionOutcome]:
-        """Queues the steps; they run in the next forward passes, batched with other streams' steps."""
+        """Admits the new sessions of `work` (admit), then runs its steps (submit)."""
         self.admit(work)
+        return await self.submit(work)
+
+    async def submit(self, work: list[SessionWork]) -> list[SessionOutcome]:
+        """Queues admitted steps; they run in the next forward passes, batched with other streams' steps."""
         loop = asyncio.get_running_loop()
         jobs = []
         for w in work:

@@ -1,4 +1,5 @@
-"""DecoderStage servicer: protobuf <-> domain, session ownership per stream, optional chaining to the next stage."""
+"""DecoderStage servicer: protobuf <-> domain and session ownership per stream. The reload policy of LoadLayers
+lives in reload.py, chained mode's transport to the next stage in chained.py, admission in the backend."""
 
 from __future__ import annotations
 
@@ -6,18 +7,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
-
-import grpc
 
 from edgeinspect import codec
-from edgeinspect.errors import EdgeInspectError, InvalidInput, ResourceExhausted, Unavailable
-from edgeinspect.models.planner import FORMATS, layer_costs_from_checkpoint
+from edgeinspect.errors import InvalidInput, Unavailable
 from edgeinspect.models.sampling import SamplingParams
-from edgeinspect.models.stage import StepInput
+from edgeinspect.models.stage import StepInput, ids_tensor
 from edgeinspect.services.common import metrics
-from edgeinspect.services.common.channel import make_channel
 from edgeinspect.services.common.stage_wire import next_stage_step
+from edgeinspect.services.stage import chained, reload
 from edgeinspect.services.stage.backend import Identity, SessionOutcome, SessionWork, StageBackend
 from edgeinspect.services.stage.step_spans import StreamTally, traced_run
 from edgeinspect.v1 import common_pb2, stage_pb2, stage_pb2_grpc
@@ -53,29 +50,6 @@ def identity_from_proto(p: common_pb2.PeerIdentity) -> Identity:
         p.num_layers,
         p.weights_dtype,
     )
-
-
-def memory_available() -> int:
-    """This box's MemAvailable in bytes (0 when unknown)."""
-    try:
-        text = Path("/proc/meminfo").read_text()
-    except OSError:
-        return 0
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def range_weight_bytes(ckpt, start: int, end: int, weights: str) -> int:
-    """Bytes of the weights of layers [start, end) (+ embeddings on the first stage, norm + lm_head on the last)."""
-    try:
-        costs = layer_costs_from_checkpoint(ckpt.path, weights if weights in FORMATS else "fp32")
-    except EdgeInspectError:
-        return 0
-    head = costs.head_bytes if start == 0 else 0
-    tail = costs.tail_bytes if end == costs.num_layers else 0
-    return int(sum(costs.layer_bytes[start:end]) + head + tail)
 
 
 class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
@@ -115,13 +89,13 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
     async def Forward(self, request_iterator, context) -> AsyncIterator[stage_pb2.StepResponse]:
         """Steps sessions as requests arrive; every session opened on this stream is released when it ends."""
         opened: set[str] = set()
-        downstream = _Downstream(self.next_stage, self.max_message_mb) if self.next_stage else None
+        downstream = chained.Downstream(self.next_stage, self.max_message_mb) if self.next_stage else None
         # A cancelled call may leave this generator suspended at `yield` until garbage collection, so its
         # `finally` can run minutes late: release on the RPC's own termination instead.
         context.add_done_callback(lambda _ctx: self._cleanup_later(opened, downstream))
         try:
             if downstream is not None and not self.backend.is_last:
-                async for response in self._relay_chained(request_iterator, downstream, opened):
+                async for response in chained.relay(request_iterator, downstream, self._compute_onward(opened)):
                     yield response
                 return
             tally = StreamTally()
@@ -141,42 +115,24 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         # Admission first: a refused session is not this stream's to release (a retry may hold it elsewhere).
         self.backend.admit(work)
         opened |= {w.session_id for w in work}
-        outcomes = await self.backend.run(work)
+        outcomes = await self.backend.submit(work)
         return outcomes, stage_pb2.StageTiming(stage=self.name, compute_ms=(time.perf_counter() - t0) * 1e3)
 
-    async def _relay_chained(self, request_iterator, downstream: _Downstream, opened: set[str]):
-        """Chained mode: computes each request and sends it on at once, without waiting for the next stage's
-        answer, so the next stage works on chunk c while this one computes chunk c + 1 (pipelined prefill).
-        Answers come back from downstream in request order."""
-        sent: asyncio.Queue = asyncio.Queue()  # per request sent on: its timing; then None at the end, or the error
+    def _compute_onward(self, opened: set[str]):
+        """Chained mode's compute step: this stage's outcomes as the next stage's request, and its timing."""
 
-        async def compute_and_send() -> None:
-            try:
-                async for request in request_iterator:
-                    outcomes, timing = await self._run(request, opened)
-                    await downstream.write(self._next_request(request, outcomes))
-                    sent.put_nowait(timing)
-                sent.put_nowait(None)
-            except Exception as exc:  # noqa: BLE001 (ends the stream with this error after earlier answers)
-                sent.put_nowait(exc)
+        async def compute(request: stage_pb2.StepRequest):
+            outcomes, timing = await self._run(request, opened)
+            return self._next_request(request, outcomes), timing
 
-        task = asyncio.get_running_loop().create_task(compute_and_send())
-        try:
-            while (item := await sent.get()) is not None:
-                if isinstance(item, Exception):
-                    raise item
-                response = await downstream.read()
-                response.timings.insert(0, item)
-                yield response
-        finally:
-            task.cancel()
+        return compute
 
-    def _cleanup_later(self, opened: set[str], downstream: _Downstream | None) -> None:
+    def _cleanup_later(self, opened: set[str], downstream: chained.Downstream | None) -> None:
         task = asyncio.get_running_loop().create_task(self._cleanup(sorted(opened), downstream))
         self._cleanup_tasks.add(task)
         task.add_done_callback(self._cleanup_tasks.discard)
 
-    async def _cleanup(self, session_ids: list[str], downstream: _Downstream | None) -> None:
+    async def _cleanup(self, session_ids: list[str], downstream: chained.Downstream | None) -> None:
         """The stream is over: end the chained stream (the next stage releases in turn) and drop our sessions."""
         if downstream is not None:
             await downstream.close()
@@ -188,8 +144,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         """Drops sessions now (and downstream, when chained)."""
         n = await self.backend.release(list(request.session_ids))
         if self.next_stage and not self.backend.is_last:
-            async with make_channel(self.next_stage, self.max_message_mb) as channel:
-                await stage_pb2_grpc.DecoderStageStub(channel).Release(request)
+            await chained.release_downstream(self.next_stage, self.max_message_mb, request)
         return stage_pb2.ReleaseResponse(released=n)
 
     async def Stats(self, request: stage_pb2.StatsRequest, context) -> stage_pb2.StageStats:
@@ -215,8 +170,8 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             max_batch_sessions=b.cfg.max_batch_sessions,
             home_layer_start=self.home[0],
             home_layer_end=self.home[1],
-            memory_available_bytes=memory_available(),
-            weight_bytes=range_weight_bytes(b.ckpt, b.range.start, b.range.end, b.executor.module.weights),
+            memory_available_bytes=reload.memory_available(),
+            weight_bytes=reload.range_weight_bytes(b.ckpt, b.range.start, b.range.end, b.executor.module.weights),
         )
 
     async def LoadLayers(self, request: stage_pb2.LoadLayersRequest, context) -> stage_pb2.StageStats:
@@ -227,14 +182,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             raise InvalidInput(f"layer range [{start}, {end}) is not within the model's {total} layers")
         if (start, end) != (b.range.start, b.range.end):
             async with self._reloading:
-                need = range_weight_bytes(b.ckpt, start, end, b.executor.module.weights)
-                have = memory_available()
-                if have and need > have:
-                    raise ResourceExhausted(
-                        f"layers [{start}, {end}) need {need >> 20} MiB of weights; this box has {have >> 20} MiB "
-                        "available",
-                        retry_after_ms=10_000,
-                    )
+                reload.check_room(b.ckpt, start, end, b.executor.module.weights)
                 cfg = b.cfg.model_copy(update={"layer_start": start, "layer_end": end})
                 log.info("re-planning: loading layers [%d, %d) (was %s)", start, end, b.range)
                 new = await asyncio.to_thread(StageBackend, cfg, b.ckpt)
@@ -256,7 +204,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         if b.is_first:
             if not step.input_ids or len(step.input_ids) > MAX_STEP_TOKENS:
                 raise InvalidInput(f"the first stage needs 1..{MAX_STEP_TOKENS} input_ids per step")
-            inputs.input_ids = _long_tensor(step.input_ids)
+            inputs.input_ids = ids_tensor(step.input_ids)
             if step.HasField("visual_tokens"):
                 inputs.visual_tokens = codec.decode_frame(
                     step.visual_tokens, expect_shape=[None, b.vision_hidden], name="visual tokens"
@@ -324,38 +272,3 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
             for step, o in zip(request.steps, outcomes, strict=True)
         ]
         return stage_pb2.StepRequest(steps=steps, output_codec=request.output_codec, output_zstd=request.output_zstd)
-
-
-def _long_tensor(values):
-    from edgeinspect.models.stage import ids_tensor
-
-    return ids_tensor(values)
-
-
-class _Downstream:
-    """One Forward stream to the next stage, opened on first use, for one upstream stream (chained mode)."""
-
-    def __init__(self, address: str, max_message_mb: int):
-        self.address = address
-        self.max_message_mb = max_message_mb
-        self.channel = None
-        self.call = None
-
-    async def write(self, request: stage_pb2.StepRequest) -> None:
-        if self.call is None:
-            self.channel = make_channel(self.address, self.max_message_mb)
-            self.call = stage_pb2_grpc.DecoderStageStub(self.channel).Forward()
-        await self.call.write(request)
-
-    async def read(self) -> stage_pb2.StepResponse:
-        response = await self.call.read()
-        if response is grpc.aio.EOF:
-            raise Unavailable(f"next stage {self.address} closed the stream")
-        return response
-
-    async def close(self) -> None:
-        call, channel, self.call, self.channel = self.call, self.channel, None, None
-        if call is not None:
-            call.cancel()
-        if channel is not None:
-            await channel.close()

@@ -31,7 +31,7 @@ import torch
 from edgeinspect.config import VisionSettings
 from edgeinspect.models.autoformat import cache_dir, fastest_within, read_cached, write_cached
 from edgeinspect.models.checkpoint import Checkpoint
-from edgeinspect.models.quant import cpu_flags, cpu_model
+from edgeinspect.models.cpu import cpu_flags, cpu_model
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,10 @@ class BackendChoice:
 def candidates(cfg: VisionSettings) -> list[str]:
     """What can run on this box: torch fp32 and bf16 always, int8 where the native int8 linear has a SIMD path
     (elsewhere its plain-C loop would only lose the timing); ONNX Runtime and HailoRT where their packages import."""
-    from edgeinspect.models import kernels
+    from edgeinspect.models.kernels import bindings
 
     out = ["torch-fp32", "torch-bf16"]
-    if kernels.q8_fast():
+    if bindings.q8_fast():
         out.append("torch-int8")
     if importlib.util.find_spec("onnxruntime") is not None:
         out += ["onnxruntime-fp32", "onnxruntime-int8"]
@@ -74,10 +74,10 @@ def _cache_key(ckpt: Checkpoint, cfg: VisionSettings, names: list[str]) -> str:
 
         ort_version = onnxruntime.__version__
     h = hashlib.sha256()
-    from edgeinspect.models import kernels
+    from edgeinspect.models.kernels import build
 
     parts = (cpu_model(), " ".join(sorted(cpu_flags())), torch.__version__, ort_version, str(cfg.threads))
-    parts += (kernels.sources_digest(),)  # torch-int8 runs our kernels: a changed kernel is timed again
+    parts += (build.sources_digest(),)  # torch-int8 runs our kernels: a changed kernel is timed again
     for part in (*parts, ckpt.fingerprint, ",".join(names), str(cfg.hef_path or ""), str(MEASURE_VERSION)):
         h.update(part.encode() + b"\0")
     return "vision-" + h.hexdigest()[:20]

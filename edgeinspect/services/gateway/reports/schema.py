@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from edgeinspect.models.grammar import canonical_schema, schema_id
-from edgeinspect.services.gateway.report_text import (
+from edgeinspect.services.gateway.reports.report_text import (
     MAX_CLASS,
     REASON_TRUNCATED,
     ParsedReport,

@@ -1,231 +1,24 @@
-"""A decoder stage: layers [start, end) of DeepSeek-VL's language model with a KV cache per session.
-
-Stage 0 also embeds token ids and writes the aligned visual tokens over the image placeholders; the last stage also
-applies the final norm and lm_head. The layers are transformers' own LlamaDecoderLayer objects; the executor calls their
-norms, projections and MLP itself, around a per-session preallocated KV buffer (models/kv.py) and SDPA called
-exactly as transformers calls it, so fp32 results match generate() while skipping DynamicCache concatenation and
-per-step mask building.
+"""The stage executor: steps for many sessions over one StageModule (stage/load.py), each session with its own
+preallocated KV buffer (models/kv.py). transformers' LlamaDecoderLayer objects hold the weights; the executor
+calls their norms, projections and MLP itself, through the layer path chosen at load (stage/layers.py), and SDPA
+exactly as transformers calls it, so fp32 results match generate() while skipping DynamicCache concatenation
+and per-step mask building.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers.models.deepseek_vl.modeling_deepseek_vl import DeepseekVLAligner
-from transformers.models.llama.modeling_llama import (
-    LlamaDecoderLayer,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
-)
 
 from edgeinspect.errors import InvalidInput, NotFound, PositionError
-from edgeinspect.models import kernels
-from edgeinspect.models.checkpoint import (
-    ALIGNER_PREFIX,
-    EMBED_KEY,
-    NORM_KEY,
-    QUANTIZED,
-    Checkpoint,
-    layer_prefix,
-    load_dtype,
-)
-from edgeinspect.models.int4 import Int4Linear, Int6Linear, fits, int4_linears
+from edgeinspect.models.kernels import bindings, ops
 from edgeinspect.models.kv import SCALE_BYTES, KVBuffer, encode_rows, row_width
-from edgeinspect.models.quant import (
-    Int8Linear,
-    fuse_projections,
-    half16_linears,
-    quantize_linears,
-    resolve_weights,
-    use_half16,
-)
-from edgeinspect.models.weight_arena import huge_page_weights
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LayerRange:
-    """Layers [start, end) of a model with `total` layers."""
-
-    start: int
-    end: int
-    total: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.start < self.end <= self.total:
-            raise InvalidInput(f"layer range [{self.start}, {self.end}) is not inside [0, {self.total})")
-
-    @property
-    def is_first(self) -> bool:
-        return self.start == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.end == self.total
-
-    def __str__(self) -> str:
-        return f"[{self.start}, {self.end}) of {self.total}"
-
-
-class StageModule(nn.Module):
-    """The weights one stage holds; nothing outside its range is ever materialised."""
-
-    def __init__(self, ckpt: Checkpoint, layers: LayerRange):
-        super().__init__()
-        cfg = ckpt.text_config
-        cfg._attn_implementation = "sdpa"  # what from_pretrained picks on CPU: the oracle uses the same kernel
-        self.config = cfg
-        self.range = layers
-        self.weights = "fp32"  # the format load_stage filled it in (int8 keeps fp32 norms beside Int8Linear)
-        self.image_token_id = ckpt.config.image_token_id
-        with torch.device("meta"):
-            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if layers.is_first else None
-            self.aligner = DeepseekVLAligner(ckpt.config) if layers.is_first else None
-            self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(layers.start, layers.end))
-            self.norm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps) if layers.is_last else None
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if layers.is_last else None
-        self.rotary_emb = LlamaRotaryEmbedding(config=cfg)  # buffers computed from config, not stored weights
-
-    def checkpoint_keys(self, ckpt: Checkpoint) -> dict[str, str]:
-        """Our parameter name -> checkpoint tensor name."""
-        keys: dict[str, str] = {}
-        for j, i in enumerate(range(self.range.start, self.range.end)):
-            for key in ckpt.keys_with_prefix(layer_prefix(i)):
-                keys[f"layers.{j}.{key.removeprefix(layer_prefix(i))}"] = key
-        if self.range.is_first:
-            keys["embed_tokens.weight"] = EMBED_KEY
-            for key in ckpt.keys_with_prefix(ALIGNER_PREFIX):
-                keys[f"aligner.{key.removeprefix(ALIGNER_PREFIX)}"] = key
-        if self.range.is_last:
-            keys["norm.weight"] = NORM_KEY
-            keys["lm_head.weight"] = ckpt.lm_head_key
-        return keys
-
-
-def load_stage(
-    ckpt: Checkpoint, layers: LayerRange, weights: str = "fp32", int8_kernel: str | None = None
-) -> StageModule:
-    """Builds the stage on the meta device and fills it with just its tensors from the safetensors files.
-
-    Tensors are read one layer at a time; with `weights="int8"` (or "int4"/"int6", models/int4.py) each layer's linears
-    (and the lm_head) are quantized right after reading, so fp32 copies of at most one layer exist at once.
-    """
-    if weights == "auto":  # measured on this CPU for this checkpoint (cached): models/autoformat.py
-        from edgeinspect.models.autoformat import choose_weights
-
-        weights = choose_weights(ckpt).weights
-    weights = resolve_weights(weights)
-    dtype = load_dtype(weights)
-    module = StageModule(ckpt, layers)
-    keys = module.checkpoint_keys(ckpt)
-    groups: dict[str, dict[str, str]] = {}
-    for ours, theirs in keys.items():
-        group = ".".join(ours.split(".")[:2]) if ours.startswith("layers.") else ours.split(".")[0]
-        groups.setdefault(group, {})[ours] = theirs
-    for group, names in groups.items():
-        tensors = ckpt.read(names.values(), dtype)
-        module.load_state_dict({ours: tensors[theirs] for ours, theirs in names.items()}, strict=False, assign=True)
-        if group.startswith("layers."):
-            layer = module.layers[int(group.split(".")[1])]
-            if weights != "fp32":
-                fuse_projections(layer)
-            if weights == "int8":
-                quantize_linears(layer, int8_kernel)
-            elif weights in ("int4", "int6"):
-                int4_linears(layer, bits=int(weights[3:]))
-            elif use_half16(weights):
-                half16_linears(layer)
-                layer.float()  # norms: activations stay fp32 beside the 16-bit packed weights
-    leftover = [n for n, p in module.named_parameters() if p.is_meta]
-    if leftover:
-        raise InvalidInput(f"checkpoint {ckpt.path} lacks weights for {', '.join(leftover[:5])}")
-    if weights == "int8" and module.lm_head is not None:
-        module.lm_head = Int8Linear.from_linear(module.lm_head, int8_kernel)
-    if weights in QUANTIZED and module.aligner is not None:  # 576 visual tokens: ~50 ms of fp32 GEMM at 1.3B
-        quantize_linears(module.aligner, int8_kernel if weights == "int8" else None)
-    if weights == "int4" and module.lm_head is not None:  # int8: its error lands on the logits (models/int4.py)
-        module.lm_head = Int8Linear.from_linear(module.lm_head)
-    if weights == "int6" and module.lm_head is not None:  # 1/4 of q4_0's error: 6 bits hold there too
-        head = module.lm_head
-        module.lm_head = Int6Linear(head) if fits(head) else Int8Linear.from_linear(head)
-    if use_half16(weights):
-        for part in (module.aligner, module.norm):
-            if part is not None:
-                part.float()
-        if module.lm_head is not None:
-            half16_linears(module)  # the lm_head (the layers are done); embeddings stay bf16, cast on lookup
-    if weights in QUANTIZED:  # int8/int4/int6: decode streams them: one mapping on huge pages (models/weight_arena.py)
-        huge_page_weights(module)
-    module.rotary_emb.to(torch.float32)
-    module.weights = weights
-    return module.eval()
-
-
-@dataclass
-class StepInput:
-    """One session's inputs for one step. Stage 0 takes token ids (+ visual tokens at prefill); others hidden."""
-
-    position: int
-    input_ids: torch.Tensor | None = None  # [T] int64
-    hidden: torch.Tensor | None = None  # [T, hidden]
-    visual_tokens: torch.Tensor | None = None  # [N_img, vision_hidden], before the aligner
-    logits: bool = True  # last stage: compute the last position's logits (a prompt chunk with more to come: no)
-
-
-def step_positions(inputs: StepInput) -> int:
-    """How many positions a step adds (0 for a malformed input: the executor's checks then name the problem)."""
-    src = inputs.input_ids if inputs.input_ids is not None else inputs.hidden
-    return 0 if src is None or src.dim() == 0 else int(src.shape[0])
-
-
-def chunk_input(inputs: StepInput, start: int, n: int, image_token_id: int) -> StepInput:
-    """Positions [start, start + n) of a step, with the visual tokens of exactly the placeholders inside them.
-
-    Only the chunk that ends the step keeps the step's `logits` wish: earlier chunks are never sampled from.
-    """
-    if start == 0 and n == step_positions(inputs):
-        return inputs
-    logits = inputs.logits and start + n >= step_positions(inputs)
-    if inputs.hidden is not None:
-        return StepInput(position=inputs.position + start, hidden=inputs.hidden[start : start + n], logits=logits)
-    ids = inputs.input_ids
-    part = ids[start : start + n]
-    visual = None
-    if inputs.visual_tokens is not None:
-        slots = ids == image_token_id  # [T]
-        before, inside = int(slots[:start].sum()), int(slots[start : start + n].sum())
-        visual = inputs.visual_tokens[before : before + inside] if inside else None
-    return StepInput(position=inputs.position + start, input_ids=part, visual_tokens=visual, logits=logits)
-
-
-@dataclass
-class StepOutput:
-    hidden: torch.Tensor | None = None  # [T, hidden] (non-last stages)
-    logits: torch.Tensor | None = None  # [vocab] at the last position (last stage), float32
-    length: int = 0  # session length after the step
-
-
-@dataclass
-class Session:
-    kv: KVBuffer
-    last_used: float = 0.0
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def length(self) -> int:
-        return self.kv.length
-
-    @property
-    def nbytes(self) -> int:
-        return self.kv.nbytes
-
+from edgeinspect.models.stage.layers import LAYER_PATHS, LayerPath, choose_layer_path, offsets
+from edgeinspect.models.stage.load import StageModule
+from edgeinspect.models.stage.steps import Session, StepInput, StepOutput
 
 # The compact KV caches of native (packed-weight) stages, by their `kv_cache` name.
 KV_CACHE_FORMATS = {"int8": torch.int8, "fp16": torch.float16}
@@ -276,11 +69,11 @@ class StageExecutor:
     compact KV cache and run decode attention in the compiled kernel (models/kernels), read at memory speed:
     `kv_cache` "int8" (default: rows of int8 with a per-row scale, models/kv.py, ~0.52x fp16's bytes) or "fp16".
     Prompt chunks attend over their own keys/values as computed and an fp32 copy of the stored past, with bf16 dot
-    products and an fp32 softmax (kernels.prompt_attention) where the CPU has AVX512-BF16, in that kernel's fp32
+    products and an fp32 softmax (ops.prompt_attention) where the CPU has AVX512-BF16, in that kernel's fp32
     form where it has AVX2 + FMA, else with SDPA. Pure decode steps also run each layer's norms, rotary and silu *
-    up natively (_decode_layer); on vnni int8 and int4 stages each whole layer is one native call
-    (kernels.DecodeLayers, the same steps bit for bit). fp32 stages never use any of it: SDPA's summation order and
-    torch's ops are what generate() does.
+    up natively; on vnni int8 and int4 stages each whole layer is one native call (ops.DecodeLayers, the same steps
+    bit for bit). Which of those layer paths a stage runs is chosen once at load (stage/layers.py, LAYER_PATHS).
+    fp32 stages never use any of it: SDPA's summation order and torch's ops are what generate() does.
     """
 
     def __init__(self, module: StageModule, row_exact: bool | None = None, native: bool = True, kv_cache: str = "int8"):
@@ -292,7 +85,7 @@ class StageExecutor:
         exact_default = module.weights == "fp32" and self.dtype == torch.float32
         self.row_exact = exact_default if row_exact is None else row_exact
         packed = module.weights != "fp32" and self.dtype == torch.float32
-        self.native = native and packed and kernels.available()
+        self.native = native and packed and bindings.available()
         self.prompt_block = PROMPT_BLOCK if module.weights != "fp32" else 0
         if packed:
             keep_freed_memory()
@@ -302,16 +95,22 @@ class StageExecutor:
             kv_cache = "fp16"
         self.kv_dtype = KV_CACHE_FORMATS[kv_cache] if self.native else self.dtype
         # prompt chunks of native stages attend with bf16 dot products where the CPU has them (~5x SDPA fp32 here)
-        self.prompt_kernel = self.native and kernels.prompt_attention_fast()
+        self.prompt_kernel = self.native and bindings.prompt_attention_fast()
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        # pure decode steps of native stages run the layer's elementwise steps natively (_decode_layer)
-        self.fused_decode = self.native and getattr(cfg, "hidden_act", "") == "silu" and module.weights != "fp32"
-        # ... and where every layer's projections are vnni int8 or our int4, each whole layer in one native call
-        self.decode_layers = None
-        if self.fused_decode and kernels.DecodeLayers.fits(module.layers):
-            self.decode_layers = kernels.DecodeLayers(module.layers, self.heads, self.kv_heads, self.head_dim)
+        # The layer path, chosen here once from LAYER_PATHS (stage/layers.py); no step re-decides it.
+        path = choose_layer_path(self.native, getattr(cfg, "hidden_act", ""), module.weights, module.layers)
+        self.path: LayerPath = LAYER_PATHS[path].build(self)
         self.sessions: dict[str, Session] = {}
         self._rope_table: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}  # see _rotary
+
+    def use_path(self, name: str) -> None:
+        """Runs the layers through LAYER_PATHS[name] from now on (load picks one; tests and benchmarks compare)."""
+        self.path = LAYER_PATHS[name].build(self)
+
+    @property
+    def decode_layers(self) -> ops.DecodeLayers | None:
+        """The whole-stage native decode call of the "native-stage" path (None on the others)."""
+        return self.path.decode_layers
 
     def open(self, session_id: str, now: float = 0.0, capacity: int = 0) -> Session:
         sess = self.sessions.get(session_id)
@@ -387,38 +186,31 @@ class StageExecutor:
         one_row = [i for i, (_, t) in enumerate(spans) if t == 1] if self.native else []
         decode = None
         if one_row:
-            decode = kernels.DecodeAttention([sessions[i].kv for i in one_row], [spans[i][0] for i in one_row])
-        pure_decode = decode is not None and len(one_row) == len(spans)
+            decode = ops.DecodeAttention([sessions[i].kv for i in one_row], [spans[i][0] for i in one_row])
         wanted = [i for i, (_, inp) in enumerate(batch) if inp.logits]  # prompt chunks with more to come: none
-        offsets = _offsets(spans)
+        starts = offsets(spans)
         ends = None  # rows logits are taken from (a last stage's only)
         if self.range.is_last:
-            ends = torch.tensor([offsets[i] + spans[i][1] - 1 for i in wanted], dtype=torch.long)
+            ends = torch.tensor([starts[i] + spans[i][1] - 1 for i in wanted], dtype=torch.long)
         # The last layer of a last stage needs its attention output, o_proj and MLP only at the rows sampled from
         # (its keys and values are stored for every row before): a prompt's last layer then costs ~1/4 (packed
         # stages; fp32 and row-exact stages keep their GEMMs' row counts, which generate()'s bits depend on).
         trim = self.range.is_last and not self.row_exact and self.module.weights != "fp32"
         trim = trim and any(t > 1 for _, t in spans)
-        if self.decode_layers is not None and pure_decode and len(spans) <= kernels.DecodeLayers.MAX_ROWS:
-            x = self.decode_layers(x, *rope, decode)  # every layer in one native call
-        else:
-            last = len(self.module.layers) - 1
-            for j, layer in enumerate(self.module.layers):
-                keep = ends if trim and j == last else None
-                x = self._layer(j, layer, x, rope, sessions, spans, (decode, one_row), keep)
+        x = self.path.run(x, rope, sessions, spans, (decode, one_row), ends if trim else None)
         outs = []
         for s, (past, t) in zip(sessions, spans, strict=True):
             s.kv.length = past + t
             s.last_used = now
         if not self.range.is_last:
-            return [StepOutput(hidden=x[o : o + t], length=p + t) for o, (p, t) in zip(offsets, spans, strict=True)]
+            return [StepOutput(hidden=x[o : o + t], length=p + t) for o, (p, t) in zip(starts, spans, strict=True)]
         logits = None
         if wanted:
             last = x if trim else x[ends]  # [B, D]: one lm_head read for every session
             norm = self.module.norm
             # packed stages' layers already norm natively (~0.3 ms of torch ops less per step at 1.3B)
-            last = kernels.rmsnorm(last, norm.weight, norm.variance_epsilon) if self.fused_decode else norm(last)
-            logits = self._rows(self.module.lm_head, last, [(0, 1)] * len(wanted)).float()  # [B, vocab]
+            last = self.path.norm(norm, last)
+            logits = self.rows(self.module.lm_head, last, [(0, 1)] * len(wanted)).float()  # [B, vocab]
         row = {i: k for k, i in enumerate(wanted)}
         for i, (p, t) in enumerate(spans):
             outs.append(StepOutput(logits=logits[row[i]] if i in row else None, length=p + t))
@@ -442,73 +234,24 @@ class StageExecutor:
             table = self._rope_table[(block, x.dtype)] = rotary(x, position_ids=positions)
         return table[0][row : row + 1], table[1][row : row + 1]
 
-    def _layer(
-        self, j: int, layer, x: torch.Tensor, rope, sessions: list[Session], spans, decode, keep=None
-    ) -> torch.Tensor:
-        """LlamaDecoderLayer.forward with the layer's own modules, its cache write replaced by KVBuffer.write.
-        With `keep` (row indices), only those rows go on past attention, and only they are returned."""
-        attn = layer.self_attn
-        r = x.shape[0]
-        if self.fused_decode and decode[0] is not None and len(decode[1]) == len(spans):
-            return self._decode_layer(j, layer, x, rope, decode[0])
-        norm = layer.input_layernorm
-        h = kernels.rmsnorm(x, norm.weight, norm.variance_epsilon) if self.fused_decode else norm(x)  # [R, D]
-        if hasattr(attn, "qkv_proj"):  # fused at load (packed formats)
-            q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
-            q, k, v = self._rows(attn.qkv_proj, h, spans).split([q_width, kv_width, kv_width], dim=-1)
-        else:
-            q, k, v = (self._rows(p, h, spans) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        q, k, v = (t.reshape(r, -1, self.head_dim) for t in (q, k, v))  # [R, H, hd], [R, H_kv, hd] (views)
-        if self.fused_decode:  # in place, one pass (974 rows at 1.3B: 0.4 ms a layer, apply_rotary_pos_emb 3.7)
-            kernels.rope_(q, k, *rope)
-        else:
-            q, k = apply_rotary_pos_emb(q, k, *rope, unsqueeze_dim=1)
-        a = self._attention(j, attn, q, k, v, sessions, spans, decode)  # [R, H*hd]
-        if keep is not None:
-            a, x = a[keep], x[keep]
-            if not len(keep):
-                return x
-        norm = layer.post_attention_layernorm
-        if self.fused_decode:  # the residual add and the norm in one pass
-            x, h = kernels.rmsnorm(x, norm.weight, norm.variance_epsilon, add=self._rows(attn.o_proj, a, spans))
-        else:
-            x = x + self._rows(attn.o_proj, a, spans)
-            h = norm(x)
-        return x + self._rows(self._mlp(layer.mlp, native=self.fused_decode), h, spans)
-
-    def _decode_layer(self, j: int, layer, x: torch.Tensor, rope, native) -> torch.Tensor:
-        """_layer for a pure decode step of a native stage: the same steps, the elementwise ones (norms, rotary,
-        silu * up, residual adds) in the native kernels instead of ~40 small torch ops per layer."""
-        attn, mlp = layer.self_attn, layer.mlp
-        r = x.shape[0]
-        h = kernels.rmsnorm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
-        qkv = attn.qkv_proj(h)  # [R, (H + 2 H_kv) * hd]
-        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        q, k, v = (t.view(r, -1, self.head_dim) for t in qkv.split([q_width, kv_width, kv_width], dim=-1))
-        kernels.rope_(q, k, *rope)
-        a = native(j, q, k, v, attn.scaling)  # [R, H*hd]
-        norm = layer.post_attention_layernorm
-        x, h = kernels.rmsnorm(x, norm.weight, norm.variance_epsilon, add=attn.o_proj(a))
-        return x + mlp.down_proj(kernels.silu_mul(mlp.gate_up_proj(h)))
-
-    def _attention(self, j: int, attn, q, k, v, sessions: list[Session], spans, decode) -> torch.Tensor:
+    def attention(self, j: int, attn, q, k, v, sessions: list[Session], spans, decode) -> torch.Tensor:
         """q [R, H, hd], k/v [R, H_kv, hd] -> [R, H*hd]: the one-row sessions in `decode` (a DecodeAttention and
         their indices) in one native call, the others (prompt chunks, fp32 stages) session by session with SDPA."""
         native, one_row = decode
         if native is not None and len(one_row) == len(spans):  # a pure decode step: its rows are the batch's rows
             return native(j, q, k, v, attn.scaling)
-        offsets = _offsets(spans)
+        starts = offsets(spans)
         outs: list[torch.Tensor | None] = [None] * len(spans)
         if native is not None:
-            rows = [offsets[i] for i in one_row]
+            rows = [starts[i] for i in one_row]
             for n, row in zip(one_row, native(j, q[rows], k[rows], v[rows], attn.scaling).split(1), strict=True):
                 outs[n] = row
-        for i, (s, o, (past, t)) in enumerate(zip(sessions, offsets, spans, strict=True)):
+        for i, (s, o, (past, t)) in enumerate(zip(sessions, starts, spans, strict=True)):
             if outs[i] is not None:
                 continue
             new_k, new_v = k[o : o + t].transpose(0, 1), v[o : o + t].transpose(0, 1)  # [H_kv, t, hd]
             if self.native and s.kv.quantized and k.dtype == torch.float32:  # the same bytes, in one native pass
-                kernels.store_rows_q8(s.kv, j, k[o : o + t], v[o : o + t], past)
+                ops.store_rows_q8(s.kv, j, k[o : o + t], v[o : o + t], past)
             else:
                 s.kv.write(j, new_k, new_v, past)
             if s.kv.dtype == self.dtype:
@@ -520,29 +263,11 @@ class StageExecutor:
             outs[i] = self._attend(attn, q[o : o + t].transpose(0, 1), keys, values, past)  # [t, H*hd]
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
-    @staticmethod
-    def _mlp(mlp, native: bool = False):
-        """LlamaMLP itself, or its fused form: down(act(gate(x)) * up(x)) with gate and up from one GEMM; `native`
-        (silu): act * up in one threaded pass (kernels.silu_mul), not two torch ops over [R, I] each."""
-        if not hasattr(mlp, "gate_up_proj"):
-            return mlp
-
-        def fused(h: torch.Tensor) -> torch.Tensor:
-            if native and isinstance(mlp.gate_up_proj, (Int8Linear, Int4Linear)):
-                return mlp.down_proj(mlp.gate_up_proj.silu_mul(h))  # [R, I]
-            gate_up = mlp.gate_up_proj(h)  # [R, 2I]
-            if native:
-                return mlp.down_proj(kernels.silu_mul(gate_up))
-            gate, up = gate_up.chunk(2, dim=-1)  # [R, I] each
-            return mlp.down_proj(mlp.act_fn(gate) * up)
-
-        return fused
-
-    def _rows(self, fn, h: torch.Tensor, spans) -> torch.Tensor:
+    def rows(self, fn, h: torch.Tensor, spans) -> torch.Tensor:
         """fn over all rows at once, or per session's rows when row-exact; packed stages take long prompts in
         blocks of PROMPT_BLOCK rows (see there)."""
         if self.row_exact and len(spans) > 1:
-            return torch.cat([fn(h[o : o + t]) for o, (_, t) in zip(_offsets(spans), spans, strict=True)])
+            return torch.cat([fn(h[o : o + t]) for o, (_, t) in zip(offsets(spans), spans, strict=True)])
         block = self.prompt_block
         if self.row_exact or not block or h.shape[0] <= 2 * block:
             return fn(h)
@@ -554,7 +279,7 @@ class StageExecutor:
         if keys.dtype != self.dtype:  # a 16-bit cache: SDPA has no fast fp16 path here, so prompts attend in fp32
             keys, values = keys.to(self.dtype), values.to(self.dtype)
         if self.prompt_kernel and t > 1:
-            out = kernels.prompt_attention(q, keys, values, past, attn.scaling)
+            out = ops.prompt_attention(q, keys, values, past, attn.scaling)
             if out is not None:
                 return out
         mask, causal = None, False
@@ -616,17 +341,3 @@ class StageExecutor:
         slots = ids == m.image_token_id  # [T]
         aligned = m.aligner(inp.visual_tokens.to(self.dtype))  # [N, D]
         return x.masked_scatter(slots.view(-1, 1), aligned)
-
-
-def _offsets(spans: list[tuple[int, int]]) -> list[int]:
-    """Row offset of each session's new positions in the concatenated batch."""
-    out, acc = [], 0
-    for _, t in spans:
-        out.append(acc)
-        acc += t
-    return out
-
-
-def ids_tensor(values) -> torch.Tensor:
-    """Token ids from the wire as the 1-D int64 tensor a first stage takes."""
-    return torch.tensor(list(values), dtype=torch.long)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from edgeinspect.errors import ResourceExhausted, Unavailable
 from edgeinspect.services.common import metrics
-from edgeinspect.services.gateway.pipeline import (
+from edgeinspect.services.gateway.decode.pipeline import (
     MicroBatchGroups,
     PrefixBook,
     PrefixMissed,
@@ -35,7 +35,7 @@ from edgeinspect.services.gateway.pipeline import (
     prefix_key,
     prompt_chunks,
 )
-from edgeinspect.services.gateway.routing import Endpoint, StageRouter, fmt_range
+from edgeinspect.services.gateway.decode.routing import Endpoint, StageRouter, fmt_range
 from edgeinspect.v1 import inspection_pb2, stage_pb2, tensor_pb2
 
 log = logging.getLogger(__name__)

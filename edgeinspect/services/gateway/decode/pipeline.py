@@ -3,7 +3,7 @@
 Gateway-driven (Petals-style): the gateway relays each stage's hidden-state frame, untouched, to the next.
 Chained (exo-style): the gateway talks to the route's first stage only, which forwards along its own chain.
 A stage that errors, closes its stream or does not answer within the step's bound raises StageFailure naming it,
-so the recovery owner (services/gateway/session.py) knows which endpoint to ban. Nothing here retries.
+so the recovery owner (services/gateway/decode/session.py) knows which endpoint to ban. Nothing here retries.
 """
 
 from __future__ import annotations
@@ -22,8 +22,14 @@ from edgeinspect.errors import InvalidInput
 from edgeinspect.services.common.context import deadline_remaining, outgoing_metadata
 from edgeinspect.services.common.errors import error_code_of
 from edgeinspect.services.common.stage_wire import next_stage_step
-from edgeinspect.services.gateway.routing import Endpoint
-from edgeinspect.services.gateway.step_spans import StepSpans, traced_prefill, traced_read, traced_step, traced_write
+from edgeinspect.services.gateway.decode.routing import Endpoint
+from edgeinspect.services.gateway.decode.step_spans import (
+    StepSpans,
+    traced_prefill,
+    traced_read,
+    traced_step,
+    traced_write,
+)
 from edgeinspect.v1 import stage_pb2, tensor_pb2
 
 MAX_KNOWN_PREFIXES = 1024

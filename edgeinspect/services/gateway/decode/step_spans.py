@@ -1,4 +1,4 @@
-"""The gateway's spans of stage steps (services/gateway/pipeline.py RouteSession wears these decorators), and the
+"""The gateway's spans of stage steps (services/gateway/decode/pipeline.py RouteSession wears these decorators), and the
 attributes the servicer puts on an inspection's span.
 
 A prefill is one span, every `decode_every`-th decode step of a session is one; inside either, each message to a

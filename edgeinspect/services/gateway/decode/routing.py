@@ -5,7 +5,7 @@ stream at once). Each time an endpoint comes up it is handshaken afresh (protoco
 fingerprints, layer range, codec), so a box restarted with another checkpoint is banned with the reason and never
 used. Sessions report failures here; a failed endpoint is banned with exponential backoff and readmitted only after
 a probe answers. A route is a chain of usable endpoints whose ranges tile [0, num_layers), least loaded first.
-Re-planning (services/gateway/replan.py) changes what endpoints serve; this module only sees the result.
+Re-planning (services/gateway/decode/replan.py) changes what endpoints serve; this module only sees the result.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ import dataclasses
 from edgeinspect import codec
 from edgeinspect.models.checkpoint import Checkpoint
 from edgeinspect.services.gateway.clients import gateway_identity
-from edgeinspect.services.gateway.pipeline import MicroBatchGroups, PrefixBook, WireOptions
-from edgeinspect.services.gateway.routing import StageRouter
-from edgeinspect.services.gateway.session import InferenceSession, Journal, RecoveryPolicy
+from edgeinspect.services.gateway.decode.pipeline import MicroBatchGroups, PrefixBook, WireOptions
+from edgeinspect.services.gateway.decode.routing import StageRouter
+from edgeinspect.services.gateway.decode.session import InferenceSession, Journal, RecoveryPolicy
 from edgeinspect.v1 import stage_pb2, tensor_pb2
 
 

@@ -3,8 +3,8 @@ does not list)."""
 
 from __future__ import annotations
 
-from edgeinspect.services.gateway.rollout import RolloutManager
-from edgeinspect.services.gateway.versions import Version
+from edgeinspect.services.gateway.rollout.manager import RolloutManager
+from edgeinspect.services.gateway.rollout.versions import Version
 from edgeinspect.v1 import rollout_pb2, rollout_pb2_grpc
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name

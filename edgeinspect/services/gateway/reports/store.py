@@ -21,9 +21,9 @@ from pathlib import Path
 
 from edgeinspect.config import FrameSettings
 from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
-from edgeinspect.services.gateway import frames as frame_policy
-from edgeinspect.services.gateway.frames import FrameFiles, FrameRow, StoredFrame
-from edgeinspect.services.gateway.store_queries import (
+from edgeinspect.services.gateway.reports import frames as frame_policy
+from edgeinspect.services.gateway.reports.frames import FrameFiles, FrameRow, StoredFrame
+from edgeinspect.services.gateway.reports.store_queries import (
     DONE,
     as_us,
     check_id,
@@ -34,7 +34,7 @@ from edgeinspect.services.gateway.store_queries import (
     review_classes,
     short_id,
 )
-from edgeinspect.services.gateway.store_schema import index_report, migrate, report_classes, report_fields
+from edgeinspect.services.gateway.reports.store_schema import index_report, migrate, report_classes, report_fields
 from edgeinspect.v1 import inspection_pb2
 from edgeinspect.v1.inspection_pb2 import DefectReport, Review
 

@@ -1,6 +1,6 @@
 """Model versions on one gateway at run time: the candidate in shadow, canary stations, promote and rollback.
 
-The servicer calls a VersionRouter instead of the Inspector: it sends each request to the Inspector of the version
+The servicer calls a VersionRouter, not an Inspector: it sends each request to the Inspector of the version
 live for its station and, while a candidate shadows, queues the finished live report's request for the candidate.
 The candidate runs it when it has capacity (bounded queue, bounded in flight; a full queue skips, counted) and
 stores the report in its own database (shadow-reports.sqlite), flagged ModelInfo.shadow; the caller never sees it
@@ -15,15 +15,17 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 from edgeinspect.config import FrameSettings, GatewaySettings
 from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
-from edgeinspect.services.gateway import versions as v
-from edgeinspect.services.gateway.store import ReportStore
+from edgeinspect.services.gateway.api.requests import check_prompt
+from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
+from edgeinspect.services.gateway.reports.store import ReportStore
+from edgeinspect.services.gateway.rollout import versions as v
 from edgeinspect.services.outputs.config import OutputsConfig
 from edgeinspect.v1 import inspection_pb2, rollout_pb2
 
@@ -34,7 +36,11 @@ DEFAULT_QUEUE = 64
 DEFAULT_DISAGREEMENTS = 20
 
 
-class RoutingStore:
+# server.connect: builds an Inspector for a version's settings, writing through the given store.
+Connect = Callable[[GatewaySettings, ReportWriter], Awaitable[Inspector]]
+
+
+class RoutingStore(ReportWriter):
     """The store a candidate's Inspector writes to: its shadow runs (idempotency key `shadow:<live id>`) go to the
     shadow database flagged ModelInfo.shadow, its live runs (canary stations, after promotion) to the live one."""
 
@@ -42,7 +48,7 @@ class RoutingStore:
         self.live, self.shadow = live, shadow
         self._shadow_ids: set[str] = set()
 
-    def claim(self, key: str, request_id: str):
+    def claim(self, key: str, request_id: str) -> tuple[str, inspection_pb2.DefectReport | None]:
         if not key.startswith(v.SHADOW_KEY):
             return self.live.claim(key, request_id)
         report_id, existing = self.shadow.claim(key, request_id)
@@ -61,17 +67,14 @@ class RoutingStore:
         self._shadow_ids.discard(report_id)
         return store.fail(report_id, reason)
 
-    def __getattr__(self, name: str):
-        return getattr(self.live, name)
-
 
 class RolloutManager:
     """Owns the versions' Inspectors, the rollout record and the shadow queue."""
 
-    def __init__(self, cfg: GatewaySettings, live_store: ReportStore, connect: Callable[..., Awaitable]):
+    def __init__(self, cfg: GatewaySettings, live_store: ReportStore, connect: Connect):
         self.cfg = cfg
         self.live_store = live_store
-        self.connect = connect  # server.connect(cfg, store) -> Inspector
+        self.connect = connect
         self.path = v.state_path(cfg)
         self.shadow_store = ReportStore(Path(cfg.db_path).parent / SHADOW_DB, frames=FrameSettings(keep=False))
         self.routing_store = RoutingStore(live_store, self.shadow_store)
@@ -82,17 +85,17 @@ class RolloutManager:
         elif record.state != v.PROMOTED:
             record.live = replace(here, name=record.live.name, prompt=record.live.prompt)
         self.record = record
-        self.inspectors: dict[str, object] = {}  # Version.name -> Inspector
+        self.inspectors: dict[str, Inspector] = {}  # by Version.name
         self.queue: asyncio.Queue | None = None
         self.workers: list[asyncio.Task] = []
         self.skipped = self.failed = 0
-        self.primary = None  # the Inspector server.connect built at start (Readiness closes it)
+        self.primary: Inspector | None = None  # the one server.connect built at start (Readiness closes it)
         self._retiring: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()
 
     # -- wiring -------------------------------------------------------------------------------------------------
 
-    async def attach(self, live_inspector) -> VersionRouter:
+    async def attach(self, live_inspector: Inspector) -> VersionRouter:
         """Takes the Inspector server.connect built for the live version; resumes a shadow after a restart."""
         self.record.live = replace(self.record.live, fingerprint=live_inspector.ckpt.fingerprint)
         self.inspectors[self.record.live.name] = self.primary = live_inspector
@@ -105,7 +108,7 @@ class RolloutManager:
         self._save()
         return VersionRouter(self)
 
-    async def _connect(self, version: v.Version, wait_s: float = CONNECT_TIMEOUT_S):
+    async def _connect(self, version: v.Version, wait_s: float = CONNECT_TIMEOUT_S) -> Inspector:
         """An Inspector for `version` writing through the routing store, its outputs the live version's."""
         quiet = v.settings_for(self.cfg, version, outputs=OutputsConfig())
         inspector = await self.connect(quiet, self.routing_store)
@@ -125,10 +128,10 @@ class RolloutManager:
         self.inspectors[version.name] = inspector
         return inspector
 
-    def live_inspector(self):
+    def live_inspector(self) -> Inspector:
         return self.inspectors[self.record.live.name]
 
-    def route(self, station: str) -> tuple[object, v.Version]:
+    def route(self, station: str) -> tuple[Inspector, v.Version]:
         r = self.record
         if r.state == v.CANARY and station in r.canary and r.candidate is not None:
             return self.inspectors[r.candidate.name], r.candidate
@@ -191,7 +194,7 @@ class RolloutManager:
                 queue.task_done()
 
     @staticmethod
-    async def _drain(inspector, req) -> None:
+    async def _drain(inspector: Inspector, req: inspection_pb2.InspectRequest) -> None:
         async for _ in inspector.run(req):
             pass
 
@@ -207,6 +210,7 @@ class RolloutManager:
                 raise InvalidInput("the candidate needs a checkpoint folder, a vision node and its decoder stages")
             if candidate.name == self.record.live.name:
                 raise InvalidInput(f"the candidate's name {candidate.name!r} is the live version's: give it another")
+            check_prompt(candidate.prompt)  # it replaces an empty request prompt, after the request's own check
             inspector = await self._connect(candidate)
             candidate = replace(candidate, fingerprint=inspector.ckpt.fingerprint)
             shadow = (in_flight or 1, queue or DEFAULT_QUEUE)
@@ -293,7 +297,7 @@ class RolloutManager:
         await self._stop_shadow()
 
 
-async def _close(inspector) -> None:
+async def _close(inspector: Inspector) -> None:
     """Stops what server.connect started for an Inspector (as Readiness.close does for the live one)."""
     await inspector.router.close()
     await inspector.vision.close()
@@ -302,15 +306,16 @@ async def _close(inspector) -> None:
 
 
 class VersionRouter:
-    """Stands in for the Inspector where the servicer calls it; everything else reads the live Inspector."""
+    """What the servicer calls: `run` sends each request to the Inspector of the version live for its station;
+    `live` is the live version's Inspector (cluster status)."""
 
     def __init__(self, manager: RolloutManager):
         self.manager = manager
 
-    def __getattr__(self, name: str):
-        return getattr(self.manager.live_inspector(), name)
+    def live(self) -> Inspector:
+        return self.manager.live_inspector()
 
-    async def run(self, req: inspection_pb2.InspectRequest):
+    async def run(self, req: inspection_pb2.InspectRequest) -> AsyncIterator[inspection_pb2.InspectEvent]:
         if req.idempotency_key.startswith(v.SHADOW_KEY):
             raise InvalidInput(f"idempotency keys starting with {v.SHADOW_KEY!r} are reserved for shadow runs")
         inspector, version = self.manager.route(req.station)

@@ -1,4 +1,5 @@
-"""InspectionService: the public API. Translates protobuf <-> the Inspector and the report store."""
+"""InspectionService: the public API. Translates protobuf <-> the version router (one Inspector per model version)
+and the report store."""
 
 from __future__ import annotations
 
@@ -7,28 +8,14 @@ from contextlib import aclosing
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from edgeinspect.errors import InvalidInput, PermissionDenied, Unavailable
-from edgeinspect.services.gateway.callers import caller_of, may_review
-from edgeinspect.services.gateway.inspection import Inspector
-from edgeinspect.services.gateway.status import cluster_status
-from edgeinspect.services.gateway.step_spans import annotate_report, annotate_request
-from edgeinspect.services.gateway.store import ReportStore
+from edgeinspect.errors import PermissionDenied, Unavailable
+from edgeinspect.services.gateway.api.callers import caller_of, may_review
+from edgeinspect.services.gateway.api.requests import check_inspect, time_arg
+from edgeinspect.services.gateway.api.status import cluster_status
+from edgeinspect.services.gateway.decode.step_spans import annotate_report, annotate_request
+from edgeinspect.services.gateway.reports.store import ReportStore
+from edgeinspect.services.gateway.rollout.manager import VersionRouter
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
-
-# google.protobuf.Timestamp's valid range: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z.
-MIN_TS_SECONDS, MAX_TS_SECONDS = -62_135_596_800, 253_402_300_799
-
-
-def time_arg(request, name: str) -> int | None:
-    """A Timestamp field as epoch microseconds (None when unset); InvalidInput outside Timestamp's range."""
-    if not request.HasField(name):
-        return None
-    ts = getattr(request, name)
-    if not MIN_TS_SECONDS <= ts.seconds <= MAX_TS_SECONDS or not 0 <= ts.nanos < 1_000_000_000:
-        raise InvalidInput(
-            f"{name} is not a valid timestamp: seconds must lie in years 1..9999 and nanos in [0, 999999999]"
-        )
-    return ts.seconds * 1_000_000 + ts.nanos // 1000
 
 
 def _timestamp(us: int) -> Timestamp:
@@ -40,18 +27,18 @@ def _timestamp(us: int) -> Timestamp:
 class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
     def __init__(self, store: ReportStore):
         self.store = store
-        self.inspector: Inspector | None = None
+        self.versions: VersionRouter | None = None  # set once the live version's Inspector is connected
 
-    def _ready(self) -> Inspector:
-        if self.inspector is None:
+    def _ready(self) -> VersionRouter:
+        if self.versions is None:
             raise Unavailable("the gateway is still connecting to its vision and decoder nodes; retry shortly")
-        return self.inspector
+        return self.versions
 
     async def Inspect(self, request, context) -> inspection_pb2.DefectReport:
         """Runs the inspection to the end and answers with the stored report."""
         report = None
         annotate_request(request)
-        async with aclosing(self._ready().run(request)) as events:
+        async with aclosing(self._ready().run(check_inspect(request))) as events:
             async for event in events:
                 if event.HasField("report"):
                     report = event.report
@@ -62,7 +49,7 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
         """Token deltas as they are generated, then the stored report."""
         # aclosing: a cancelled caller closes the generator now, which closes the stage streams now (not at GC).
         annotate_request(request)
-        async with aclosing(self._ready().run(request)) as events:
+        async with aclosing(self._ready().run(check_inspect(request))) as events:
             async for event in events:
                 if event.HasField("report"):
                     annotate_report(event.report)
@@ -147,4 +134,4 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
 
     async def GetClusterStatus(self, request, context) -> inspection_pb2.ClusterStatus:
         """Every stage endpoint (range, health, ban reason, load), the plan in force, vision/retrieval, admission."""
-        return await cluster_status(self._ready())
+        return await cluster_status(self._ready().live())

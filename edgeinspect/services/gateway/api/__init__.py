@@ -1,0 +1,1 @@
+"""The public edge: gRPC servicers (inspection, rollout), who is calling, the cluster status answer."""

@@ -1,0 +1,1 @@
+"""What an inspection leaves behind: the durable report store, its frames, and the report text and schema."""
