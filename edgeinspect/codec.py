@@ -245,15 +245,14 @@ def _decode_raw(raw: bytes, codec: Codec, numel: int, dtype: torch.dtype, name: 
     return torch.from_numpy(x.reshape(-1)[:numel]).to(dtype)
 
 
-def decode(
+def _checked_raw(
     e: EncodedTensor,
-    *,
-    expect_shape: Sequence[int | None] | None = None,
-    expect_dtype: str | None = None,
-    max_numel: int = DEFAULT_MAX_NUMEL,
-    name: str = "tensor frame",
-) -> torch.Tensor:
-    """Validate and decode a frame; None in expect_shape = any size on that axis; `name` prefixes errors."""
+    name: str,
+    expect_shape: Sequence[int | None] | None,
+    expect_dtype: str | None,
+    max_numel: int,
+) -> tuple[Codec, torch.dtype, int, bytes]:
+    """The frame's codec bytes (zstd undone) after every header and checksum check."""
     codec, dtype, numel = _check_header(e, name, expect_shape, expect_dtype, max_numel)
     payload = e.payload
     if not e.zstd and len(payload) != e.raw_nbytes:
@@ -263,7 +262,56 @@ def decode(
     if zlib.crc32(payload) != e.crc32:
         raise CodecError(f"{name}: checksum mismatch (payload damaged or altered in transit)")
     raw = _unzstd(payload, e.raw_nbytes, name) if e.zstd else payload
+    return codec, dtype, numel, raw
+
+
+def decode(
+    e: EncodedTensor,
+    *,
+    expect_shape: Sequence[int | None] | None = None,
+    expect_dtype: str | None = None,
+    max_numel: int = DEFAULT_MAX_NUMEL,
+    name: str = "tensor frame",
+) -> torch.Tensor:
+    """Validate and decode a frame; None in expect_shape = any size on that axis; `name` prefixes errors."""
+    codec, dtype, numel, raw = _checked_raw(e, name, expect_shape, expect_dtype, max_numel)
     return _decode_raw(raw, codec, numel, dtype, name).view(e.shape)
+
+
+def row_nbytes(codec: Codec, cols: int) -> int | None:
+    """Codec bytes of one row of `cols` values when rows are whole codec units (fp32, fp16; block-int8 when a row is
+    whole blocks, as a 1024-wide visual token is 32), else None."""
+    if codec is Codec.int8 and cols % BLOCK:
+        return None
+    return codec_nbytes(codec, cols)
+
+
+def split_rows(
+    frame: tensor_pb2.TensorFrame, counts: Sequence[int], *, name: str = "tensor frame"
+) -> list[tensor_pb2.TensorFrame]:
+    """Consecutive row ranges of a 2-D frame (`counts` rows each, from row 0) as frames of its own codec, cut from
+    the payload bytes where rows are whole codec units: the pieces hold exactly the values the whole frame holds and
+    no float is made. Block-int8 rows that split a block (no real vision width) are decoded and re-encoded, within
+    the codec's error. The frame is checked once, as decode checks it."""
+    e = from_proto(frame)
+    codec, dtype, numel, raw = _checked_raw(e, name, [None, None], None, DEFAULT_MAX_NUMEL)
+    rows, cols = e.shape
+    if any(n < 0 for n in counts) or sum(counts) > rows:
+        raise CodecError(f"{name}: cannot cut {sum(counts)} rows from shape {_fmt_shape(e.shape)}")
+    per_row = row_nbytes(codec, cols)
+    whole = None if per_row else _decode_raw(raw, codec, numel, dtype, name).view(e.shape)
+    out, start = [], 0
+    for n in counts:
+        if whole is not None:
+            out.append(encode_frame(whole[start : start + n].contiguous(), codec, e.zstd))
+        else:
+            piece = raw[start * per_row : (start + n) * per_row]
+            payload = zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(piece) if e.zstd else piece
+            out.append(
+                to_proto(EncodedTensor(e.dtype, (n, cols), codec, e.zstd, payload, zlib.crc32(payload), len(piece)))
+            )
+        start += n
+    return out
 
 
 # ---------------------------------------------------------------- protobuf

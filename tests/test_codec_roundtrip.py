@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from edgeinspect import codec
 from edgeinspect.codec import (
     BLOCK,
     Codec,
@@ -20,6 +21,7 @@ from edgeinspect.codec import (
     encode_frame,
     wire_nbytes,
 )
+from edgeinspect.errors import CodecError
 from edgeinspect.v1 import tensor_pb2
 
 # up to 4-D, zero-size dims included, sizes that 32 does not divide
@@ -129,3 +131,34 @@ def test_zstd_shrinks_compressible_data() -> None:
     e = encode(t, Codec.fp32, zstd=True)
     assert wire_nbytes(e) < e.raw_nbytes // 10
     assert torch.equal(decode(e), t)
+
+
+@pytest.mark.parametrize("zstd", [False, True])
+@pytest.mark.parametrize("codec_name", ["fp32", "fp16", "int8"])
+@pytest.mark.parametrize("cols", [64, 48])  # 48: block-int8 rows that split a block take the decode path
+def test_split_rows_cuts_the_same_values_the_whole_frame_holds(codec_name, zstd, cols):
+    # The gateway hands each prompt chunk its visual rows cut from the vision node's bytes: equal to slicing the
+    # decoded frame, byte for byte where rows are whole codec units.
+    c = codec.Codec(codec_name)
+    t = torch.randn(10, cols, generator=torch.Generator().manual_seed(3))
+    frame = codec.encode_frame(t, c, zstd)
+    whole = codec.decode_frame(frame)
+    pieces = codec.split_rows(frame, [3, 0, 4, 2])
+    assert [tuple(p.shape) for p in pieces] == [(3, cols), (0, cols), (4, cols), (2, cols)]
+    starts = [0, 3, 3, 7]
+    exact = codec.row_nbytes(c, cols) is not None
+    for p, start in zip(pieces, starts, strict=True):
+        got, want = codec.decode_frame(p), whole[start : start + p.shape[0]]
+        assert torch.equal(got, want) if exact else torch.allclose(got, want, atol=0.05)
+        assert p.codec == frame.codec and p.zstd == zstd
+    if exact and not zstd:
+        assert b"".join(p.payload for p in pieces) == frame.payload[: codec.codec_nbytes(c, 9 * cols)]
+
+
+def test_split_rows_refuses_more_rows_than_the_frame_has_and_a_damaged_frame():
+    frame = codec.encode_frame(torch.ones(4, 32), codec.Codec.int8)
+    with pytest.raises(CodecError, match="cannot cut 5 rows"):
+        codec.split_rows(frame, [2, 3])
+    frame.payload = frame.payload[:-1] + bytes([frame.payload[-1] ^ 1])
+    with pytest.raises(CodecError, match="checksum mismatch"):
+        codec.split_rows(frame, [1])

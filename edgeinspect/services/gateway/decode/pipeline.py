@@ -331,34 +331,23 @@ def prompt_chunks(
     frame: tensor_pb2.TensorFrame | None,
     chunk_tokens: int,
     image_token_id: int,
-    visual=None,
 ) -> list[tuple[list[int], tensor_pb2.TensorFrame | None]]:
     """Splits a prompt into chunks of at most `chunk_tokens` ids, each with the visual tokens of its own image
-    placeholders. A prompt that fits one chunk travels with the frame as received; otherwise `visual` (the frame
-    decoded once per inspection, [N_img, vision_hidden]) is sliced per chunk and re-encoded in the frame's codec
-    (block-int8 rows re-quantize to the same values)."""
+    placeholders. A prompt that fits one chunk travels with the frame as received; otherwise each chunk gets its
+    rows cut from the frame's codec bytes (codec.split_rows: the same values, no decode in the gateway)."""
     if chunk_tokens <= 0 or len(input_ids) <= chunk_tokens:
         return [(list(input_ids), frame)]
-    if frame is not None and visual is None:
-        visual = codec.decode_frame(frame, name="visual tokens")
-    if visual is not None:
-        check_visual_count(visual, input_ids, image_token_id)
-    out, used = [], 0
-    for start in range(0, len(input_ids), chunk_tokens):
-        ids = list(input_ids[start : start + chunk_tokens])
-        n = sum(1 for i in ids if i == image_token_id)
-        chunk_frame = None
-        if visual is not None and n:
-            chunk_frame = codec.encode_frame(
-                visual[used : used + n].contiguous(), codec.codec_from_proto(frame.codec), frame.zstd
-            )
-            used += n
-        out.append((ids, chunk_frame))
-    return out
+    parts = [list(input_ids[s : s + chunk_tokens]) for s in range(0, len(input_ids), chunk_tokens)]
+    if frame is None:
+        return [(ids, None) for ids in parts]
+    check_visual_count(tuple(frame.shape), input_ids, image_token_id)
+    counts = [sum(1 for i in ids if i == image_token_id) for ids in parts]
+    rows = iter(codec.split_rows(frame, [n for n in counts if n], name="visual tokens"))
+    return [(ids, next(rows) if n else None) for ids, n in zip(parts, counts, strict=True)]
 
 
-def check_visual_count(visual, input_ids: list[int], image_token_id: int) -> None:
+def check_visual_count(shape: tuple[int, ...], input_ids: list[int], image_token_id: int) -> None:
     """The one check that the visual tokens fill the prompt's image placeholders exactly."""
     slots = sum(1 for i in input_ids if i == image_token_id)
-    if visual.dim() != 2 or visual.shape[0] != slots:
-        raise InvalidInput(f"visual tokens {list(visual.shape)} do not fit the prompt's {slots} image placeholders")
+    if len(shape) != 2 or shape[0] != slots:
+        raise InvalidInput(f"visual tokens {list(shape)} do not fit the prompt's {slots} image placeholders")

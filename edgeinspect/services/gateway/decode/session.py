@@ -122,7 +122,6 @@ class InferenceSession:
         self.truncated = True  # the budget ran out before end of sequence
         self._opened = 0
         self._route: list[Endpoint] = []
-        self._visual = None  # the visual tokens decoded once, when the prompt is chunked
         self._decode_ms = 0.0  # usual wall time of a decode step (EWMA), for the stall bound
 
     async def __aenter__(self) -> InferenceSession:
@@ -319,13 +318,7 @@ class InferenceSession:
         return sampling
 
     def _chunks(self, ids: list[int], frame: tensor_pb2.TensorFrame | None):
-        from edgeinspect import codec
-
-        if frame is not None and self._visual is None and 0 < self.policy.chunk_tokens < len(ids):
-            self._visual = codec.decode_frame(frame, name="visual tokens")  # once per inspection, not per chunk
-        # Only the part that carries the image gets the decoded tokens (a miss's restart chunks the prefix after them).
-        visual = self._visual if frame is not None else None
-        return prompt_chunks(ids, frame, self.policy.chunk_tokens, self.policy.image_token_id, visual)
+        return prompt_chunks(ids, frame, self.policy.chunk_tokens, self.policy.image_token_id)
 
     async def _prefill_on(self, wire: RouteSession, forced: int) -> StepResult:
         """The prompt, sampling its first token (and up to `forced` jump-forward tokens). With a shared prefix
