@@ -13,6 +13,7 @@ import typer
 
 from edgeinspect import PROTOCOL_VERSION, __version__
 from edgeinspect.bench_cli import bench_command
+from edgeinspect.cli.anomaly import app as anomaly_app
 from edgeinspect.models.cli import app as model_app
 from edgeinspect.models.planner_cli import plan_command
 from edgeinspect.rag.cli import app as kb_app
@@ -70,6 +71,7 @@ app.command("bench")(bench_command)
 app.command("verify")(verify_command)
 app.command("eval")(eval_command)
 app.add_typer(rollout_app, name="rollout", help="Model versions: shadow a candidate, promote it, roll it back.")
+app.add_typer(anomaly_app, name="anomaly", help="The anomaly gate offline: teach a part from good frames, eval, banks.")
 
 
 def _one_line(text: str) -> str:

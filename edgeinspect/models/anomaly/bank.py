@@ -49,12 +49,15 @@ class Bank:
     coreset_ratio: float
     created_at: str  # ISO 8601 UTC
     stats: dict = field(default_factory=dict)  # LOO score summary, timings, frame counts, outliers
+    border: int = 0  # patch rings at the grid's edge outside the image score (teach.py BORDER)
 
     @cached_property
     def content_hash(self) -> str:
         """sha256 over what decides a verdict (features, threshold, band, fingerprint, teach set), not the version."""
         h = hashlib.sha256()
         meta = [self.part, self.fingerprint, list(self.grid), self.threshold, list(self.band), self.teach_hashes]
+        if self.border:  # what the image score covers decides verdicts too
+            meta.append(self.border)
         h.update(json.dumps(meta, sort_keys=True).encode())
         h.update(np.ascontiguousarray(self.features, dtype=np.float32).tobytes())
         return h.hexdigest()

@@ -35,6 +35,9 @@ class FeatureExtractor(Protocol):
     name: str
     fingerprint: str  # 16 hex: sha256 over name, weights hash, layers, input size, normalisation
     input_size: int
+    # Patch rings at the grid's edge left out of the image score by default (teach's border): a CNN's zero padding
+    # makes edge patches of a periodic texture unlike any good patch taught (see BORDER in teach.py).
+    border: int
 
     def extract(self, frames: Sequence[np.ndarray]) -> np.ndarray:
         """RGB uint8 [H, W, 3] frames of any size -> [N, h, w, C] float32 patch features."""
@@ -97,6 +100,7 @@ class RawPixelExtractor:
     """No learning: 8x8 RGB patches at stride 8 of the 224 px frame (28x28 grid, 192-d), 3x3 neighbour average."""
 
     name = "raw-pixel"
+    border = 1  # the 3x3 neighbour average pads the outer ring with zeros
     patch = 8
 
     def __init__(self, input_size: int = 224):
@@ -124,6 +128,7 @@ class EfficientNetLite0Extractor:
     """Pretrained EfficientNet-Lite0: blocks 4 and 10 (40 ch stride 8 + 112 ch stride 16), 3x3 avg, concat."""
 
     name = "efficientnet-lite0"
+    border = 2  # zero padding reaches 2 patches (16 px at 224) into the stride-8 grid
 
     def __init__(self, layers: Sequence[int] = (4, 10), input_size: int = 224, normalisation: str = "tf"):
         try:
@@ -195,6 +200,7 @@ class SiglipExtractor:
     """The checkpoint's own SigLIP tower: hidden states of chosen layers on its (image_size/patch)^2 grid."""
 
     name = "siglip"
+    border = 0  # non-overlapping patch embedding, no padding: edge patches are like any other
 
     def __init__(self, checkpoint: str | Path, layers: Sequence[int] | None = None, weights: str = "fp32", tower=None):
         """tower: a VisionTower of the same checkpoint and weights already loaded (the vision node's), shared
@@ -244,6 +250,7 @@ class OnnxExtractor:
     """A plant's own backbone exported to ONNX with named NCHW feature outputs, run on ONNX Runtime's CPU EP."""
 
     name = "onnx"
+    border = 2  # a plant's CNN pads like ours: the same 2 rings as efficientnet-lite0
 
     def __init__(
         self,

@@ -100,6 +100,7 @@ class Scorer:
 
     def _result(self, patch: np.ndarray, frame_size: tuple[int, int], knn_ms: float) -> AnomalyResult:
         start = time.perf_counter()
+        patch = inspected(patch, self.bank.border)
         score = float(patch.max())
         verdict = verdict_of(score, self.bank.band)
         heatmap = upsample(patch, self.extractor.input_size, frame_size)  # [H, W]
@@ -110,6 +111,15 @@ class Scorer:
         post_ms = 1000 * (time.perf_counter() - start)
         return AnomalyResult(score, self.bank.threshold, verdict, heatmap, regions, self.bank.bank_id,
                              self.bank.fingerprint, {"knn_ms": knn_ms, "post_ms": post_ms})  # fmt: skip
+
+
+def inspected(patch: np.ndarray, border: int) -> np.ndarray:
+    """Patch scores [h, w] with the outer `border` rings zeroed: the area the gate inspects (its ROI)."""
+    if border <= 0:
+        return patch
+    out = np.zeros_like(patch)
+    out[border:-border, border:-border] = patch[border:-border, border:-border]
+    return out
 
 
 def upsample(patch: np.ndarray, input_size: int, frame_size: tuple[int, int]) -> np.ndarray:

@@ -1,0 +1,225 @@
+"""`edgeinspect anomaly teach|eval|banks|sample`: the anomaly gate offline, no cluster needed.
+
+Heavy modules (torch, faiss, cv2, the feature extractors) are imported inside the commands so `--help` stays fast.
+Typed errors (TeachError, NotFound, InvalidInput, ...) propagate to edgeinspect.cli.main, which prints one line.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
+banks_app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
+app.add_typer(banks_app, name="banks", help="Taught banks: list parts, show one, roll a part back to a version.")
+
+
+class ExtractorChoice(StrEnum):
+    efficientnet_lite0 = "efficientnet-lite0"
+    raw_pixel = "raw-pixel"
+    siglip = "siglip"
+    onnx = "onnx"
+
+
+BANKS = typer.Option(None, "--banks", help="bank folder (default: $EDGEINSPECT_BANKS, else var/embedded/banks)")
+
+
+def _store(banks: Path | None):
+    from edgeinspect.models.anomaly.bank import BankStore, default_banks_dir
+
+    return BankStore(banks or default_banks_dir())
+
+
+def _options(pairs: list[str]) -> dict:
+    """KEY=VALUE extractor options; a value that parses as JSON (numbers, lists) is taken as such."""
+    from edgeinspect.errors import InvalidInput
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidInput(f"extractor option {pair!r} is not KEY=VALUE (e.g. checkpoint=DIR, layers=[4,10])")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _console(err: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=err, highlight=False)
+
+
+def _stage_progress(console):
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
+
+
+@app.command("teach")
+def teach_command(
+    part: str = typer.Option(..., "--part", help="part name the bank is for"),
+    source: Path = typer.Option(..., "--from", help="folder of good frames (png/jpg/bmp) of this part"),
+    extractor: ExtractorChoice = typer.Option(ExtractorChoice.efficientnet_lite0, "--extractor"),
+    option: list[str] = typer.Option([], "--extractor-option", "-o", help="KEY=VALUE for the extractor, repeatable"),
+    banks: Path | None = BANKS,
+    coreset: float | None = typer.Option(None, "--coreset", help="coreset ratio in (0, 1] (default: measured)"),
+) -> None:
+    """Teach a part's bank from good frames and publish it as the part's next version."""
+    from edgeinspect.models.anomaly.bank import check_part
+    from edgeinspect.models.anomaly.features import open_extractor
+    from edgeinspect.models.anomaly.teach import CORESET_RATIO, load_frames, teach
+
+    check_part(part)  # before minutes of work
+    store = _store(banks)
+    console = _console()
+    with _stage_progress(console) as progress:
+        task = progress.add_task(f"reading frames from {source}", total=None)
+        frames = load_frames(source)
+        progress.update(task, description=f"opening the {extractor.value} extractor")
+        features = open_extractor(extractor.value, **_options(option))
+        progress.update(task, description=f"teaching {part} from {len(frames)} frames (features, coreset, threshold)")
+        bank, report = teach(frames, features, part, coreset_ratio=CORESET_RATIO if coreset is None else coreset)
+        progress.update(task, description=f"publishing to {store.root}")
+        published = store.publish(bank)
+    console.print(report.summary())
+    console.print(f"published {published.bank_id} (version {published.version}) in {store.root}")
+    console.print(f"threshold {published.threshold:.4g}; outliers refused: {len(report.outliers)}")
+
+
+@app.command("eval")
+def eval_command(
+    root: Path = typer.Argument(..., help="folder in the MVTec layout: ROOT/PART/test/<good|kind>/*.png"),
+    part: str = typer.Option(..., "--part", help="part to evaluate (its current bank)"),
+    banks: Path | None = BANKS,
+    version: int | None = typer.Option(None, "--version", help="bank version (default: the current one)"),
+    as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
+    roc: Path | None = typer.Option(None, "--roc", help="write the ROC curve as a PNG here"),
+    target_escape: float = typer.Option(0.05, "--target-escape", help="escape rate the operating point aims at"),
+) -> None:
+    """Image and pixel AUROC, escape and overkill (Wilson 95% CIs) of a part's bank on labelled frames."""
+    from edgeinspect.errors import InvalidInput, NotFound
+    from edgeinspect.models.anomaly.evaluate import evaluate, roc_png
+    from edgeinspect.models.anomaly.features import open_extractor
+    from edgeinspect.models.anomaly.scoring import Scorer
+
+    if not 0.0 <= target_escape < 1.0:
+        raise InvalidInput(f"--target-escape must be in [0, 1) (got {target_escape})")
+    part_dir = root / part
+    if not part_dir.is_dir():
+        raise NotFound(f"{part_dir}: no such part folder (expected ROOT/PART/test/...)")
+    bank = _store(banks).load(part, version)
+    extractor = open_extractor(bank.extractor["name"], **bank.extractor.get("options", {}))
+    console = _console(err=as_json)
+    with _stage_progress(console) as progress:
+        task = progress.add_task(f"scoring {part} with {bank.bank_id}", total=None)
+        result = evaluate(part_dir, Scorer(bank, extractor), target_escape=target_escape,
+                          progress=lambda done, total: progress.update(task, completed=done, total=total))  # fmt: skip
+    if roc is not None:
+        roc_png([result], roc)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+        return
+    _print_eval(console, result, roc)
+
+
+def _print_eval(console, result, roc: Path | None) -> None:
+    from rich.table import Table
+
+    def ci(rate) -> str:
+        return f"{rate.rate:.1%} ({rate.k}/{rate.n}; 95% CI {rate.lo:.1%}..{rate.hi:.1%})"
+
+    table = Table(title=f"{result.part}: bank {result.bank_id}", show_header=False)
+    pixel = "no masks" if result.pixel_auroc is None else f"{result.pixel_auroc:.4f}"
+    rows = [("image AUROC", f"{result.image_auroc:.4f}"), ("pixel AUROC", pixel),
+            ("threshold", f"{result.threshold:.4g}"), ("escape (defect called OK)", ci(result.escape)),
+            ("overkill (good flagged)", ci(result.overkill)),
+            ("frames", f"{result.n_good} good, {result.n_defect} defective"),
+            ("ms per frame", f"{result.ms_per_frame:.1f}")]  # fmt: skip
+    op = result.operating
+    if op.get("threshold") is not None:
+        rows.append((f"at target escape {op['target_escape']:.0%}",
+                     f"threshold {op['threshold']:.4g}: escape {op['escape']:.1%}, overkill {op['overkill']:.1%} "
+                     "(chosen on these frames: optimistic)"))  # fmt: skip
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    for m in result.misses:
+        console.print(f"missed {m.file} ({m.kind}, severity {m.severity or '?'}): score {m.score:.4g}")
+    for f in result.false_alarms:
+        console.print(f"flagged good {f}")
+    if roc is not None:
+        console.print(f"ROC curve: {roc}")
+
+
+@banks_app.command("list")
+def banks_list(banks: Path | None = BANKS, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Every part with a bank: its current version, extractor, threshold, size."""
+    from rich.table import Table
+
+    store = _store(banks)
+    rows = []
+    for part in store.list_parts():
+        bank = store.current(part)
+        versions = [b.version for b in store.versions(part)]
+        rows.append({"part": part, "current": bank.version if bank else None, "versions": versions,
+                     "bank_id": bank.bank_id if bank else "", "extractor": bank.extractor.get("name") if bank else "",
+                     "threshold": bank.threshold if bank else None,
+                     "patches": int(bank.features.shape[0]) if bank else 0,
+                     "created_at": bank.created_at if bank else ""})  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        typer.echo(f"no banks in {store.root}")
+        return
+    table = Table(title=f"anomaly banks in {store.root}")
+    for column in ("part", "current", "versions", "bank id", "extractor", "threshold", "patches", "created"):
+        table.add_column(column)
+    for r in rows:
+        threshold = "-" if r["threshold"] is None else f"{r['threshold']:.4g}"
+        table.add_row(r["part"], str(r["current"]), ",".join(map(str, r["versions"])), r["bank_id"], r["extractor"],
+                      threshold, str(r["patches"]), r["created_at"])  # fmt: skip
+    _console().print(table)
+
+
+@banks_app.command("show")
+def banks_show(
+    part: str = typer.Argument(..., help="part name"),
+    version: int | None = typer.Option(None, "--version", help="default: the current one"),
+    banks: Path | None = BANKS,
+) -> None:
+    """A bank's metadata as JSON: extractor and fingerprint, threshold, band, teach set, LOO statistics."""
+    bank = _store(banks).load(part, version)
+    typer.echo(json.dumps(bank.metadata(), indent=2, sort_keys=True, default=str))
+
+
+@banks_app.command("rollback")
+def banks_rollback(
+    part: str = typer.Argument(..., help="part name"),
+    version: int = typer.Argument(..., help="the version to make current again"),
+    banks: Path | None = BANKS,
+) -> None:
+    """Make an earlier bank version of a part current again."""
+    bank = _store(banks).rollback(part, version)
+    typer.echo(f"{part}: current bank is now {bank.bank_id}")
+
+
+@app.command("sample")
+def sample_command(
+    out: Path = typer.Argument(..., help="folder to write the sample set into (MVTec layout)"),
+    seed: int = typer.Option(0, "--seed", help="the same seed draws the same set"),
+    part: list[str] = typer.Option([], "--part", help="only these parts (repeatable; default: all)"),
+) -> None:
+    """Draw the procedural sample set: good frames to teach from, test frames with defects and masks."""
+    from edgeinspect.models.anomaly.sample import write_sample_set
+
+    summary = write_sample_set(out, parts=part or None, seed=seed)
+    for name, counts in summary.items():
+        typer.echo(f"{out / name}: {counts['train']} train good, {counts['test_good']} test good, "
+                   f"{counts['defects']} defective ({', '.join(counts['kinds'])})")  # fmt: skip

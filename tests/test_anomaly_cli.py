@@ -1,0 +1,130 @@
+"""`edgeinspect anomaly` as a subprocess: sample -> teach -> banks list/show -> eval --json -> rollback, and bad input
+(0 or 1 frames, a corrupt image, a 12000x12000 frame, a mask of the wrong size) ending as one line and a non-zero
+exit with the existing bank untouched. raw-pixel features keep it quick; the extractor does not change the paths."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+EXE = Path(sys.executable).with_name("edgeinspect")
+PART = "board"
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    cmd = [str(EXE)] if EXE.is_file() else [sys.executable, "-m", "edgeinspect.cli"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _tree_digest(folder: Path) -> dict[str, str]:
+    """Every file under the bank folder with its sha256: 'untouched' means this is equal before and after."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def taught(tmp_path_factory):
+    """A drawn sample set of one part and a banks folder holding its bank, version 1."""
+    base = tmp_path_factory.mktemp("anomaly-cli")
+    _ok(_cli("anomaly", "sample", str(base / "set"), "--part", PART, "--seed", "1"))
+    banks = base / "banks"
+    out = _ok(_cli("anomaly", "teach", "--part", PART, "--from", str(base / "set" / PART / "train" / "good"),
+                   "--extractor", "raw-pixel", "--banks", str(banks)))  # fmt: skip
+    assert "version 1" in out and "threshold" in out and "outliers refused: 0" in out
+    return base, banks
+
+
+def test_teach_then_list_show_and_eval_json(taught):
+    base, banks = taught
+    listed = json.loads(_ok(_cli("anomaly", "banks", "list", "--banks", str(banks), "--json")))
+    assert [(r["part"], r["current"], r["extractor"]) for r in listed] == [(PART, 1, "raw-pixel")]
+    shown = json.loads(_ok(_cli("anomaly", "banks", "show", PART, "--banks", str(banks))))
+    assert shown["version"] == 1 and shown["fingerprint"] == shown["extractor"]["fingerprint"]
+    assert len(shown["teach_hashes"]) == 30
+    roc = base / "roc.png"
+    figures = json.loads(_ok(_cli("anomaly", "eval", str(base / "set"), "--part", PART, "--banks", str(banks),
+                                  "--json", "--roc", str(roc))))  # fmt: skip
+    for key in ("image_auroc", "pixel_auroc", "escape", "overkill", "threshold", "n_good", "n_defect"):
+        assert key in figures, key
+    assert figures["n_good"] == 15 and figures["n_defect"] == 18
+    assert 0 <= figures["escape"] <= 1 and 0 <= figures["overkill"] <= 1 and 0 <= figures["image_auroc"] <= 1
+    assert figures["bank_id"] == shown["bank_id"]
+    assert roc.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = _ok(_cli("anomaly", "eval", str(base / "set"), "--part", PART, "--banks", str(banks)))
+    assert "image AUROC" in table and "95% CI" in table
+
+
+def _bad_inputs(base: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (argv, words its one-line error must hold); the folders they need are made here."""
+    from PIL import Image
+
+    good = sorted((base / "set" / PART / "train" / "good").glob("*.png"))
+    empty, one, corrupt, huge = (base / "bad" / n for n in ("empty", "one", "corrupt", "huge"))
+    for folder in (empty, one, corrupt, huge):
+        folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(good[0], one)
+    for f in good[:8]:
+        shutil.copy(f, corrupt)
+        shutil.copy(f, huge)
+    (corrupt / "zz_corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + os.urandom(300))
+    Image.new("1", (12000, 12000)).save(huge / "zz_huge.png")  # 1-bit: a few kB on disk, 144 MP decoded
+    wrong = base / "wrong-mask"
+    shutil.copytree(base / "set" / PART, wrong / PART)
+    Image.new("L", (100, 80)).save(wrong / PART / "ground_truth" / "scratch" / "003_mask.png")
+
+    def teach(folder: Path) -> list[str]:
+        return ["anomaly", "teach", "--part", PART, "--from", str(folder), "--extractor", "raw-pixel"]
+
+    return {
+        "no frames": (teach(empty), "at least"),
+        "one frame": (teach(one), "at least"),
+        "corrupt image": (teach(corrupt), "zz_corrupt.png"),
+        "12000x12000 frame": (teach(huge), "zz_huge.png"),
+        "mask of the wrong size": (["anomaly", "eval", str(wrong), "--part", PART], "003_mask.png"),
+    }
+
+
+def test_bad_input_is_one_line_a_non_zero_exit_and_the_bank_untouched(taught):
+    base, banks = taught
+    before = _tree_digest(banks)
+    cases = _bad_inputs(base)
+    with ThreadPoolExecutor(3) as pool:  # each is a fresh Python start-up: run them side by side
+        procs = list(pool.map(lambda argv: _cli(*argv, "--banks", str(banks)), [a for a, _ in cases.values()]))
+    failures = []
+    for (name, (_, words)), proc in zip(cases.items(), procs, strict=True):
+        lines = proc.stderr.strip().splitlines()
+        if proc.returncode == 0 or len(lines) != 1 or "Traceback" in proc.stderr or words not in lines[0]:
+            failures.append(f"{name}: rc={proc.returncode} stderr={proc.stderr[-600:]!r}")
+    assert not failures, "\n".join(failures)
+    assert _tree_digest(banks) == before  # same CURRENT, same version folders, same bytes
+    assert (banks / PART / "CURRENT").read_text().strip() == "v0001"
+
+
+def test_a_second_teach_is_a_new_version_and_rollback_restores_the_first(taught):
+    base, banks = taught
+    out = _ok(_cli("anomaly", "teach", "--part", PART, "--from", str(base / "set" / PART / "train" / "good"),
+                   "--extractor", "raw-pixel", "--coreset", "0.2", "--banks", str(banks)))  # fmt: skip
+    assert "version 2" in out
+    listed = json.loads(_ok(_cli("anomaly", "banks", "list", "--banks", str(banks), "--json")))
+    assert listed[0]["current"] == 2 and listed[0]["versions"] == [1, 2]
+    assert "now board@v1:" in _ok(_cli("anomaly", "banks", "rollback", PART, "1", "--banks", str(banks)))
+    assert (banks / PART / "CURRENT").read_text().strip() == "v0001"
+    assert json.loads(_ok(_cli("anomaly", "banks", "show", PART, "--banks", str(banks))))["version"] == 1
+    missing = _cli("anomaly", "banks", "rollback", PART, "9", "--banks", str(banks))
+    assert missing.returncode != 0 and len(missing.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in missing.stderr
+    assert (banks / PART / "CURRENT").read_text().strip() == "v0001"
