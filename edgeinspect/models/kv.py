@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from edgeinspect.errors import InvalidInput
+
 GROW_ALIGN = 64  # positions: capacity is a multiple of this
+
+
+class KVCapacityError(InvalidInput):
+    """A step would run past a static KV cache's admitted capacity."""
 
 
 def _round_up(n: int, k: int) -> int:
@@ -53,16 +59,33 @@ def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
 
 class KVBuffer:
     """Keys and values of one session for a stage's layers: data [L, 2, H_kv, capacity, row], row = head_dim
-    (float dtypes) or head_dim + 4 (int8 rows, see above)."""
+    (float dtypes) or head_dim + 4 (int8 rows, see above), on the stage's device.
 
-    def __init__(self, n_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int = 0):
+    `static`: allocated once at `capacity` (the session's admitted max_positions) and never regrown, so its address
+    is fixed for the session's life (what a captured CUDA graph reads and writes) and a step beyond it is refused.
+    Its spare positions are zeros, not garbage: a static decode step attends over the whole capacity with a mask,
+    and a masked NaN would still poison the weighted sum (0 * NaN).
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        capacity: int = 0,
+        device: torch.device | None = None,
+        static: bool = False,
+    ):
         if dtype == torch.int8 and head_dim % SCALE_BYTES:
             raise ValueError(f"an int8 KV cache needs head_dim divisible by {SCALE_BYTES}, got {head_dim}")
         self.shape = (n_layers, 2, kv_heads, head_dim)
         self.dtype = dtype
         self.row = row_width(head_dim, dtype)
+        self.static = static
         self.length = 0  # positions holding valid keys/values
-        self.data = torch.empty(n_layers, 2, kv_heads, _round_up(capacity, GROW_ALIGN), self.row, dtype=dtype)
+        size = (n_layers, 2, kv_heads, _round_up(max(capacity, 1) if static else capacity, GROW_ALIGN), self.row)
+        self.data = (torch.zeros if static else torch.empty)(size, dtype=dtype, device=device)
 
     @property
     def quantized(self) -> bool:
@@ -85,9 +108,14 @@ class KVBuffer:
         """Makes room for `needed` positions, copying the valid part once if the buffer must grow."""
         if needed <= self.capacity:
             return
+        if self.static:
+            raise KVCapacityError(
+                f"session needs {needed} positions but its static KV cache was allocated for {self.capacity} at "
+                f"admission; send max_positions covering prompt + new tokens"
+            )
         new_cap = _round_up(max(needed, self.capacity + self.capacity // 2), GROW_ALIGN)
         n_layers, two, heads, _ = self.shape
-        grown = torch.empty(n_layers, two, heads, new_cap, self.row, dtype=self.dtype)
+        grown = torch.empty(n_layers, two, heads, new_cap, self.row, dtype=self.dtype, device=self.data.device)
         grown[:, :, :, : self.length] = self.data[:, :, :, : self.length]
         self.data = grown
 

@@ -14,7 +14,7 @@ import torch
 from edgeinspect.models.checkpoint import Checkpoint
 from edgeinspect.models.grammar import LogitsConstraint
 from edgeinspect.models.sampling import SamplingParams, make_generator, sample
-from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
+from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_device_stage, load_stage
 
 
 @dataclass
@@ -47,8 +47,13 @@ def even_split(num_layers: int, stages: int) -> list[LayerRange]:
     return bounds
 
 
-def load_local_stages(ckpt: Checkpoint, ranges: Sequence[LayerRange], weights: str = "fp32") -> list[StageExecutor]:
-    return [StageExecutor(load_stage(ckpt, r, weights)) for r in ranges]
+def load_local_stages(
+    ckpt: Checkpoint, ranges: Sequence[LayerRange], weights: str = "fp32", device: torch.device | None = None
+) -> list[StageExecutor]:
+    """One executor per range; with a device, each stage loaded onto it in a device format (stage/device.py)."""
+    if device is None:
+        return [StageExecutor(load_stage(ckpt, r, weights)) for r in ranges]
+    return [StageExecutor(load_device_stage(ckpt, r, weights, device), device=device) for r in ranges]
 
 
 Boundary = Callable[[torch.Tensor], torch.Tensor]
@@ -65,10 +70,18 @@ def codec_boundary(codec_name: str | None, zstd: bool = False) -> Boundary:
 
 
 class LocalPipeline:
-    def __init__(self, stages: Sequence[StageExecutor], boundary: Boundary | None = None, eos_id: int | None = None):
+    def __init__(
+        self,
+        stages: Sequence[StageExecutor],
+        boundary: Boundary | None = None,
+        eos_id: int | None = None,
+        preallocate: bool = False,
+    ):
         self.stages = list(stages)
         self.boundary = boundary or (lambda h: h)
         self.eos_id = eos_id
+        # open each session with its whole budget of positions, as a served stage does at admission (static caches)
+        self.preallocate = preallocate
 
     def forward(self, batch: list[tuple[str, StepInput]]) -> list[torch.Tensor]:
         """Runs one step of several sessions through every stage; returns last-position logits per session."""
@@ -90,6 +103,10 @@ class LocalPipeline:
             for sid, r in requests.items()
         ]
         lengths = {sid: len(r.input_ids) for sid, r in requests.items()}
+        if self.preallocate:
+            for stage in self.stages:
+                for sid, r in requests.items():
+                    stage.open(sid, capacity=len(r.input_ids) + r.max_new_tokens)
         try:
             while batch:
                 logits = self.forward(batch)

@@ -7,7 +7,7 @@ one chosen per stage at load).
 """
 
 from edgeinspect.models.stage.executor import KV_CACHE_FORMATS, PROMPT_BLOCK, StageExecutor
-from edgeinspect.models.stage.load import LayerRange, StageModule, load_stage
+from edgeinspect.models.stage.load import LayerRange, StageModule, load_device_stage, load_stage
 from edgeinspect.models.stage.steps import Session, StepInput, StepOutput, chunk_input, ids_tensor, step_positions
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "StepOutput",
     "chunk_input",
     "ids_tensor",
+    "load_device_stage",
     "load_stage",
     "step_positions",
 ]

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from edgeinspect.errors import InvalidInput, NotFound, PositionError
+from edgeinspect.models.device import HostCopy, to_device
 from edgeinspect.models.kernels import bindings, ops
 from edgeinspect.models.kv import SCALE_BYTES, KVBuffer, encode_rows, row_width
 from edgeinspect.models.stage.layers import LAYER_PATHS, LayerPath, choose_layer_path, offsets
@@ -27,7 +28,7 @@ KV_CACHE_FORMATS = {"int8": torch.int8, "fp16": torch.float16}
 # blocked). A whole 4,000-token prompt would make [4000, 11264] fp32 intermediates (180 MB) at 1.3B: fresh mmaps
 # that page-fault in, streamed from memory by the elementwise ops around the GEMMs. Blocks of 512 rows stay in the
 # heap (see keep_freed_memory). A prompt of up to 1,024 rows runs whole even so (its gate_up output, 44 MB at 974
-# rows, leaves the heap): fbgemm is as fast at 256 rows as at 974 (bench/README.md, "Prefill"), while oneDNN's int8
+# rows, leaves the heap): fbgemm is as fast at 256 rows as at 974 (bench/NOTES.md, "Prefill"), while oneDNN's int8
 # GEMM (the vnni kernel's prompts) gains from more rows: a 974-token 1.3B prefill took 2.75 s in 256-row blocks,
 # 2.60 in 336, 2.58 whole (Zen 5 EPYC, median of 3; after q8_linear's int32 row blocks: 2.40 in 2 x 487, 2.33 whole).
 # fp32 stages never block: their GEMM's row count is part of matching generate() bit for bit.
@@ -74,18 +75,37 @@ class StageExecutor:
     up natively; on vnni int8 and int4 stages each whole layer is one native call (ops.DecodeLayers, the same steps
     bit for bit). Which of those layer paths a stage runs is chosen once at load (stage/layers.py, LAYER_PATHS).
     fp32 stages never use any of it: SDPA's summation order and torch's ops are what generate() does.
+
+    `device`: where the module's weights are (stage/device.py moves them there) and every tensor of a step lives;
+    inputs come from the host and outputs go back to it (pinned, non-blocking), so callers never see the device.
+    `static_kv` (default on off the CPU): a session opened with a known capacity (its admitted max_positions) gets
+    a cache allocated once, zeroed, never regrown, which the "device" path's decode step and its CUDA graphs need.
     """
 
-    def __init__(self, module: StageModule, row_exact: bool | None = None, native: bool = True, kv_cache: str = "int8"):
+    def __init__(
+        self,
+        module: StageModule,
+        row_exact: bool | None = None,
+        native: bool = True,
+        kv_cache: str = "int8",
+        device: torch.device | None = None,
+        static_kv: bool | None = None,
+        cuda_graphs: bool = True,
+    ):
         if kv_cache not in KV_CACHE_FORMATS:
             raise InvalidInput(f"kv_cache must be one of {', '.join(KV_CACHE_FORMATS)}, not {kv_cache!r}")
         self.module = module
         self.range = module.range
+        self.device = device or torch.device("cpu")
+        on_cpu = self.device.type == "cpu"
+        self.static_kv = (not on_cpu) if static_kv is None else static_kv
+        self.cuda_graphs = cuda_graphs
+        self.host = HostCopy(self.device)
         self.dtype = next(module.layers.parameters()).dtype  # norms keep the compute dtype even in int8 stages
         exact_default = module.weights == "fp32" and self.dtype == torch.float32
         self.row_exact = exact_default if row_exact is None else row_exact
         packed = module.weights != "fp32" and self.dtype == torch.float32
-        self.native = native and packed and bindings.available()
+        self.native = native and packed and on_cpu and bindings.available()
         self.prompt_block = PROMPT_BLOCK if module.weights != "fp32" else 0
         if packed:
             keep_freed_memory()
@@ -98,7 +118,7 @@ class StageExecutor:
         self.prompt_kernel = self.native and bindings.prompt_attention_fast()
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         # The layer path, chosen here once from LAYER_PATHS (stage/layers.py); no step re-decides it.
-        path = choose_layer_path(self.native, getattr(cfg, "hidden_act", ""), module.weights, module.layers)
+        path = choose_layer_path(self.native, getattr(cfg, "hidden_act", ""), module.weights, module.layers, device)
         self.path: LayerPath = LAYER_PATHS[path].build(self)
         self.sessions: dict[str, Session] = {}
         self._rope_table: dict[tuple[int, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}  # see _rotary
@@ -115,7 +135,9 @@ class StageExecutor:
     def open(self, session_id: str, now: float = 0.0, capacity: int = 0) -> Session:
         sess = self.sessions.get(session_id)
         if sess is None:
-            kv = KVBuffer(len(self.module.layers), self.kv_heads, self.head_dim, self.kv_dtype, capacity)
+            static = self.static_kv and capacity > 0  # an unknown budget keeps a growing cache (and the eager step)
+            n_layers = len(self.module.layers)
+            kv = KVBuffer(n_layers, self.kv_heads, self.head_dim, self.kv_dtype, capacity, self.device, static)
             sess = self.sessions[session_id] = Session(kv=kv, last_used=now)
         return sess
 
@@ -191,7 +213,7 @@ class StageExecutor:
         starts = offsets(spans)
         ends = None  # rows logits are taken from (a last stage's only)
         if self.range.is_last:
-            ends = torch.tensor([starts[i] + spans[i][1] - 1 for i in wanted], dtype=torch.long)
+            ends = torch.tensor([starts[i] + spans[i][1] - 1 for i in wanted], dtype=torch.long, device=x.device)
         # The last layer of a last stage needs its attention output, o_proj and MLP only at the rows sampled from
         # (its keys and values are stored for every row before): a prompt's last layer then costs ~1/4 (packed
         # stages; fp32 and row-exact stages keep their GEMMs' row counts, which generate()'s bits depend on).
@@ -203,7 +225,8 @@ class StageExecutor:
             s.kv.length = past + t
             s.last_used = now
         if not self.range.is_last:
-            return [StepOutput(hidden=x[o : o + t], length=p + t) for o, (p, t) in zip(starts, spans, strict=True)]
+            hidden = self.host([x[o : o + t] for o, (_, t) in zip(starts, spans, strict=True)])
+            return [StepOutput(hidden=h, length=p + t) for h, (p, t) in zip(hidden, spans, strict=True)]
         logits = None
         if wanted:
             last = x if trim else x[ends]  # [B, D]: one lm_head read for every session
@@ -211,6 +234,7 @@ class StageExecutor:
             # packed stages' layers already norm natively (~0.3 ms of torch ops less per step at 1.3B)
             last = self.path.norm(norm, last)
             logits = self.rows(self.module.lm_head, last, [(0, 1)] * len(wanted)).float()  # [B, vocab]
+            logits = self.host([logits])[0]
         row = {i: k for k, i in enumerate(wanted)}
         for i, (p, t) in enumerate(spans):
             outs.append(StepOutput(logits=logits[row[i]] if i in row else None, length=p + t))
@@ -223,14 +247,14 @@ class StageExecutor:
         (tests/test_stage_split.py checks); other rope types (dynamic scaling looks at the longest position) call it."""
         rotary = self.module.rotary_emb
         if x.shape[0] != 1 or getattr(rotary, "rope_type", None) != "default":
-            positions = torch.cat([torch.arange(p, p + t) for p, t in spans])  # [R]
+            positions = torch.cat([torch.arange(p, p + t, device=x.device) for p, t in spans])  # [R]
             return rotary(x, position_ids=positions)
         block, row = divmod(spans[0][0], ROPE_BLOCK)
         table = self._rope_table.get((block, x.dtype))
         if table is None:
             if len(self._rope_table) >= ROPE_BLOCKS_KEPT:
                 self._rope_table.clear()
-            positions = torch.arange(block * ROPE_BLOCK, (block + 1) * ROPE_BLOCK)
+            positions = torch.arange(block * ROPE_BLOCK, (block + 1) * ROPE_BLOCK, device=x.device)
             table = self._rope_table[(block, x.dtype)] = rotary(x, position_ids=positions)
         return table[0][row : row + 1], table[1][row : row + 1]
 
@@ -286,7 +310,7 @@ class StageExecutor:
         if t > 1 and past == 0:
             causal = True  # a prompt from position 0: transformers also passes is_causal with no mask
         elif t > 1:  # a prompt continued in chunks: query i sees keys [0, past + i]
-            mask = torch.ones(t, past + t, dtype=torch.bool).tril(diagonal=past)  # [t, past + t]
+            mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past)  # [t, past + t]
         out = nn.functional.scaled_dot_product_attention(
             q.unsqueeze(0),
             keys.unsqueeze(0),
@@ -333,11 +357,11 @@ class StageExecutor:
         """[T, D] in the stage's compute dtype (inputs already checked)."""
         m = self.module
         if not self.range.is_first:
-            return inp.hidden.to(self.dtype)
-        ids = inp.input_ids
+            return to_device(inp.hidden, self.device).to(self.dtype)
+        ids = to_device(inp.input_ids, self.device)
         x = m.embed_tokens(ids).to(self.dtype)  # [T, D]
         if inp.visual_tokens is None:
             return x
         slots = ids == m.image_token_id  # [T]
-        aligned = m.aligner(inp.visual_tokens.to(self.dtype))  # [N, D]
+        aligned = m.aligner(to_device(inp.visual_tokens, self.device).to(self.dtype))  # [N, D]
         return x.masked_scatter(slots.view(-1, 1), aligned)

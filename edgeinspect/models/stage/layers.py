@@ -7,9 +7,11 @@
 - "native-stage": "native", and a pure decode step of up to DecodeLayers.MAX_ROWS sessions runs every layer of the
   stage in one native call (projections all vnni int8 or our int4: the same steps, the same bits).
 
-A device-aware stage plugs in here: a CUDA path is one more class with the same methods (run, norm) over CUDA
-tensors, one more row of LAYER_PATHS, and the device one more argument of choose_layer_path. The executor never
-asks which path it runs; attention and the KV cache stay the executor's.
+- "device": a stage on a CUDA device (formats in stage/device.py): prompts as "torch"; a pure decode step over
+  static KV caches through decode_static (a fixed sequence of tensor ops, captured into CUDA graphs there). It runs
+  on the CPU too, which is how CI checks it against "torch".
+
+The executor never asks which path it runs; attention and the KV cache stay the executor's.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from edgeinspect.models.int4 import Int4Linear
 from edgeinspect.models.kernels import ops
+from edgeinspect.models.kv import KVBuffer
 from edgeinspect.models.quant import Int8Linear
+from edgeinspect.models.stage.device import DecodeGraphs
 
 if TYPE_CHECKING:
     from edgeinspect.models.stage.executor import StageExecutor
@@ -170,6 +174,70 @@ class NativeStageLayers(NativeLayers):
         return super().run(x, rope, sessions, spans, decode, keep)
 
 
+class DeviceLayers(TorchLayers):
+    """The layer path of a device stage: prompts as TorchLayers (SDPA over each session's cache, GQA in SDPA);
+    a pure decode step over static caches through decode_static, captured into CUDA graphs on a GPU."""
+
+    def __init__(self, ex: StageExecutor):
+        super().__init__(ex)
+        use_graphs = ex.device.type == "cuda" and ex.cuda_graphs
+        self.graphs = DecodeGraphs(self.decode_static, ex.device) if use_graphs else None
+
+    @classmethod
+    def build(cls, ex: StageExecutor) -> DeviceLayers:
+        return cls(ex)
+
+    def run(self, x: torch.Tensor, rope, sessions, spans, decode, keep=None) -> torch.Tensor:
+        if not all(t == 1 for _, t in spans) or not all(s.kv.static for s in sessions):
+            return super().run(x, rope, sessions, spans, decode, keep)
+        pos = torch.tensor([p for p, _ in spans], dtype=torch.long).to(x.device, non_blocking=True)  # [B]
+        caches = [s.kv for s in sessions]
+        if self.graphs is not None:
+            return self.graphs(x, pos, caches)
+        return self.decode_static(x, pos, caches)
+
+    def decode_static(self, x: torch.Tensor, pos: torch.Tensor, caches: list[KVBuffer]) -> torch.Tensor:
+        """x [B, D] (one new row per session), pos [B] its positions -> [B, D] after every layer. Only tensor ops
+        whose shapes are fixed by (B, the caches): capturable."""
+        ex = self.ex
+        b = x.shape[0]
+        spans = [(0, 1)] * b  # row structure only (ex.rows runs row-exact stages one row at a time)
+        cos, sin = ex.module.rotary_emb(x, position_ids=pos)  # [B, hd] each
+        masks = []  # per session [1, 1, 1, capacity]: key i visible iff i <= pos
+        for i, kv in enumerate(caches):
+            cols = torch.arange(kv.capacity, device=x.device)
+            masks.append((cols <= pos[i]).view(1, 1, 1, -1))
+        for j, layer in enumerate(ex.module.layers):
+            attn = layer.self_attn
+            h = self.norm(layer.input_layernorm, x)  # [B, D]
+            if hasattr(attn, "qkv_proj"):
+                q_width, kv_width = ex.heads * ex.head_dim, ex.kv_heads * ex.head_dim
+                q, k, v = ex.rows(attn.qkv_proj, h, spans).split([q_width, kv_width, kv_width], dim=-1)
+            else:
+                q, k, v = (ex.rows(p, h, spans) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+            q, k, v = (t.reshape(b, -1, ex.head_dim) for t in (q, k, v))  # [B, H, hd], [B, H_kv, hd]
+            q, k = self.rope(q, k, cos, sin)
+            outs = []
+            for i, kv in enumerate(caches):
+                keys, values = kv.data[j, 0], kv.data[j, 1]  # [H_kv, capacity, hd]
+                at = pos[i : i + 1]
+                keys.index_copy_(1, at, k[i].unsqueeze(1).to(keys.dtype))
+                values.index_copy_(1, at, v[i].unsqueeze(1).to(values.dtype))
+                out = nn.functional.scaled_dot_product_attention(
+                    q[i].unsqueeze(0).unsqueeze(2),  # [1, H, 1, hd]
+                    keys.unsqueeze(0),
+                    values.unsqueeze(0),
+                    attn_mask=masks[i],
+                    scale=attn.scaling,
+                    enable_gqa=ex.heads != ex.kv_heads,
+                )  # [1, H, 1, hd]
+                outs.append(out.reshape(1, ex.heads * ex.head_dim))
+            a = torch.cat(outs) if b > 1 else outs[0]  # [B, H*hd]
+            x, h = self.add_norm(layer.post_attention_layernorm, x, ex.rows(attn.o_proj, a, spans))
+            x = x + ex.rows(self.mlp(layer.mlp), h, spans)
+        return x
+
+
 class LayerPath(Protocol):
     """What the executor calls on its path: every layer of a step, and the last stage's final norm."""
 
@@ -185,12 +253,18 @@ LAYER_PATHS: dict[str, type[TorchLayers]] = {
     "torch": TorchLayers,
     "native": NativeLayers,
     "native-stage": NativeStageLayers,
+    "device": DeviceLayers,
 }
 
 
-def choose_layer_path(native: bool, hidden_act: str, weights: str, layers: nn.ModuleList) -> str:
-    """The LAYER_PATHS name a stage runs: the native kernels where the stage keeps packed weights and runs them
-    natively (`native`) over a silu MLP; every decode layer in one call where the C layer can read all of them."""
+def choose_layer_path(
+    native: bool, hidden_act: str, weights: str, layers: nn.ModuleList, device: torch.device | None = None
+) -> str:
+    """The LAYER_PATHS name a stage runs: "device" on a CUDA device (its own formats and static decode step); the
+    native kernels where a CPU stage keeps packed weights and runs them natively (`native`) over a silu MLP; every
+    decode layer in one call where the C layer can read all of them."""
+    if device is not None and device.type != "cpu":
+        return "device"
     if not native or hidden_act != "silu" or weights == "fp32":
         return "torch"
     return "native-stage" if ops.DecodeLayers.fits(layers) else "native"

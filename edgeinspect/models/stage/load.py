@@ -148,3 +148,20 @@ def load_stage(
     module.rotary_emb.to(torch.float32)
     module.weights = weights
     return module.eval()
+
+
+def load_device_stage(ckpt: Checkpoint, layers: LayerRange, weights: str, device: torch.device) -> StageModule:
+    """load_stage on the CPU; on a CUDA device the stage read in fp32 and moved there in a device format
+    (stage/device.py), refused with the reason when the device cannot run it."""
+    if device.type == "cpu":
+        return load_stage(ckpt, layers, weights)
+    from edgeinspect.models.stage.device import format_refusal, to_device_format
+
+    if weights == "auto":
+        raise InvalidInput(
+            f"weights auto is measured on CPUs only; on {device} name bf16, int8 or int4 (bench/gpu.py times them)"
+        )
+    reason = format_refusal(weights, device)  # before reading gigabytes of weights
+    if reason:
+        raise InvalidInput(f"stage {layers} on {device}: {reason}")
+    return to_device_format(load_stage(ckpt, layers, "fp32"), weights, device)

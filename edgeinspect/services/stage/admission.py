@@ -25,6 +25,15 @@ def reservation_bytes(max_positions: int, first_step_end: int, bytes_per_positio
     return (positions + GROW_ALIGN - 1) // GROW_ALIGN * GROW_ALIGN * bytes_per_position
 
 
+def kv_budget_bytes(configured: int, device_free: int | None, free_fraction: float) -> int:
+    """The KV budget a stage admits against: the configured bytes, capped on a GPU by `free_fraction` of the
+    device memory free once the weights are loaded (models/device.free_bytes: on a Jetson that is the OS's free
+    memory, shared with the CPU side, hence the fraction). On the CPU (device_free None) the configured budget."""
+    if device_free is None:
+        return configured
+    return min(configured, int(device_free * free_fraction))
+
+
 def refusal(need: int, reserved: Mapping[str, int], budget: int) -> str | None:
     """None when a session needing `need` bytes fits beside the `reserved` ones (bytes per live session), else
     why not, in words an operator can act on."""

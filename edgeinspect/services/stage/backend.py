@@ -21,12 +21,20 @@ from edgeinspect import PROTOCOL_VERSION
 from edgeinspect.config import StageSettings
 from edgeinspect.errors import PeerMismatch, PrefixCacheMiss, ResourceExhausted, Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, open_checkpoint
+from edgeinspect.models.device import free_bytes, resolve_device
 from edgeinspect.models.grammar import SessionConstraints, grammar_cache_for
 from edgeinspect.models.prefix_cache import PrefixCache
 from edgeinspect.models.sampling import SamplingParams, make_generator, sample
-from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, chunk_input, load_stage, step_positions
+from edgeinspect.models.stage import (
+    LayerRange,
+    StageExecutor,
+    StepInput,
+    chunk_input,
+    load_device_stage,
+    step_positions,
+)
 from edgeinspect.services.common import metrics
-from edgeinspect.services.stage.admission import RETRY_AFTER_MS, refusal, reservation_bytes
+from edgeinspect.services.stage.admission import RETRY_AFTER_MS, kv_budget_bytes, refusal, reservation_bytes
 from edgeinspect.services.stage.batching import Job
 from edgeinspect.services.stage.eviction import SessionUsage, choose_evictions
 from edgeinspect.services.stage.scheduler import BatchLimits, Pending, plan_step
@@ -80,10 +88,12 @@ class StageBackend:
         self.range = LayerRange(cfg.layer_start, cfg.layer_end, self.ckpt.num_layers)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        self.device = resolve_device(cfg.device, f"stage {self.range}")
         self.executor = StageExecutor(
-            load_stage(self.ckpt, self.range, cfg.weights.value),
+            load_device_stage(self.ckpt, self.range, cfg.weights.value, self.device),
             native=cfg.native_kernels,
             kv_cache=cfg.kv_cache.value,
+            device=self.device,
         )
         self.hidden_size = self.ckpt.text_config.hidden_size
         self.vision_hidden = self.ckpt.config.vision_config.hidden_size
@@ -111,7 +121,7 @@ class StageBackend:
         self.limits = BatchLimits(
             max_sessions=cfg.max_batch_sessions,
             max_tokens=cfg.max_step_tokens,
-            kv_budget_bytes=cfg.kv_budget_mb << 20,
+            kv_budget_bytes=kv_budget_bytes(cfg.kv_budget_mb << 20, free_bytes(self.device), cfg.kv_free_fraction),
             kv_bytes_per_position=self.executor.kv_bytes_per_position(),
         )
         self._jobs: dict[int, Job] = {}

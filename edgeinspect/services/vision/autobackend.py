@@ -53,7 +53,8 @@ class BackendChoice:
 
 def candidates(cfg: VisionSettings) -> list[str]:
     """What can run on this box: torch fp32 and bf16 always, int8 where the native int8 linear has a SIMD path
-    (elsewhere its plain-C loop would only lose the timing); ONNX Runtime and HailoRT where their packages import."""
+    (elsewhere its plain-C loop would only lose the timing); ONNX Runtime and HailoRT where their packages import;
+    with `device` not cpu, the torch tower on CUDA and ONNX Runtime's CUDA / TensorRT providers where present."""
     from edgeinspect.models.kernels import bindings
 
     out = ["torch-fp32", "torch-bf16"]
@@ -63,6 +64,10 @@ def candidates(cfg: VisionSettings) -> list[str]:
         out += ["onnxruntime-fp32", "onnxruntime-int8"]
     if cfg.hef_path is not None and importlib.util.find_spec("hailo_platform") is not None:
         out.append("hailo")
+    if cfg.device != "cpu":  # a GPU's candidates where one is present (services/vision/gpu.py)
+        from edgeinspect.services.vision.gpu import gpu_candidates
+
+        out += gpu_candidates()
     return out
 
 

@@ -5,6 +5,7 @@ Chosen by a table keyed by VisionBackend; each loader takes the opened checkpoin
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import torch
 
 from edgeinspect.config import VisionBackend, VisionSettings, WeightsDtype
 from edgeinspect.errors import CheckpointError
-from edgeinspect.models.checkpoint import Checkpoint, torch_dtype
+from edgeinspect.models.checkpoint import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +35,24 @@ class TorchBackend:
 
     name = "torch"
 
-    def __init__(self, ckpt: Checkpoint, weights: str) -> None:
+    def __init__(self, ckpt: Checkpoint, weights: str, device: torch.device | None = None) -> None:
         from edgeinspect.models.vision import load_vision_tower
+        from edgeinspect.services.vision.gpu import check_tower_weights
 
-        if weights not in ("fp32", "bf16", "int8"):
+        self.device = device or torch.device("cpu")
+        if self.device.type == "cpu" and weights not in ("fp32", "bf16", "int8"):
             raise CheckpointError(f"the torch vision backend runs fp32, bf16 or int8 weights, not {weights!r}")
         self.weights = weights  # fp32 | bf16 | int8: what the anomaly gate's siglip features must match to share it
-        self.dtype = torch.float32 if weights == "int8" else torch_dtype(weights)
-        self.tower = load_vision_tower(ckpt, weights)
+        self.dtype = check_tower_weights(weights, self.device)
+        if self.device.type == "cpu":
+            self.tower = load_vision_tower(ckpt, weights)
+        else:  # read in fp32, cast on the device (fp16 is no checkpoint dtype of ours)
+            self.tower = load_vision_tower(ckpt, "fp32").to(self.device, self.dtype)
 
     def __call__(self, pixel_values: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.tower(pixel_values.to(self.dtype)).float()  # [B, N, D]
+            x = pixel_values.to(self.device, self.dtype, non_blocking=True)
+            return self.tower(x).float().cpu()  # [B, N, D] on the host, where the codec is
 
     def close(self) -> None:
         self.tower = None
@@ -56,7 +63,7 @@ class OnnxBackend:
 
     name = "onnxruntime"
 
-    def __init__(self, path: Path, fingerprint: str, threads: int = 0) -> None:
+    def __init__(self, path: Path, fingerprint: str, threads: int = 0, providers: list | None = None) -> None:
         import onnxruntime as ort
 
         from edgeinspect.models.onnx_export import INPUT_NAME, check_onnx_matches
@@ -64,7 +71,8 @@ class OnnxBackend:
         options = ort.SessionOptions()
         if threads > 0:
             options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        # CPU unless a GPU provider list is given (services/vision/gpu.py offers only installed ones)
+        self.session = ort.InferenceSession(str(path), options, providers=providers or ["CPUExecutionProvider"])
         check_onnx_matches(dict(self.session.get_modelmeta().custom_metadata_map), path, fingerprint)
         self.input_name = INPUT_NAME
         self.path = path
@@ -86,21 +94,36 @@ def default_onnx_path(ckpt: Checkpoint) -> Path:
     return Path("var/onnx").resolve() / name
 
 
+def _device(cfg: VisionSettings) -> torch.device:
+    from edgeinspect.models.device import resolve_device
+
+    return resolve_device(cfg.device, "vision")
+
+
 def _load_torch(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    return TorchBackend(ckpt, cfg.weights.value)
+    return TorchBackend(ckpt, cfg.weights.value, _device(cfg))
 
 
-def _load_onnx(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
+def _load_onnx(ckpt: Checkpoint, cfg: VisionSettings, provider: str | None = None) -> Backend:
+    """The export under ONNX Runtime: CPU, or with a device the TensorRT provider where installed, else CUDA's."""
     path = Path(cfg.onnx_path) if cfg.onnx_path else default_onnx_path(ckpt)
     if not path.is_file():
         from edgeinspect.models.onnx_export import export_vision_onnx
 
         log.info("no ONNX export at %s: exporting the vision tower of %s there (first start)", path, ckpt.path)
         export_vision_onnx(ckpt.path, path)
-    log.info("onnxruntime backend: %s", path)
-    return OnnxBackend(path, ckpt.fingerprint, cfg.threads)
+    device = _device(cfg) if provider is None else torch.device("cuda", torch.cuda.current_device())
+    providers = None
+    if device.type == "cuda":
+        from edgeinspect.services.vision.gpu import PROVIDERS, available_providers, provider_list
+
+        if provider is None:
+            provider = "tensorrt" if PROVIDERS["tensorrt"] in available_providers() else "cuda"
+        providers = provider_list(provider, device, path, ckpt.fingerprint)
+    log.info("onnxruntime backend: %s (%s)", path, provider or "cpu")
+    return OnnxBackend(path, ckpt.fingerprint, cfg.threads, providers)
 
 
 def _load_hailo(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
@@ -116,6 +139,11 @@ def _load_hailo(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
 
 def _load_onnx_int8(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
     """The dynamic-int8 copy of the export (made from the fp32 one on first use, beside it)."""
+    if _device(cfg).type != "cpu":
+        raise CheckpointError(
+            "onnxruntime int8 is dynamic quantization, whose nodes run on the host under the CUDA provider (and "
+            "TensorRT cannot parse them); on a GPU use fp16 (tensorrt/cuda) until static QDQ int8 is built"
+        )
     fp32 = Path(cfg.onnx_path) if cfg.onnx_path else default_onnx_path(ckpt)
     path = fp32.with_name(fp32.stem + "-int8.onnx")
     if not path.is_file():
@@ -132,13 +160,20 @@ def auto_loaders(ckpt: Checkpoint, cfg: VisionSettings) -> dict[str, Callable[[]
     """A loader for each `backend: auto` candidate that can run here (services/vision/autobackend.candidates)."""
     from edgeinspect.services.vision.autobackend import candidates
 
+    host = cfg.model_copy(update={"device": "cpu"})  # the host candidates (torch-fp32 is the reference)
+
     def torch_with(weights: str) -> Callable[[], Backend]:
-        return lambda: _load_torch(ckpt, cfg.model_copy(update={"weights": WeightsDtype(weights)}))
+        return lambda: _load_torch(ckpt, host.model_copy(update={"weights": WeightsDtype(weights)}))
 
     loaders: dict[str, Callable[[], Backend]] = {f"torch-{w}": torch_with(w) for w in ("fp32", "bf16", "int8")}
-    loaders["onnxruntime-fp32"] = lambda: _load_onnx(ckpt, cfg)
-    loaders["onnxruntime-int8"] = lambda: _load_onnx_int8(ckpt, cfg)
+    loaders["onnxruntime-fp32"] = lambda: _load_onnx(ckpt, host)
+    loaders["onnxruntime-int8"] = lambda: _load_onnx_int8(ckpt, host)
     loaders["hailo"] = lambda: _load_hailo(ckpt, cfg)
+    gpu = cfg.model_copy(update={"device": "cuda"})
+    for w in ("fp16", "bf16"):
+        loaders[f"torch-cuda-{w}"] = functools.partial(TorchBackend, ckpt, w, torch.device("cuda"))
+    for kind in ("cuda", "tensorrt"):
+        loaders[f"onnxruntime-{kind}"] = functools.partial(_load_onnx, ckpt, gpu, kind)
     return {name: loaders[name] for name in candidates(cfg)}
 
 
