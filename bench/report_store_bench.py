@@ -5,7 +5,13 @@ complete() per report, three ways in the same run: report only (the baseline), r
 N stored reports: ListReports filtered by defect class, by review state, and AggregateReports per station in 8 h
 buckets (the stations page's shift counts), each the median of repeats.
 
+--writers: the database under a gateway pair, SQLite (synchronous=FULL) vs PostgreSQL (fsync, synchronous_commit on:
+the server's defaults) on this box in the same run: N writer threads each storing reports (claim + complete, two
+commits) with their own store (connection), and the same threads sharing one store (one gateway process); reports/s
+and the p50/p99 latency of each commit. PostgreSQL is a throwaway server from Debian's binaries on a unix socket.
+
     .venv/bin/python bench/report_store_bench.py            # -> bench/results/report_store.json
+    .venv/bin/python bench/report_store_bench.py --writers 8  # -> bench/results/report_store_writers.json
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ import argparse
 import random
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -23,6 +31,8 @@ from common import load_average, machine_info, median_ms, write_json  # noqa: E4
 
 from edgeinspect.assets import asset_path  # noqa: E402
 from edgeinspect.config import FrameSettings  # noqa: E402
+from edgeinspect.services.gateway.reports.database import PostgresDatabase  # noqa: E402
+from edgeinspect.services.gateway.reports.pg_testing import PostgresServer, unavailable_reason  # noqa: E402
 from edgeinspect.services.gateway.reports.store import ReportStore  # noqa: E402
 from edgeinspect.v1 import inspection_pb2  # noqa: E402
 
@@ -31,10 +41,11 @@ CLASSES = ["porosity", "scratch", "dent", "burr", "crack"]
 # Reports are 7 s apart: 20,000 of them span 1.6 days, so the shift window below (day 1, 06:00-14:00) is full.
 
 
-def _report(store: ReportStore, rng: random.Random, i: int) -> inspection_pb2.DefectReport:
-    report_id, _ = store.claim(f"k{i}", "bench")
+def _report(store: ReportStore, rng: random.Random, i: int, prefix: str = "k") -> inspection_pb2.DefectReport:
+    key = f"{prefix}{i}"
+    report_id, _ = store.claim(key, "bench")
     verdict = rng.choice([1, 1, 2, 3])
-    r = inspection_pb2.DefectReport(report_id=report_id, idempotency_key=f"k{i}", station=f"st{rng.randint(1, 8)}",
+    r = inspection_pb2.DefectReport(report_id=report_id, idempotency_key=key, station=f"st{rng.randint(1, 8)}",
                                     camera_id=f"cam{rng.randint(1, 16)}", verdict=verdict,
                                     description="x" * 120)  # fmt: skip
     for c in rng.sample(CLASSES, rng.randint(1, 2)) if verdict == 2 else []:
@@ -54,12 +65,92 @@ def store_per_report_ms(folder: Path, n: int, frames: FrameSettings | None, fram
         return round((time.perf_counter() - t0) / n * 1e3, 3)
 
 
+def _ms_quantiles(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    return {"p50": round(ordered[len(ordered) // 2] * 1e3, 2), "p99": round(ordered[int(len(ordered) * 0.99)] * 1e3, 2)}
+
+
+def concurrent_writers(open_store: Callable[[], ReportStore], writers: int, per_writer: int, shared: bool) -> dict:
+    """`writers` threads storing `per_writer` reports each (claim + complete), each with its own store or all
+    through one: reports/s over the whole run and each commit's latency."""
+    stores = [open_store()] if shared else [open_store() for _ in range(writers)]
+    barrier = threading.Barrier(writers + 1)
+    claims: list[float] = []
+    completes: list[float] = []
+
+    def run(w: int) -> None:
+        store, rng = stores[0 if shared else w], random.Random(w)
+        mine_claim, mine_complete = [], []
+        barrier.wait()
+        for i in range(per_writer):
+            t0 = time.perf_counter()
+            report = _report(store, rng, i, prefix=f"w{w}-")
+            t1 = time.perf_counter()
+            store.complete(report)
+            mine_claim.append(t1 - t0)
+            mine_complete.append(time.perf_counter() - t1)
+        claims.extend(mine_claim)
+        completes.extend(mine_complete)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    for store in stores:
+        store.close()
+    return {
+        "reports_per_s": round(writers * per_writer / wall, 1),
+        "claim_commit_ms": _ms_quantiles(claims),
+        "complete_commit_ms": _ms_quantiles(completes),
+    }
+
+
+def writers_main(writers: int, per_writer: int, out: Path | None) -> None:
+    reason = unavailable_reason()
+    if reason:
+        raise SystemExit(f"PostgreSQL is needed for --writers: {reason}")
+    info = machine_info(bandwidth=False)
+    load_start = load_average()
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp, PostgresServer() as pg:
+        for shared in (False, True):
+            mode = "one_store_shared" if shared else "store_per_writer"
+            # A fresh database per run: the SQLite file (FULL sync) and a new, empty PostgreSQL schema.
+            path, dsn = Path(tmp) / f"{mode}.sqlite", pg.fresh_schema_dsn()
+            runs = {
+                "sqlite_full": lambda path=path: ReportStore(path),
+                "postgres": lambda dsn=dsn: ReportStore(PostgresDatabase(dsn)),
+            }
+            for name, open_store in runs.items():
+                results[f"{name}/{mode}"] = concurrent_writers(open_store, writers, per_writer, shared)
+                print(name, mode, results[f"{name}/{mode}"], flush=True)
+    result = {
+        "machine": info,
+        "loadavg_start": load_start,
+        "loadavg_end": load_average(),
+        "writers": writers,
+        "reports_per_writer": per_writer,
+        "postgres": "Debian postgresql, defaults (fsync=on, synchronous_commit=on), unix socket, same disk as SQLite",
+        "results": results,
+    }
+    print(write_json("report_store_writers", result, out))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--writes", type=int, default=300, help="reports stored per complete() variant")
     parser.add_argument("--reports", type=int, default=20000, help="reports in the database the queries run on")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--writers", type=int, default=0, help="SQLite vs PostgreSQL with this many writers, only")
+    parser.add_argument("--per-writer", type=int, default=50, help="--writers: reports each writer stores")
     args = parser.parse_args()
+    if args.writers:
+        writers_main(args.writers, args.per_writer, args.out)
+        return
     info = machine_info(bandwidth=False)
     frame = asset_path("part_dent.jpg").read_bytes()
     with tempfile.TemporaryDirectory() as tmp:

@@ -118,3 +118,42 @@ def sample_kb(tmp_path_factory):
     kb = tmp_path_factory.mktemp("sample-kb")
     build_index(sample_kb_dir(), kb, Embedder())
     return kb
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL (Debian's `postgresql`) for the session, on a unix socket in its own folder; skipped where
+    the binaries are missing."""
+    from edgeinspect.services.gateway.reports.pg_testing import PostgresServer, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with PostgresServer() as server:
+        yield server
+
+
+@dataclass
+class ReportDatabase:
+    """One empty report database of one backend; `store()` opens a ReportStore on it (again after a close, as a
+    restarted gateway would)."""
+
+    backend: str
+    tmp: object  # pathlib.Path: frames (and the SQLite file) live here
+    dsn: str = ""
+
+    def store(self, *, frames=None, **kw):
+        from edgeinspect.services.gateway.reports.database import PostgresDatabase
+        from edgeinspect.services.gateway.reports.store import ReportStore
+
+        db = self.tmp / "reports.sqlite" if self.backend == "sqlite" else PostgresDatabase(self.dsn)
+        return ReportStore(db, frames=frames, **kw)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def report_db(request, tmp_path):
+    """The report store's tests run on both databases: the embedded SQLite file and a shared PostgreSQL."""
+    if request.param == "sqlite":
+        return ReportDatabase("sqlite", tmp_path)
+    server = request.getfixturevalue("postgres_server")
+    return ReportDatabase("postgres", tmp_path, server.fresh_schema_dsn())

@@ -1,9 +1,9 @@
-"""The gateway's report store: round trip, idempotency under concurrency, filters, keyset pages, durability."""
+"""The gateway's report store on SQLite and PostgreSQL: round trip, idempotency under concurrency, filters, keyset
+pages, durability."""
 
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -20,8 +20,8 @@ T0 = datetime(2025, 3, 1, 8, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = ReportStore(tmp_path / "db" / "reports.sqlite")
+def store(report_db):
+    s = report_db.store()
     yield s
     s.close()
 
@@ -40,11 +40,10 @@ def _finish(store: ReportStore, key: str = "", **kw) -> DefectReport:
     return report
 
 
-def _row_count(path, key=None) -> int:
-    with sqlite3.connect(path) as db:
-        if key is None:
-            return db.execute("SELECT COUNT(*) FROM reports").fetchone()[0]
-        return db.execute("SELECT COUNT(*) FROM reports WHERE idempotency_key = ?", (key,)).fetchone()[0]
+def _row_count(store: ReportStore, key=None) -> int:
+    if key is None:
+        return store._db.execute("SELECT COUNT(*) FROM reports").fetchone()[0]
+    return store._db.execute("SELECT COUNT(*) FROM reports WHERE idempotency_key = ?", (key,)).fetchone()[0]
 
 
 def test_complete_then_get_returns_the_same_report(store):
@@ -58,7 +57,8 @@ def test_complete_then_get_returns_the_same_report(store):
     assert not store.is_pending(report_id)
 
 
-def test_store_uses_wal_and_full_sync(store):
+def test_sqlite_store_uses_wal_and_full_sync(tmp_path):
+    store = ReportStore(tmp_path / "db" / "reports.sqlite")
     assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
 
@@ -77,7 +77,7 @@ def test_same_key_twice_gives_the_same_report_and_one_row(store):
     report_id, existing = store.claim("key-a", "req-retry")
     assert report_id == first.report_id
     assert existing == first
-    assert _row_count(store.path) == 1
+    assert _row_count(store) == 1
 
 
 def test_claim_of_a_pending_key_returns_its_id_without_a_report(store):
@@ -85,13 +85,13 @@ def test_claim_of_a_pending_key_returns_its_id_without_a_report(store):
     again, existing = store.claim("key-b", "req-2")
     assert (again, existing) == (report_id, None)
     assert store.is_pending(report_id)
-    assert _row_count(store.path) == 1
+    assert _row_count(store) == 1
 
 
 def test_empty_key_always_admits_a_new_row(store):
     ids = {store.claim("", "req")[0] for _ in range(3)}
     assert len(ids) == 3
-    assert _row_count(store.path) == 3
+    assert _row_count(store) == 3
 
 
 def test_concurrent_claims_of_one_key_make_one_row(store):
@@ -108,13 +108,12 @@ def test_concurrent_claims_of_one_key_make_one_row(store):
     for t in threads:
         t.join()
     assert len(set(results)) == 1 and len(results) == 8
-    assert _row_count(store.path) == 1
+    assert _row_count(store) == 1
 
 
-def test_concurrent_claims_from_separate_connections_make_one_row(tmp_path):
-    # Separate ReportStore objects share nothing but the file, as two gateway processes would.
-    path = tmp_path / "reports.sqlite"
-    stores = [ReportStore(path) for _ in range(6)]
+def test_concurrent_claims_from_separate_connections_make_one_row(report_db):
+    # Separate ReportStore objects share nothing but the database, as two gateway processes would.
+    stores = [report_db.store() for _ in range(6)]
     barrier = threading.Barrier(len(stores))
     results = []
 
@@ -127,10 +126,10 @@ def test_concurrent_claims_from_separate_connections_make_one_row(tmp_path):
         t.start()
     for t in threads:
         t.join()
+    assert len(set(results)) == 1 and len(results) == len(stores)
+    assert _row_count(stores[0], "shared-key") == 1
     for s in stores:
         s.close()
-    assert len(set(results)) == 1 and len(results) == len(stores)
-    assert _row_count(path, "shared-key") == 1
 
 
 def test_pending_report_is_not_returned_by_get_or_list(store):
@@ -154,7 +153,7 @@ def test_fail_keeps_the_key_and_lets_a_retry_run(store):
     retry_id, existing = store.claim("k", "req-2")
     assert existing is None and retry_id != report_id
     assert store.is_pending(retry_id)
-    assert _row_count(store.path, "k") == 2  # the failed attempt can still be found by its key
+    assert _row_count(store, "k") == 2  # the failed attempt can still be found by its key
 
 
 def test_fail_does_not_touch_a_finished_report(store):
@@ -164,8 +163,8 @@ def test_fail_does_not_touch_a_finished_report(store):
     assert store.claim("k", "req")[0] == done.report_id
 
 
-def test_abandoned_pending_key_is_taken_over_after_the_ttl(tmp_path):
-    s = ReportStore(tmp_path / "r.sqlite", pending_ttl_s=0.0)
+def test_abandoned_pending_key_is_taken_over_after_the_ttl(report_db):
+    s = report_db.store(pending_ttl_s=0.0)
     old_id, _ = s.claim("k", "req-1")
     new_id, existing = s.claim("k", "req-2")
     assert existing is None and new_id != old_id

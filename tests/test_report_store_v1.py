@@ -16,6 +16,7 @@ from edgeinspect.config import FrameSettings
 from edgeinspect.errors import InvalidInput, NotFound
 from edgeinspect.services.gateway.reports.frames import FrameFiles
 from edgeinspect.services.gateway.reports.store import RESTARTED, ReportStore
+from edgeinspect.services.gateway.reports.store_schema import SCHEMA_VERSION
 from edgeinspect.v1 import inspection_pb2
 from edgeinspect.v1.inspection_pb2 import DefectReport
 
@@ -33,8 +34,9 @@ def _jpeg(seed: int, size: int = 320) -> bytes:
     return buf.getvalue()
 
 
-def _store(tmp_path, **frames) -> ReportStore:
-    return ReportStore(tmp_path / "reports.sqlite", frames=FrameSettings(**frames) if frames else None)
+def _store(report_db, **frames) -> ReportStore:
+    # frames.dir named: a store on a database server keeps its frames where it is told.
+    return report_db.store(frames=FrameSettings(dir=report_db.tmp / "frames", **frames) if frames else None)
 
 
 def _finish(store, *, key="", when=T0, station="st1", camera="cam1", verdict=OK, classes=(), image=None):
@@ -47,8 +49,8 @@ def _finish(store, *, key="", when=T0, station="st1", camera="cam1", verdict=OK,
     return r
 
 
-def test_failed_attempt_keeps_its_key_and_a_retry_links_to_it(tmp_path):
-    store = _store(tmp_path)
+def test_failed_attempt_keeps_its_key_and_a_retry_links_to_it(report_db):
+    store = _store(report_db)
     first, _ = store.claim("k", "req-1")
     store.fail(first, "stage 2 [3,5): UNAVAILABLE connection refused")
     retry, existing = store.claim("k", "req-2")
@@ -65,11 +67,11 @@ def test_failed_attempt_keeps_its_key_and_a_retry_links_to_it(tmp_path):
     assert store.claim("k", "req-3") == (retry, store.get(retry))
 
 
-def test_restart_fails_rows_left_pending_with_the_reason(tmp_path):
-    store = _store(tmp_path)
+def test_restart_fails_rows_left_pending_with_the_reason(report_db):
+    store = _store(report_db)
     crashed, _ = store.claim("key-x", "req")
     store.close()
-    reopened = _store(tmp_path)
+    reopened = _store(report_db)
     assert reopened.is_pending(crashed)  # opening alone does not touch another gateway's rows
     assert reopened.recover_interrupted() == 1
     assert not reopened.is_pending(crashed)
@@ -80,8 +82,8 @@ def test_restart_fails_rows_left_pending_with_the_reason(tmp_path):
     assert [a.status for a in reopened.attempts("key-x")] == ["failed", "pending"]
 
 
-def test_frames_are_content_addressed_with_thumbnails(tmp_path):
-    store = _store(tmp_path, max_bytes=10 << 20, thumbnail_px=64)
+def test_frames_are_content_addressed_with_thumbnails(report_db):
+    store = _store(report_db, max_bytes=10 << 20, thumbnail_px=64)
     frame = _jpeg(1, 400)
     a = _finish(store, image=frame)
     b = _finish(store, image=frame)  # the same frame twice: one file
@@ -91,37 +93,36 @@ def test_frames_are_content_addressed_with_thumbnails(tmp_path):
     assert store.image(b.report_id).frame.sha256 == full.frame.sha256
     thumb = store.image(a.report_id, thumbnail=True)
     assert max(Image.open(io.BytesIO(thumb.data)).size) == 64
-    assert len([p for p in (tmp_path / "frames").rglob("*") if p.is_file()]) == 2  # frame + thumbnail
+    assert len([p for p in (report_db.tmp / "frames").rglob("*") if p.is_file()]) == 2  # frame + thumbnail
     without = _finish(store)
     assert store.image(without.report_id).state == inspection_pb2.IMAGE_STATE_NOT_STORED
 
 
-def test_frames_beyond_the_byte_budget_are_pruned_oldest_first_and_reports_stay(tmp_path):
+def test_frames_beyond_the_byte_budget_are_pruned_oldest_first_and_reports_stay(report_db):
     frames = [_jpeg(i) for i in range(6)]
-    sizes = [FrameFiles(tmp_path / "scratch").write(f).nbytes for f in frames]  # frame + thumbnail each
-    store = _store(tmp_path, max_bytes=sum(sizes[3:]))
+    sizes = [FrameFiles(report_db.tmp / "scratch").write(f).nbytes for f in frames]  # frame + thumbnail each
+    store = _store(report_db, max_bytes=sum(sizes[3:]))
     reports = [_finish(store, image=f, when=T0 + timedelta(seconds=i)) for i, f in enumerate(frames)]
     states = [store.image(r.report_id).state for r in reports]
     assert states[:3] == [inspection_pb2.IMAGE_STATE_EXPIRED] * 3
     assert states[3:] == [inspection_pb2.IMAGE_STATE_STORED] * 3
-    total = sum(p.stat().st_size for p in (tmp_path / "frames").rglob("*") if p.is_file())  # files on disk
+    total = sum(p.stat().st_size for p in (report_db.tmp / "frames").rglob("*") if p.is_file())  # files on disk
     assert total == sum(sizes[3:])
     assert [r.report_id for r in store.list()[0]] == [r.report_id for r in reversed(reports)]
     assert store.image(reports[0].report_id).frame.sha256  # an expired frame still names its hash
 
 
-def test_frames_older_than_max_age_are_pruned(tmp_path):
-    store = _store(tmp_path, max_age_s=3600)
+def test_frames_older_than_max_age_are_pruned(report_db):
+    store = _store(report_db, max_age_s=3600)
     old = _finish(store, image=_jpeg(7))
-    with sqlite3.connect(store.path) as db:  # as if stored two hours ago
-        db.execute("UPDATE frames SET stored_us = stored_us - 7200000000")
+    store._db.execute("UPDATE frames SET stored_us = stored_us - 7200000000")  # as if stored two hours ago
     fresh = _finish(store, image=_jpeg(8))
     assert store.image(old.report_id).state == inspection_pb2.IMAGE_STATE_EXPIRED
     assert store.image(fresh.report_id).state == inspection_pb2.IMAGE_STATE_STORED
 
 
-def test_review_is_its_own_record_and_filters_find_reviewed_and_disagreed(tmp_path):
-    store = _store(tmp_path)
+def test_review_is_its_own_record_and_filters_find_reviewed_and_disagreed(report_db):
+    store = _store(report_db)
     agreed = _finish(store, verdict=DEFECT, classes=["Scratch"])
     overridden = _finish(store, verdict=OK, when=T0 + timedelta(seconds=1))
     untouched = _finish(store, when=T0 + timedelta(seconds=2))
@@ -142,8 +143,7 @@ def test_review_is_its_own_record_and_filters_find_reviewed_and_disagreed(tmp_pa
     # A second review replaces the first as the report's state: now it agrees.
     store.review(overridden.report_id, OK, [], "on second look fine", "bob", "admin")
     assert ids(review=inspection_pb2.REVIEW_FILTER_DISAGREED) == set()
-    with sqlite3.connect(store.path) as db:
-        assert db.execute("SELECT COUNT(*) FROM reviews").fetchone()[0] == 3
+    assert store._db.execute("SELECT COUNT(*) FROM reviews").fetchone()[0] == 3
 
 
 @pytest.mark.parametrize(
@@ -151,15 +151,15 @@ def test_review_is_its_own_record_and_filters_find_reviewed_and_disagreed(tmp_pa
     [(UNCERTAIN, [], "", "VERDICT_OK or VERDICT_DEFECT"), (OK, ["dent"], "", "no defect classes"),
      (DEFECT, ["x" * 200], "", "at most"), (DEFECT, [], "c" * 3000, "comment")],
 )  # fmt: skip
-def test_bad_review_is_invalid_input(tmp_path, verdict, classes, comment, match):
-    store = _store(tmp_path)
+def test_bad_review_is_invalid_input(report_db, verdict, classes, comment, match):
+    store = _store(report_db)
     r = _finish(store)
     with pytest.raises(InvalidInput, match=match):
         store.review(r.report_id, verdict, classes, comment, "ann", "operator")
 
 
-def test_list_filters_by_camera_and_defect_class(tmp_path):
-    store = _store(tmp_path)
+def test_list_filters_by_camera_and_defect_class(report_db):
+    store = _store(report_db)
     a = _finish(store, camera="c1", verdict=DEFECT, classes=["porosity", "scratch"])
     b = _finish(store, camera="c2", verdict=DEFECT, classes=["Porosity"], when=T0 + timedelta(seconds=1))
     _finish(store, camera="c1", when=T0 + timedelta(seconds=2))
@@ -170,16 +170,18 @@ def test_list_filters_by_camera_and_defect_class(tmp_path):
     assert ids(defect_class="porosity") == [b.report_id, a.report_id]
     assert ids(defect_class="SCRATCH") == [a.report_id]
     assert ids(defect_class="porosity", camera_id="c2") == [b.report_id]
-    with sqlite3.connect(store.path) as db:  # the fields are there for SQL too (JSON1)
-        n = db.execute(
-            "SELECT COUNT(*) FROM reports, json_each(reports.fields, '$.defects') d "
-            "WHERE json_extract(d.value, '$.defect_class') = 'porosity'"
-        ).fetchone()[0]
-    assert n == 1  # 'Porosity' as the model wrote it is case-preserved in the JSON
+    # The fields are there for SQL too (SQLite's JSON1, PostgreSQL's jsonb).
+    json_query = {
+        "sqlite": "SELECT COUNT(*) FROM reports, json_each(reports.fields, '$.defects') d "
+        "WHERE json_extract(d.value, '$.defect_class') = 'porosity'",
+        "postgres": "SELECT COUNT(*) FROM reports, jsonb_array_elements(reports.fields::jsonb -> 'defects') d "
+        "WHERE d ->> 'defect_class' = 'porosity'",
+    }[report_db.backend]
+    assert store._db.execute(json_query).fetchone()[0] == 1  # 'Porosity' as the model wrote it is case-preserved
 
 
-def test_aggregates_equal_counts_from_list_on_500_reports(tmp_path):
-    store = _store(tmp_path)
+def test_aggregates_equal_counts_from_list_on_500_reports(report_db):
+    store = _store(report_db)
     rng = random.Random(17)
     classes = ["porosity", "scratch", "dent", "crack"]
     for _ in range(500):
@@ -248,7 +250,7 @@ def test_database_of_the_first_release_migrates_and_lists_the_same_reports(tmp_p
             old.append(r)
         db.execute("INSERT INTO reports VALUES ('f' , 'kf', 'req', '', '', 0, 1, 'failed', 'inspection failed', NULL)")
     with ReportStore(path) as store:
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         listed, _ = store.list(page_size=100)
         assert listed == sorted(old, key=lambda r: r.created_time.ToMicroseconds(), reverse=True)
         assert {r.report_id for r in store.list(defect_class="porosity")[0]} == {
@@ -265,14 +267,14 @@ def test_database_of_the_first_release_migrates_and_lists_the_same_reports(tmp_p
     "token",
     ["WzExODA1OTE2MjA3MTc0MTEzMDM0MjQsIngiXQ", "W" * 300],  # [2**70, "x"]; a deeply nested array's start
 )
-def test_out_of_range_or_oversized_page_token_is_invalid_input(tmp_path, token):
-    store = _store(tmp_path)
+def test_out_of_range_or_oversized_page_token_is_invalid_input(report_db, token):
+    store = _store(report_db)
     with pytest.raises(InvalidInput, match="page_token"):
         store.list(page_token=token)
 
 
-def test_huge_report_id_is_invalid_input_without_echo(tmp_path):
-    store = _store(tmp_path)
+def test_huge_report_id_is_invalid_input_without_echo(report_db):
+    store = _store(report_db)
     with pytest.raises(InvalidInput) as err:
         store.get("x" * 1_000_000)
     assert len(str(err.value)) < 200

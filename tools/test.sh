@@ -16,6 +16,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   # the embedded stack in the metrics tests.
   command -v kubectl >/dev/null || need="$need kubernetes-client"
   command -v prometheus >/dev/null || need="$need prometheus"
+  # A real PostgreSQL for the shared report store of a gateway pair (tests start their own server as `postgres`).
+  dpkg -s postgresql >/dev/null 2>&1 || need="$need postgresql"
   # Our C kernels as an ARM box builds and runs them: Debian's aarch64 cross compiler, run under qemu-user.
   command -v aarch64-linux-gnu-gcc >/dev/null || need="$need gcc-aarch64-linux-gnu"
   command -v qemu-aarch64 >/dev/null || need="$need qemu-user"
