@@ -7,11 +7,12 @@ Precedence (highest first): explicit keyword arguments, environment, the YAML fi
 from __future__ import annotations
 
 import os
+import socket
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr, field_serializer, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -203,6 +204,12 @@ class VisionSettings(RoleSettings):
     max_image_pixels: int = Field(40_000_000, description="largest decoded image (width*height) accepted")
     cache_entries: int = Field(64, description="visual tokens kept by image hash (0 disables)")
     threads: int = Field(0, description="intra-op threads (0 = library default)")
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|auto|cuda(:\d+)?)$",
+        description="cpu | cuda | cuda:N | auto (CUDA when torch sees one): the torch tower's device; onnxruntime "
+        "then uses the CUDA / TensorRT providers where installed",
+    )
     anomaly: AnomalySettings = Field(default_factory=AnomalySettings, description="the anomaly gate's banks")
 
 
@@ -238,6 +245,14 @@ class StageSettings(RoleSettings):
         KVCacheFormat.int8,
         description="the compact KV cache of native_kernels stages: int8 rows (half of fp16's bytes) or fp16",
     )
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|auto|cuda(:\d+)?)$",
+        description="cpu | cuda | cuda:N | auto (CUDA when torch sees one); the wire stays on the host either way",
+    )
+    kv_free_fraction: float = Field(
+        0.9, gt=0, le=1, description="CUDA: the KV budget is at most this share of the device's free memory at load"
+    )
 
 
 class RetrievalSettings(RoleSettings):
@@ -254,6 +269,97 @@ class FrameSettings(BaseModel):
     max_bytes: int = Field(2 << 30, ge=0, description="frames + thumbnails beyond this are pruned, oldest first")
     max_age_s: float = Field(30 * 86400.0, ge=0, description="frames older than this are pruned (0: no age limit)")
     thumbnail_px: int = Field(256, ge=16, le=2048, description="longest side of the list thumbnails")
+
+
+class StoreBackend(StrEnum):
+    sqlite = "sqlite"  # a file at db_path: one gateway (the embedded default)
+    postgres = "postgres"  # a PostgreSQL database that a gateway pair shares
+
+
+class StoreSettings(BaseModel):
+    """Where the gateway keeps its reports (services/gateway/reports/database.py)."""
+
+    backend: StoreBackend = Field(StoreBackend.sqlite, description="sqlite (db_path) | postgres (dsn or dsn_file)")
+    dsn: SecretStr | None = Field(
+        None,
+        description="postgres: libpq conninfo or postgresql:// URL, e.g. from EDGEINSPECT_STORE__DSN (never logged)",
+    )
+    dsn_file: Path | None = Field(None, description="postgres: a file holding the DSN (a mounted secret)")
+    instance: str = Field(
+        "",
+        max_length=128,
+        description="postgres: this gateway's name among those sharing the database, stable across its restarts "
+        "(a restart fails only its own pending rows); '': the host name. Two gateways on one host need their own",
+    )
+    connect_timeout_s: int = Field(10, ge=1, description="postgres: seconds to wait for a connection")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        given = (self.dsn is not None) + (self.dsn_file is not None)
+        if self.backend == StoreBackend.postgres and given != 1:
+            raise ValueError("store.backend postgres needs exactly one of store.dsn and store.dsn_file")
+        if self.backend == StoreBackend.sqlite and given:
+            raise ValueError("store.dsn / store.dsn_file are for store.backend: postgres (sqlite uses db_path)")
+        return self
+
+    @field_serializer("dsn", when_used="json")
+    def _dsn_for_yaml(self, dsn: SecretStr | None) -> str | None:
+        # write_yaml must round-trip the run config (kept 0600); repr and logs still show it masked.
+        return None if dsn is None else dsn.get_secret_value()
+
+    def owner(self) -> str:
+        """The name this gateway's claims carry: '' for SQLite (one gateway), else instance or the host name."""
+        if self.backend == StoreBackend.sqlite:
+            return ""
+        return self.instance or socket.gethostname()
+
+    def read_dsn(self) -> str:
+        """The DSN from dsn or dsn_file (OSError when the file cannot be read)."""
+        if self.dsn is not None:
+            return self.dsn.get_secret_value()
+        return Path(self.dsn_file or "").read_text().strip()
+
+
+class AnomalyPolicy(StrEnum):
+    """How a station uses the anomaly gate (services/gateway/gate.py)."""
+
+    gate = "gate"  # the gate decides good parts alone (no decoder step); flagged frames go to the VLM
+    vlm = "vlm"  # every frame gets a VLM report; the gate's score is recorded beside it
+    off = "off"  # no Score at all
+
+
+class StationGate(BaseModel):
+    """One station's use of the anomaly gate."""
+
+    policy: AnomalyPolicy = Field(
+        AnomalyPolicy.gate,
+        description="gate | vlm | off; a part with no bank yet runs the VLM whatever this says (the report notes it)",
+    )
+    vlm_may_clear: bool = Field(
+        False,
+        description="the VLM may answer OK for a frame the gate flagged (said in verdict_reason); off: a flagged "
+        "frame is never OK",
+    )
+    vlm_when_gate_fails: bool = Field(
+        False,
+        description="under gate: a Score that fails (vision unavailable, timed out) falls back to a full VLM report "
+        "instead of answering UNAVAILABLE; off because a line sized for the gate cannot absorb VLM-speed reports",
+    )
+
+
+class GatewayAnomalySettings(BaseModel):
+    """The gateway's use of the vision node's anomaly gate: a policy per station and where heatmaps go."""
+
+    default: StationGate = Field(
+        default_factory=StationGate,
+        description="every station not named in `stations` (default gate: nothing changes until a part is taught)",
+    )
+    stations: dict[str, StationGate] = Field(default_factory=dict, description="per-station overrides, by name")
+    heatmaps: bool = Field(True, description="store the gate's heatmap PNG beside the frame (GetReportImage)")
+    score_timeout_s: float = Field(10.0, gt=0, description="the Score hop's share of the inspection's deadline")
+
+    def for_station(self, station: str) -> StationGate:
+        return self.stations.get(station, self.default)
 
 
 class TokenRole(StrEnum):
@@ -300,6 +406,9 @@ class GatewaySettings(RoleSettings):
     )
     db_path: Path = Field(Path("var/reports.sqlite"), description="SQLite file every report is stored in")
     frames: FrameSettings = Field(default_factory=FrameSettings, description="frame store and its retention")
+    store: StoreSettings = Field(
+        default_factory=StoreSettings, description="the report database: SQLite at db_path, or a shared PostgreSQL"
+    )
     api_tokens: list[ApiToken] = Field(
         default_factory=list, description="bearer tokens accepted on the public API (hashes; none: refuse to start)"
     )
@@ -348,4 +457,7 @@ class GatewaySettings(RoleSettings):
     )
     outputs: OutputsConfig = Field(
         default_factory=OutputsConfig, description="where each stored report goes next (MQTT, webhooks)"
+    )
+    anomaly: GatewayAnomalySettings = Field(
+        default_factory=GatewayAnomalySettings, description="the anomaly gate per station (policy, VLM clearing)"
     )

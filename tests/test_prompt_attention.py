@@ -118,5 +118,5 @@ def test_packed_stages_run_prompts_through_it_and_fp32_stages_never(tiny_checkpo
         assert calls == []
         return
     assert calls == [True] * ckpt.num_layers  # every layer's prompt attention, then none with it off
-    # the tiny model (init std 0.3) is chaotic: small differences grow layer by layer; 1.3B: bench/README.md
+    # the tiny model (init std 0.3) is chaotic: small differences grow layer by layer; 1.3B: bench/NOTES.md
     assert cosine_similarity(got, want, dim=0) > 0.995

@@ -56,7 +56,7 @@ TWO_PASS_LINEARS = frozenset({"down_proj"})
 # On the vnni kernel the same linears' activations are rotated by a block Hadamard matrix instead (weights stored
 # rotated): the rotation spreads silu(gate) * up's tails, so their rows take one pass at about the error of two
 # unrotated ones (first-token logits cosine vs fp32 0.9955, two passes unrotated 0.9952, one pass unrotated 0.9931;
-# bench/README.md, "Prefill: the down projection rotated"). Prompt rows: half the GEMM (~16% of a 974-token 1.3B
+# bench/NOTES.md, "Prefill: the down projection rotated"). Prompt rows: half the GEMM (~16% of a 974-token 1.3B
 # prefill). Decode rows: with memory fast a whole 1.3B step takes ~1.4% less time against its read bound (median of
 # 10 runs; two passes left this GEMV at 1.16x its bytes there), for perf_accuracy's 1.3B int8 min cosine 0.99621 ->
 # 0.99605 (bench/README.md, "Decode: the down projection in one pass"). Widths with no block to rotate by keep two.

@@ -42,7 +42,7 @@ def load_vision_tower(ckpt: Checkpoint, weights: str = "fp32") -> VisionTower:
 
     int8: every linear as an Int8Linear (per-channel int8 weights, activations quantized per token; the prompt GEMM
     of the decoder stages, models/quant.py) and attention in the native kernel without its causal mask
-    (native_attention): together 1.15 -> ~0.75 s per 384 px image on a 2-core Zen 4 (bench/README.md, vision)."""
+    (native_attention): together 1.15 -> ~0.75 s per 384 px image on a 2-core Zen 4 (bench/NOTES.md, vision)."""
     int8 = weights == "int8"
     tower = VisionTower(ckpt, NATIVE_ATTENTION if int8 else "sdpa")
     dtype = torch.float32 if int8 else torch_dtype(weights)

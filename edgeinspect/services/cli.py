@@ -12,8 +12,8 @@ from pathlib import Path
 
 import typer
 
-from edgeinspect.config import WireCodec
-from edgeinspect.services.client_options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION, WORKDIR
+from edgeinspect.config import AnomalyPolicy, WireCodec
+from edgeinspect.services.client_options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION, WORKDIR, client_command
 
 
 class Role(StrEnum):
@@ -84,7 +84,9 @@ def up_command(
     codec: WireCodec = typer.Option(WireCodec.fp16, help="tensor codec between nodes"),
     chained: bool = typer.Option(False, help="stages forward to each other instead of through the gateway"),
     port: int = typer.Option(50051, help="gateway port"),
-    workdir: Path = typer.Option(WORKDIR, help="folder for configs, logs, the report database and the KB"),
+    workdir: Path = typer.Option(
+        WORKDIR, help="folder for configs, logs, the report database and the KB (default: $EDGEINSPECT_WORKDIR)"
+    ),
     kb: Path | None = typer.Option(
         None, "--kb", help="knowledge base folder from `edgeinspect kb index` (default: the sample KB, indexed once)"
     ),
@@ -100,6 +102,13 @@ def up_command(
         None, "--mqtt", help="publish every result to this broker: mqtt://HOST:PORT (mqtts:// for TLS)"
     ),
     console_port: int = typer.Option(8080, help="web console HTTP port (0: a free one; -1: no console)"),
+    anomaly: AnomalyPolicy = typer.Option(
+        AnomalyPolicy.gate, "--anomaly", help="every station's anomaly gate policy (a part with no bank runs the VLM)"
+    ),
+    gate_station: list[str] = typer.Option(
+        [], "--gate-station", help="a station that uses the gate whatever --anomaly says (repeatable)"
+    ),
+    banks: Path | None = typer.Option(None, "--banks", help="anomaly banks folder (default: WORKDIR/banks)"),
 ) -> None:
     """Start every role on this box as separate processes (the embedded default); Ctrl-C, SIGTERM or SIGHUP stops
     them all. run/stack.json in the workdir lists every role's pid and address while it runs."""
@@ -129,6 +138,9 @@ def up_command(
             allow_unauthenticated=allow_unauthenticated,
             extra_env=outputs_env,
             console_port=None if console_port < 0 else console_port,
+            anomaly=anomaly.value,
+            gate_stations=tuple(gate_station),
+            banks_dir=banks.resolve() if banks else None,
         )
     )
     code = 0
@@ -205,10 +217,8 @@ def _print_security(console, stack) -> None:
     if o.allow_unauthenticated:
         console.print("  [yellow]allow_unauthenticated set[/yellow]: the gateway serves callers without a token")
     else:
-        ca = f" --ca {stack.client_ca}" if o.tls else ""
-        console.print(
-            f"  token in {stack.creds.token_file} (0600); `edgeinspect inspect IMAGE{ca}` reads it", highlight=False
-        )
+        command = client_command(stack.gateway_address, stack.creds.token_file, stack.client_ca if o.tls else None)
+        console.print(f"  token in {stack.creds.token_file} (0600); a client from here: `{command}`", highlight=False)
 
 
 def _serve_until_stopped(stack, console) -> int:
@@ -263,10 +273,13 @@ def inspect_command(
 
 
 def demo_command(
-    workdir: Path = typer.Option(WORKDIR, help="folder for configs, logs, the report database and the KB"),
+    workdir: Path = typer.Option(
+        WORKDIR, help="folder for configs, logs, the report database and the KB (default: $EDGEINSPECT_WORKDIR)"
+    ),
     stages: int = typer.Option(2, help="decoder stages"),
     image: Path | None = typer.Option(None, help="image to inspect (default: the shipped sample part)"),
     ingest_reports: int = typer.Option(3, help="then ingest the sample conveyor video until this many reports"),
+    gate: bool = typer.Option(True, "--gate/--no-gate", help="teach a drawn sample part, inspect a good and a bad one"),
 ) -> None:
     """The embedded default end to end: start every role, inspect the sample part, ingest the sample video."""
     from rich.console import Console
@@ -293,6 +306,10 @@ def demo_command(
             )
             console.print()
             print_report(report)
+        if gate:
+            from edgeinspect.services.gate_demo import show_gate
+
+            show_gate(console, stack, workdir.resolve())
         if ingest_reports > 0:
             console.print(f"[green]Ingesting the sample conveyor video[/green]: {ingest_reports} reports as they come")
             cameras = _demo_cameras(workdir.resolve(), stack.gateway_address, stack.api_token)

@@ -22,11 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgeinspect.config import (
+    AnomalyPolicy,
+    AnomalySettings,
+    GatewayAnomalySettings,
     GatewaySettings,
     RetrievalSettings,
     RoleSettings,
     ServerConfig,
     StageSettings,
+    StationGate,
     VisionSettings,
     write_yaml,
 )
@@ -82,6 +86,9 @@ class StackOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
     console_port: int | None = None  # `up`: the web console on this HTTP port (0: a free one); None: none
     metrics: bool = True  # every role serves /metrics and /v2/health/{live,ready} on a port of its own
+    banks_dir: Path | None = None  # the vision node's anomaly banks (None: WORKDIR/banks, where `anomaly teach` goes)
+    anomaly: str = ""  # every station's gate policy, gate | vlm | off ("": the gateway's default, gate)
+    gate_stations: tuple[str, ...] = ()  # these stations use `gate` whatever the default says
 
 
 def ensure_tiny_checkpoint(workdir: Path) -> Path:
@@ -92,6 +99,15 @@ def ensure_tiny_checkpoint(workdir: Path) -> Path:
         log.info("generating the tiny checkpoint in %s", path)
         make_tiny(path)
     return path
+
+
+def gate_policy(default: str, gate_stations: tuple[str, ...]) -> GatewayAnomalySettings:
+    """The gateway's per-station gate settings from `up`'s flags (--anomaly, --gate-station)."""
+    cfg = GatewayAnomalySettings()
+    if default:
+        cfg.default = StationGate(policy=AnomalyPolicy(default))
+    cfg.stations = {name: StationGate(policy=AnomalyPolicy.gate) for name in gate_stations}
+    return cfg
 
 
 def stage_ranges(num_layers: int, stages: int) -> list[tuple[int, int]]:
@@ -156,6 +172,7 @@ class LocalStack:
         self.opts = opts
         self.roles: list[RoleProcess] = []
         self.run_dir = opts.workdir / "run"
+        self.banks_dir = opts.banks_dir or opts.workdir / "banks"
         self.gateway_address = ""
         self.checkpoint: Path | None = None
         self.creds: StackCredentials | None = None  # the token and TLS files, known once start() ran
@@ -245,7 +262,11 @@ class LocalStack:
             "vision",
             "vision",
             VisionSettings(
-                checkpoint=ckpt, backend=o.vision_backend, server=place("vision"), onnx_path=o.workdir / "vision.onnx"
+                checkpoint=ckpt,
+                backend=o.vision_backend,
+                server=place("vision"),
+                onnx_path=o.workdir / "vision.onnx",
+                anomaly=AnomalySettings(banks_dir=self.banks_dir),
             ),
         )
         names = [[stage_name(k, r) for r in range(o.replicas)] for k in range(len(ranges))]
@@ -274,6 +295,7 @@ class LocalStack:
             client_tls=self.creds.client_tls("gateway"),
             server=self._server("gateway", o.gateway_port or next(ports)),
             upstream_timeout_s=o.start_timeout_s,
+            anomaly=gate_policy(o.anomaly, o.gate_stations),
         )
         self._spawn("gateway", "gateway", gateway)
         if o.console_port is not None:  # a client of the public API (TLS: it verifies the gateway with the CA)

@@ -12,7 +12,7 @@ rounds against the previous build).
 The same pass over int8 rows (models/kv.py: int8 values + a per-row fp32 scale, the default `kv_cache` of packed
 stages) reads 0.52x the bytes; with AVX-512 loads and software prefetch it took the 974-position pass from ~15
 to ~6.5-9.5 ms (fp16 rows then int8 rows, same process, min of 10; the spread is this box's memory speed).
-With several concurrent sessions this attention is what bounds batching (bench/README.md, perf_batching).
+With several concurrent sessions this attention is what bounds batching (bench/NOTES.md, perf_batching).
 
 int4_gemm.c is the int4-weight (and int6-weight) x int8-activation matmul of models/int4.py (q4_0 and q6 grids,
 VNNI dot products, or AVX2 ones with the same sums in the same order; a plain-C path where the CPU has neither,

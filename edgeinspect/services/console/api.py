@@ -37,9 +37,16 @@ class GatewayApi:
     async def report(self, token: str, report_id: str) -> inspection_pb2.DefectReport:
         return await self._call("GetReport", inspection_pb2.GetReportRequest(report_id=report_id), token)
 
-    async def image(self, token: str, report_id: str, thumbnail: bool) -> inspection_pb2.ReportImage:
-        request = inspection_pb2.GetReportImageRequest(report_id=report_id, thumbnail=thumbnail)
+    async def image(
+        self, token: str, report_id: str, thumbnail: bool, heatmap: bool = False
+    ) -> inspection_pb2.ReportImage:
+        request = inspection_pb2.GetReportImageRequest(report_id=report_id, thumbnail=thumbnail, heatmap=heatmap)
         return await self._call("GetReportImage", request, token)
+
+    async def add_to_good_set(self, token: str, report_id: str) -> inspection_pb2.AnomalyBankVersion:
+        # A teach runs features over the part's whole good set: allow it minutes, not the page's usual seconds.
+        request = inspection_pb2.AddToGoodSetRequest(report_id=report_id)
+        return await self._call("AddToGoodSet", request, token, timeout_s=600.0)
 
     async def aggregate(self, token: str, request: inspection_pb2.AggregateReportsRequest):
         return await self._call("AggregateReports", request, token)

@@ -211,18 +211,19 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
         return Response(views.to_csv(rows[: cfg.export_limit]), media_type="text/csv", headers=headers)
 
     @app.get("/reports/{report_id}", response_class=HTMLResponse)
-    async def report_page(request: Request, report_id: str) -> HTMLResponse:
+    async def report_page(request: Request, report_id: str, added: str = "") -> HTMLResponse:
         session = session_of(request)
         report, thumb = await asyncio.gather(
             api.report(session.token, report_id), api.image(session.token, report_id, True)
         )
         return page(request, "report.jinja", r=report, frame_state=inspection_pb2.ImageState.Name(thumb.state),
-                    boxes=views.defect_boxes(report), csrf=session.csrf, may_review=session.may_review)  # fmt: skip
+                    boxes=views.defect_boxes(report), csrf=session.csrf, may_review=session.may_review,
+                    is_admin=session.role == "admin", gate=views.gate_facts(report), added=added[:200])  # fmt: skip
 
     @app.get("/reports/{report_id}/image")
-    async def report_image(request: Request, report_id: str, thumb: int = 0) -> Response:
+    async def report_image(request: Request, report_id: str, thumb: int = 0, heatmap: int = 0) -> Response:
         session = session_of(request)
-        image = await api.image(session.token, report_id, bool(thumb))
+        image = await api.image(session.token, report_id, bool(thumb), bool(heatmap))
         if image.state != inspection_pb2.IMAGE_STATE_STORED:
             return PlainTextResponse(inspection_pb2.ImageState.Name(image.state), status_code=404)
         return Response(image.data, media_type=image.media_type or "application/octet-stream",
@@ -257,6 +258,16 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
         await api.review(session.token, inspection_pb2.ReviewReportRequest(
             report_id=report_id, verdict=views.VERDICTS[verdict], defect_classes=wanted, comment=comment))  # fmt: skip
         return RedirectResponse(f"/reports/{report_id}", status_code=303)
+
+    @app.post("/reports/{report_id}/good-set")
+    async def add_to_good_set(request: Request, report_id: str, csrf: Annotated[str, Form()] = "") -> Response:
+        """An admin's "this frame is good": the part's next bank version learns it (the gateway checks the role)."""
+        session = session_of(request)
+        if not secrets.compare_digest(csrf, session.csrf):
+            return page(request, "error.jinja", 403, code="FORBIDDEN", message="the form is stale: reload the page")
+        version = await api.add_to_good_set(session.token, report_id)
+        added = urlencode({"added": f"{version.bank_id} (version {version.version}, {version.frames} good frames)"})
+        return RedirectResponse(f"/reports/{report_id}?{added}", status_code=303)
 
     return app
 

@@ -61,6 +61,27 @@ def defect_boxes(report: inspection_pb2.DefectReport) -> list[Box]:
     return boxes
 
 
+def gate_facts(report: inspection_pb2.DefectReport) -> dict | None:
+    """The anomaly gate's finding as the report page shows it (None: the station's policy was off)."""
+    if not report.HasField("anomaly"):
+        return None
+    a = report.anomaly
+    decided = inspection_pb2.DecidedBy.Name(a.decided_by).removeprefix("DECIDED_BY_")
+    return {
+        "decided_by": {"GATE": "the anomaly gate", "GATE_AND_VLM": "the gate and the VLM", "VLM": "the VLM"}.get(
+            decided, "-"
+        ),
+        "policy": a.policy or "-",
+        "score": f"{a.score:.4g}" if a.bank_id else "-",
+        "threshold": f"{a.threshold:.4g}" if a.bank_id else "-",
+        "over": a.bank_id != "" and a.score >= a.threshold,
+        "bank": a.bank_id or "-",
+        "heatmap": a.heatmap_stored,
+        "note": a.note,
+        "part": report.part,
+    }
+
+
 def parse_time(value: str) -> Timestamp | None:
     """A filter's datetime-local / ISO value as a Timestamp (naive = UTC); ValueError when it is not one."""
     if not value:

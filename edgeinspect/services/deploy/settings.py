@@ -89,7 +89,7 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             "db_path": plant.reports_dir / "reports.sqlite",
             "max_new_tokens": plant.max_new_tokens,
             # one micro-batch group per box that holds stages: stages on one box share its memory bus, and decode
-            # there gains more from one bigger batch than from groups taking turns (bench/README.md, perf_pipeline)
+            # there gains more from one bigger batch than from groups taking turns (bench/NOTES.md, perf_pipeline)
             "micro_batches": len({s.box.name for s in stages if s.stage.replica == 0}),
         }
         if Role.retrieval in by_role:

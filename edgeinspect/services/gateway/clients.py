@@ -96,6 +96,20 @@ class VisionClient:
     async def info(self) -> vision_pb2.VisionInfo:
         return await self.stub.Info(vision_pb2.InfoRequest(), timeout=10)
 
+    async def score(self, request: vision_pb2.ScoreRequest, timeout_s: float) -> vision_pb2.AnomalyScore:
+        """The anomaly gate's score of one frame; errors propagate (services/gateway/gate.py decides on them)."""
+        with client_span("vision score", {"edgeinspect.part": request.part}) as span:
+            reply = await self.stub.Score(request, timeout=timeout_s)
+            if span is not None:
+                span.set_attribute("edgeinspect.anomaly_score", reply.score)
+                span.set_attribute("edgeinspect.score_ms", reply.score_ms)
+            return reply
+
+    async def teach(self, request: vision_pb2.TeachRequest, timeout_s: float) -> vision_pb2.TeachResponse:
+        """Publishes a part's next bank version on the vision node (slow: features for every frame)."""
+        with client_span("vision teach", {"edgeinspect.part": request.part, "edgeinspect.frames": len(request.frames)}):
+            return await self.stub.Teach(request, timeout=timeout_s)
+
     async def close(self) -> None:
         await self.health.close()
         await self.channel.close()

@@ -18,21 +18,21 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
-from edgeinspect.config import GatewaySettings
+from edgeinspect.config import AnomalyPolicy, GatewaySettings
 from edgeinspect.errors import DeadlineExceeded, EdgeInspectError, InvalidInput, Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, load_processor
 from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, prompt_ids, prompt_text
 from edgeinspect.services.common import metrics
 from edgeinspect.services.common.context import deadline_var, request_id_var
+from edgeinspect.services.gateway import gate
 from edgeinspect.services.gateway.admission import Admission
 from edgeinspect.services.gateway.clients import RetrievalClient, VisionClient
 from edgeinspect.services.gateway.decode.session import InferenceSession
 from edgeinspect.services.gateway.decode.stages import StageCluster
-from edgeinspect.services.gateway.reports.report_text import parse_report_text
-from edgeinspect.services.gateway.reports.schema import build_report_grammar, parse_structured, schema_instruction
-from edgeinspect.services.gateway.rollout.versions import prompt_digest
+from edgeinspect.services.gateway.decode.text import IncrementalText
+from edgeinspect.services.gateway.reports.build import vlm_report
+from edgeinspect.services.gateway.reports.schema import build_report_grammar, schema_instruction
 from edgeinspect.services.outputs.fanout import Outputs
 from edgeinspect.v1 import inspection_pb2, retrieval_pb2, stage_pb2
 
@@ -55,28 +55,11 @@ class ReportWriter(Protocol):
 
     def claim(self, idempotency_key: str, request_id: str) -> tuple[str, inspection_pb2.DefectReport | None]: ...
 
-    def complete(self, report: inspection_pb2.DefectReport, *, image: bytes | None = None) -> None: ...
+    def complete(
+        self, report: inspection_pb2.DefectReport, *, image: bytes | None = None, heatmap: bytes | None = None
+    ) -> None: ...
 
     def fail(self, report_id: str, reason: str) -> None: ...
-
-
-class IncrementalText:
-    """Detokenizes generated ids as they come, in O(new tokens) per step (decoding a window, as HF's streamer
-    does), holding back a partial UTF-8 sequence until it completes."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.prefix_offset = 0  # window start: a few tokens before the unsent ones, so spaces merge right
-        self.read_offset = 0  # first token whose text has not been sent
-
-    def delta(self, ids: list[int]) -> str:
-        decode = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
-        before = decode(ids[self.prefix_offset : self.read_offset])
-        now = decode(ids[self.prefix_offset :])
-        if len(now) <= len(before) or now.endswith("\ufffd"):
-            return ""
-        self.prefix_offset, self.read_offset = self.read_offset, len(ids)
-        return now[len(before) :]
 
 
 class Inspector:
@@ -97,6 +80,7 @@ class Inspector:
         self.context_limit = ckpt.text_config.max_position_embeddings
         self.store = store
         self.vision = vision
+        self.gate = gate.GateStep(cfg.anomaly, vision)  # the anomaly gate per station (services/gateway/gate.py)
         self.retrieval = retrieval
         self.codec = stages.wire.codec
         self.stages = stages
@@ -168,20 +152,40 @@ class Inspector:
     async def _inspect(self, req, report_id: str, deadline: float, hop: list[str]):
         timings: list[stage_pb2.StageTiming] = []
         t0 = time.perf_counter()
+        hop[0] = "anomaly gate"
+        gated = self.cfg.anomaly.for_station(req.station).policy is AnomalyPolicy.gate
+        score_timeout = _share(deadline, self.cfg.anomaly.score_timeout_s)
+        if gated:  # the gate first: a good part ends here, before any visual token or decoder step
+            outcome = await self.gate.score(req, score_timeout)
+            timings.extend(gate.timing(outcome, t0))
+            if outcome.decides_ok:
+                yield await self._finish(req, self._gate_report(req, report_id, outcome, timings), outcome, t0)
+                return
         hop[0] = "vision"
+        t1 = time.perf_counter()
         vision_timeout = _share(deadline, self.cfg.vision_timeout_s)
-        enc = await self.vision.encode(req.image, self.codec, self.cfg.zstd, vision_timeout)
+        # Under vlm the gate scores alongside Encode (its finding is recorded, it decides nothing).
+        scoring = None if gated else asyncio.ensure_future(self.gate.score(req, score_timeout))
+        try:
+            enc = await self.vision.encode(req.image, self.codec, self.cfg.zstd, vision_timeout)
+        except BaseException:
+            if scoring is not None:
+                scoring.cancel()
+            raise
         timings.append(
             stage_pb2.StageTiming(
-                stage="vision", compute_ms=enc.encode_ms, wire_ms=(time.perf_counter() - t0) * 1e3 - enc.encode_ms
+                stage="vision", compute_ms=enc.encode_ms, wire_ms=(time.perf_counter() - t1) * 1e3 - enc.encode_ms
             )
         )
+        if scoring is not None:
+            outcome = await scoring
+            timings.extend(gate.timing(outcome, t1))
         hop[0] = "retrieval"
         degraded: list[str] = []
         chunks, index_version = [], ""
         if not req.verification:
             chunks, index_version = await self._spec_context(req, timings, deadline, degraded)
-        prompt = self._prompt(req, chunks)
+        prompt = self._prompt(req, chunks, gate.gate_instruction(outcome.score) if outcome.flagged else "")
         prompt.degraded[:0] = degraded
         hop[0] = "decoder stages"
         sampling = stage_pb2.SamplingParams(
@@ -204,24 +208,40 @@ class Inspector:
             async for event in self._generate(session, prompt.budget, deadline, timings, t0):
                 yield event
         hop[0] = "store"
-        report = self._report(req, report_id, session, prompt, index_version, timings, enc.image_sha256)
+        report = vlm_report(self, req, report_id, session, prompt, index_version, timings, enc.image_sha256)
+        gate.settle(report, outcome, heatmap_stored=False)
+        log.info("report %s: %d tokens, %d failovers", report_id, len(journal.generated), len(session.failovers),
+                 extra={"report_id": report_id})  # fmt: skip
+        yield await self._finish(req, report, outcome, t0)
+
+    async def _finish(self, req, report, outcome: gate.GateOutcome, t0: float) -> inspection_pb2.InspectEvent:
+        """Stores the report (with its frame and the gate's heatmap), publishes it to the line, counts it."""
+        heatmap = outcome.score.heatmap_png if outcome.score is not None else b""
         if not req.verification:  # verify's reports are answered only: never stored, never published
-            await asyncio.to_thread(functools.partial(self.store.complete, report, image=req.image))
+            store = functools.partial(self.store.complete, report, image=req.image, heatmap=heatmap or None)
+            await asyncio.to_thread(store)  # sets anomaly.heatmap_stored when it kept the heatmap
         if not req.evaluation and not req.verification:  # an eval's labelled frames never reach the plant's systems
             self.outputs.publish(report)  # returns at once: each output delivers from its own outbox
         verdict = inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_")
         metrics.INSPECTIONS.labels(station=req.station, verdict=verdict).inc()
         metrics.INSPECTION_SECONDS.observe(time.perf_counter() - t0)
-        metrics.MODEL_INFO.info({"fingerprint": report.model.checkpoint_fingerprint, "plan": report.model.plan})
-        log.info(
-            "report %s stored: %s, %d tokens, %d failovers",
-            report_id,
-            inspection_pb2.Verdict.Name(report.verdict),
-            len(journal.generated),
-            len(session.failovers),
-            extra={"report_id": report_id, "verdict": inspection_pb2.Verdict.Name(report.verdict)},
+        if report.model.plan:
+            metrics.MODEL_INFO.info({"fingerprint": report.model.checkpoint_fingerprint, "plan": report.model.plan})
+        decided = inspection_pb2.DecidedBy.Name(report.anomaly.decided_by).removeprefix("DECIDED_BY_")
+        log.info("report %s stored: %s (decided by %s)", report.report_id, verdict, decided,
+                 extra={"report_id": report.report_id, "verdict": verdict, "decided_by": decided})  # fmt: skip
+        return inspection_pb2.InspectEvent(report=report)
+
+    def _gate_report(self, req, report_id: str, outcome: gate.GateOutcome, timings) -> inspection_pb2.DefectReport:
+        model = inspection_pb2.ModelInfo(
+            checkpoint=str(self.ckpt.path),
+            checkpoint_fingerprint=self.ckpt.fingerprint,
+            tokenizer_fingerprint=self.ckpt.tokenizer_fingerprint,
         )
-        yield inspection_pb2.InspectEvent(report=report)
+        return gate.ok_report(
+            req, report_id, outcome, False, request_id=request_id_var.get() or "", model=model, timings=timings,
+            image_sha256=outcome.score.image_sha256 or hashlib.sha256(req.image).hexdigest(),
+        )  # fmt: skip
 
     async def _generate(self, session: InferenceSession, budget: int, deadline: float, timings, t0):
         """The decode loop: yields text deltas; fills `timings` with per-stage compute and per-token figures."""
@@ -269,7 +289,7 @@ class Inspector:
         timings.append(stage_pb2.StageTiming(stage="decode_per_token", wire_ms=(t_end - t_first) * 1e3 / decode_steps))
         timings.append(stage_pb2.StageTiming(stage="network_per_token", wire_ms=network_ms / decode_steps))
 
-    def _prompt(self, req, chunks: list[retrieval_pb2.SpecChunk]) -> Prompt:
+    def _prompt(self, req, chunks: list[retrieval_pb2.SpecChunk], extra: str = "") -> Prompt:
         """The prompt ids (system + spec context + image placeholders + instruction). It must fit the model's
         context with the budget of new tokens: spec chunks are dropped from the end until it does (said in the
         report), and a prompt that cannot fit even without them is refused naming both numbers."""
@@ -277,7 +297,7 @@ class Inspector:
         degraded: list[str] = []
         total = len(chunks)
         while True:
-            prompt = self._build(req, chunks, budget)
+            prompt = self._build(req, chunks, budget, extra)
             need = len(prompt.ids) + budget
             if need <= self.context_limit:
                 break
@@ -294,9 +314,10 @@ class Inspector:
         prompt.degraded = degraded
         return prompt
 
-    def _build(self, req, chunks, budget: int) -> Prompt:
+    def _build(self, req, chunks, budget: int, extra: str = "") -> Prompt:
         context = "\n".join(f"[{c.doc_id} / {c.section}] {c.text}" for c in chunks)
-        instruction = req.prompt or DEFAULT_INSTRUCTION
+        # extra: where the anomaly gate flagged the frame; after the image, so the cached prefix stays shared.
+        instruction = "\n".join(x for x in (req.prompt or DEFAULT_INSTRUCTION, extra) if x)
         # Verification compares with unconstrained generate(), so it is never constrained.
         grammar = None
         if self.cfg.structured_output and not req.verification:
@@ -345,62 +366,6 @@ class Inspector:
         metrics.DEGRADED.labels(reason="no_spec_context").inc()
         log.warning("inspection without spec context: %s", why)
         return [], ""
-
-    def _report(self, req, report_id, session: InferenceSession, prompt: Prompt, index_version, timings, image_sha):
-        journal = session.journal
-        raw = self.tokenizer.decode(journal.generated, skip_special_tokens=True)
-        truncated = session.truncated and raw.strip() != ""
-        parsed = parse_structured(raw, truncated) if prompt.grammar else parse_report_text(raw, truncated=truncated)
-        now = Timestamp()
-        now.GetCurrentTime()
-        report = inspection_pb2.DefectReport(
-            report_id=report_id,
-            request_id=request_id_var.get() or "",
-            idempotency_key=req.idempotency_key,
-            station=req.station,
-            part=req.part,
-            camera_id=req.camera_id,
-            created_time=now,
-            verdict=parsed.verdict,
-            description=parsed.description,
-            verdict_reason=parsed.verdict_reason,
-            raw_text=raw,
-            generated_token_ids=journal.generated,
-            image_sha256=image_sha or hashlib.sha256(req.image).hexdigest(),
-            prompt_tokens=len(journal.prompt_ids),
-            timings=timings,
-            defects=[inspection_pb2.Defect(**d) for d in parsed.defects],
-            references=[
-                inspection_pb2.Reference(
-                    doc_id=c.doc_id,
-                    section=c.section,
-                    score=c.score,
-                    index_version=index_version,
-                    path=c.path,
-                    page=c.page,
-                    text=c.text,
-                )
-                for c in prompt.chunks
-            ],
-            model=inspection_pb2.ModelInfo(
-                checkpoint=str(self.ckpt.path),
-                checkpoint_fingerprint=self.ckpt.fingerprint,
-                tokenizer_fingerprint=self.ckpt.tokenizer_fingerprint,
-                codec=self.codec.value,
-                partition=session.route_names,
-                plan=self.router.plan_text(),
-                prompt_sha256=prompt_digest(journal.prompt_ids, prompt.grammar.grammar_id if prompt.grammar else ""),
-            ),
-            failovers=session.failovers,
-            degraded=prompt.degraded,
-            decode_steps=max(len(journal.steps) - 1, 0),
-            jump_forward_tokens=journal.forced,
-        )
-        if req.verification:
-            report.prompt_token_ids.extend(journal.prompt_ids)
-        if req.HasField("capture_time"):
-            report.capture_time.CopyFrom(req.capture_time)
-        return report
 
 
 def _share(deadline: float, cap_s: float) -> float:

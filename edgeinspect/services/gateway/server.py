@@ -21,7 +21,7 @@ from edgeinspect.services.gateway.decode.session import RecoveryPolicy
 from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
 from edgeinspect.services.gateway.readiness import Readiness
-from edgeinspect.services.gateway.reports.store import ReportStore
+from edgeinspect.services.gateway.reports.store import open_gateway_store
 from edgeinspect.services.gateway.rollout.manager import RolloutManager
 from edgeinspect.services.gateway.rollout.versions import apply_record
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
@@ -66,7 +66,7 @@ async def connect(cfg: GatewaySettings, store: ReportWriter) -> Inspector:
 
 async def start(cfg: GatewaySettings) -> tuple[RunningServer, Readiness]:
     cfg = apply_record(cfg)  # a promoted model version survives a restart (services/gateway/rollout/versions.py)
-    store = ReportStore(cfg.db_path, frames=cfg.frames)
+    store = open_gateway_store(cfg)  # SQLite at db_path, or the PostgreSQL database a gateway pair shares
     store.recover_interrupted()  # rows a crash left pending: failed, "gateway restarted during inspection"
     servicer = InspectionServicer(store)
     rollout = RolloutManager(cfg, store, connect)

@@ -130,6 +130,7 @@ class LineSide:
                 created_time=now,
                 latency_ms=None if capture_time is None else round((now - capture_time) * 1e3, 1),
                 line=line or {},
+                anomaly=report.anomaly,
             )
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -18,6 +18,7 @@ from edgeinspect.errors import CodecError
 from edgeinspect.services.common.context import REQUEST_ID_KEY
 from edgeinspect.services.common.errors import RETRY_PUSHBACK_KEY, status_for
 from edgeinspect.services.common.tracing import client_span
+from edgeinspect.services.outputs.result import anomaly_of
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class ReportSummary:
     idempotency_key: str
     description: str = ""
     defects: tuple[tuple[str, str], ...] = ()  # (class, severity): what the line's DefectClass shows
+    anomaly: dict = field(default_factory=dict)  # the gate's finding as outputs/result.py's anomaly_of gives it
 
 
 class ReportSink(Protocol):
@@ -137,6 +139,7 @@ class GrpcReportSink:
             idempotency_key=report.idempotency_key,
             description=report.description,
             defects=tuple((d.defect_class, d.severity) for d in report.defects),
+            anomaly=anomaly_of(report),
         )
 
     async def close(self) -> None:

@@ -22,14 +22,18 @@ class LineResult:
     created_time: float  # unix seconds the gateway stored the report
     latency_ms: float | None  # capture -> stored
     line: dict = field(default_factory=dict)  # ingest-hosted: cycle id, lot, what the line was told
+    # The anomaly gate's finding (score, threshold, bank, decided_by, regions as [x, y, w, h] fractions); empty when
+    # the station's policy is off.
+    anomaly: dict = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         body = asdict(self)
         body["classes"] = list(self.classes)
         body["capture_time"] = _iso(self.capture_time)
         body["created_time"] = _iso(self.created_time)
-        if not self.line:
-            del body["line"]
+        for optional in ("line", "anomaly"):  # absent rather than empty: older consumers see the same shape
+            if not body[optional]:
+                del body[optional]
         return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -73,4 +77,21 @@ def from_report(report) -> LineResult:
         capture_time=capture,
         created_time=created,
         latency_ms=None if capture is None else round((created - capture) * 1e3, 1),
+        anomaly=anomaly_of(report),
     )
+
+
+def anomaly_of(report) -> dict:
+    """The report's AnomalyFinding as the line sees it ({} when there is none)."""
+    from edgeinspect.v1 import inspection_pb2
+
+    if not report.HasField("anomaly"):
+        return {}
+    a = report.anomaly
+    out = {"decided_by": inspection_pb2.DecidedBy.Name(a.decided_by).removeprefix("DECIDED_BY_"), "policy": a.policy}
+    if a.bank_id:
+        regions = [[round(r.x, 4), round(r.y, 4), round(r.width, 4), round(r.height, 4)] for r in a.regions]
+        out.update(score=round(a.score, 6), threshold=round(a.threshold, 6), bank_id=a.bank_id, regions=regions)
+    if a.note:
+        out["note"] = a.note
+    return out

@@ -11,6 +11,7 @@ from edgeinspect.v1 import inspection_pb2
 MAX_PROMPT_CHARS = 2000
 MAX_FIELD_CHARS = 128
 MAX_NEW_TOKENS_LIMIT = 2048
+MAX_TEACH_REPORTS = 200  # the vision node's default max_teach_frames: one Teach carries them all
 # google.protobuf.Timestamp's valid range (years 1..9999): anything else breaks every reader of the report.
 MIN_TS_SECONDS, MAX_TS_SECONDS = -62_135_596_800, 253_402_300_799
 
@@ -26,6 +27,17 @@ def check_inspect(req: inspection_pb2.InspectRequest) -> inspection_pb2.InspectR
     if not 0 <= req.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise InvalidInput(f"max_new_tokens must lie in [0, {MAX_NEW_TOKENS_LIMIT}] (0 = server default)")
     time_arg(req, "capture_time")
+    return req
+
+
+def check_teach_from_reports(req: inspection_pb2.TeachFromReportsRequest) -> inspection_pb2.TeachFromReportsRequest:
+    """Station and part named, last_n a bank's worth of frames; InvalidInput naming the field otherwise."""
+    for name in ("station", "part"):
+        value = getattr(req, name)
+        if not value or len(value) > MAX_FIELD_CHARS:
+            raise InvalidInput(f"{name} is required and at most {MAX_FIELD_CHARS} characters")
+    if not 2 <= req.last_n <= MAX_TEACH_REPORTS:
+        raise InvalidInput(f"last_n must lie in [2, {MAX_TEACH_REPORTS}]: a bank needs at least 2 good frames")
     return req
 
 

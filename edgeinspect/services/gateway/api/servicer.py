@@ -9,8 +9,9 @@ from contextlib import aclosing
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from edgeinspect.errors import PermissionDenied, Unavailable
+from edgeinspect.services.gateway import teaching
 from edgeinspect.services.gateway.api.callers import caller_of, may_review
-from edgeinspect.services.gateway.api.requests import check_inspect, time_arg
+from edgeinspect.services.gateway.api.requests import check_inspect, check_teach_from_reports, time_arg
 from edgeinspect.services.gateway.api.status import cluster_status
 from edgeinspect.services.gateway.decode.step_spans import annotate_report, annotate_request
 from edgeinspect.services.gateway.reports.store import ReportStore
@@ -77,8 +78,8 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
         return inspection_pb2.ListReportsResponse(reports=reports, next_page_token=token)
 
     async def GetReportImage(self, request, context) -> inspection_pb2.ReportImage:
-        """The report's frame or thumbnail as kept by the frame store (EXPIRED once retention pruned it)."""
-        answer = await asyncio.to_thread(self.store.image, request.report_id, request.thumbnail)
+        """The report's frame, thumbnail or anomaly heatmap as kept by the frame store (EXPIRED once pruned)."""
+        answer = await asyncio.to_thread(self.store.image, request.report_id, request.thumbnail, request.heatmap)
         out = inspection_pb2.ReportImage(report_id=request.report_id, state=answer.state, data=answer.data)
         if answer.frame is not None:
             out.image_sha256 = answer.frame.sha256
@@ -135,3 +136,12 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
     async def GetClusterStatus(self, request, context) -> inspection_pb2.ClusterStatus:
         """Every stage endpoint (range, health, ban reason, load), the plan in force, vision/retrieval, admission."""
         return await cluster_status(self._ready().live())
+
+    async def AddToGoodSet(self, request, context) -> inspection_pb2.AnomalyBankVersion:
+        """A report's frame joins its part's good set (a new bank version). Admin only (METHOD_ROLES)."""
+        return await teaching.add_to_good_set(self.store, self._ready().live(), request.report_id)
+
+    async def TeachFromReports(self, request, context) -> inspection_pb2.AnomalyBankVersion:
+        """Teaches a part afresh from a station's last N reports reviewed OK. Admin only (METHOD_ROLES)."""
+        req = check_teach_from_reports(request)
+        return await teaching.teach_from_reports(self.store, self._ready().live(), req.station, req.part, req.last_n)

@@ -104,9 +104,27 @@ class FrameFiles:
         except FileNotFoundError:
             return None
 
+    def _heatmap_path(self, sha: str, bank_id: str) -> Path:
+        # One frame may be scored against several bank versions: its heatmap is a function of both.
+        bank_key = hashlib.sha256(bank_id.encode()).hexdigest()[:16]
+        return self._path(sha).with_name(f"{sha}.heat.{bank_key}.png")
+
+    def write_heatmap(self, sha: str, bank_id: str, png: bytes) -> int:
+        """Stores the anomaly gate's heatmap of frame `sha` against bank `bank_id` beside the frame; its bytes."""
+        _write_atomic(self._heatmap_path(sha, bank_id), png)
+        return len(png)
+
+    def read_heatmap(self, sha: str, bank_id: str) -> bytes | None:
+        try:
+            return self._heatmap_path(sha, bank_id).read_bytes()
+        except FileNotFoundError:
+            return None
+
     def delete(self, sha: str) -> None:
         for thumbnail in (False, True):
             self._path(sha, thumbnail).unlink(missing_ok=True)
+        for heatmap in self._path(sha).parent.glob(f"{sha}.heat.*.png"):  # retention takes them with the frame
+            heatmap.unlink(missing_ok=True)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -1,17 +1,20 @@
-"""The gateway's durable report store: SQLite in WAL mode, one row per inspection attempt, the report as a proto BLOB
-beside its queryable fields (store_schema.py), the frame it was made from (frames.py), and people's reviews.
+"""The gateway's durable report store: one row per inspection attempt, the report as a proto BLOB beside its
+queryable fields (store_schema.py), the frame it was made from (frames.py), and people's reviews. The database is
+SQLite in WAL mode (one gateway, the embedded default) or PostgreSQL (a gateway pair shares it); the queries here
+run on both, database.py holds what differs.
 
 A row is `pending` from the moment an inspection is admitted (so a retry with the same idempotency key finds it)
 until `complete()` stores the finished DefectReport (`done`) or `fail()` records why it failed (`failed`). A failed
 row keeps its key; a retry with that key runs again as a new row that names the failed one (previous_attempt_id).
-synchronous=FULL fsyncs the WAL on every commit: once a call here returns, a kill -9 loses nothing.
+Every commit is durable (SQLite synchronous=FULL, PostgreSQL's defaults): once a call here returns, a kill -9 loses
+nothing. Each gateway claims under its own `owner` name, so a restart fails only the rows that gateway left pending.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import sqlite3
 import threading
 import time
 import uuid
@@ -19,9 +22,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from edgeinspect.config import FrameSettings
-from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
+from edgeinspect.config import FrameSettings, GatewaySettings
+from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound, Unavailable
 from edgeinspect.services.gateway.reports import frames as frame_policy
+from edgeinspect.services.gateway.reports.database import Database, SQLiteDatabase, open_database
 from edgeinspect.services.gateway.reports.frames import FrameFiles, FrameRow, StoredFrame
 from edgeinspect.services.gateway.reports.store_queries import (
     DONE,
@@ -44,6 +48,8 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 # A pending row this old belongs to a gateway that died mid-inspection: a retry may take its key over.
 DEFAULT_PENDING_TTL_S = 3600.0
+# The gateway's own TTL: its deadline plus this, for the report's commit after the last hop.
+PENDING_GRACE_S = 60.0
 RESTARTED = "gateway restarted during inspection"
 
 PENDING, FAILED = "pending", "failed"
@@ -72,64 +78,78 @@ class ReportStore:
     """Durable DefectReport store; safe to call from many threads (one connection behind a lock)."""
 
     def __init__(
-        self, path: Path, *, pending_ttl_s: float = DEFAULT_PENDING_TTL_S, frames: FrameSettings | None = None
+        self,
+        db: Path | Database,
+        *,
+        pending_ttl_s: float = DEFAULT_PENDING_TTL_S,
+        frames: FrameSettings | None = None,
+        owner: str = "",
     ) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """db: a SQLite file's path or an open Database (database.py); owner: this gateway's name among those
+        sharing the database ('' where it has one gateway). A PostgreSQL store needs frames.dir set."""
+        self._db: Database = SQLiteDatabase(db) if isinstance(db, Path | str) else db
+        # The SQLite file (frames default beside it); None for a database server.
+        self.path = self._db.path if isinstance(self._db, SQLiteDatabase) else None
+        self.owner = owner
         self._pending_ttl_us = int(pending_ttl_s * 1_000_000)
         self._lock = threading.Lock()
-        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a claim is one write transaction even
-        # against another process on the same file; timeout makes that process wait for the lock instead of failing.
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=10.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
         migrate(self._db)
         # frames=None: reports only (the frame store is the gateway's choice, from its settings).
         self.frame_settings = frames if frames is not None and frames.keep else None
         self.frames: FrameFiles | None = None
         if self.frame_settings is not None:
-            root = self.frame_settings.dir or self.path.parent / "frames"
+            root = self.frame_settings.dir or (self.path.parent / "frames" if self.path else None)
+            if root is None:
+                raise InvalidInput("frames.dir must be set for a report store on a database server")
             self.frames = FrameFiles(root, self.frame_settings.thumbnail_px)
 
     # -- writes ---------------------------------------------------------------------------------------------
 
     def recover_interrupted(self) -> int:
-        """At gateway start: rows left pending by a crash are failed ("gateway restarted during inspection").
-        Only the gateway that owns this database calls it, before it admits inspections."""
+        """At gateway start, before it admits inspections: the rows this gateway (owner) left pending when it
+        crashed are failed ("gateway restarted during inspection"); other gateways' rows are theirs."""
         with self._lock, self._transaction():
             cur = self._db.execute(
-                "UPDATE reports SET status = ?, reason = ? WHERE status = ?", (FAILED, RESTARTED, PENDING)
+                "UPDATE reports SET status = ?, reason = ? WHERE status = ? AND owner = ?",
+                (FAILED, RESTARTED, PENDING, self.owner),
             )
         if cur.rowcount:
             log.warning("%d inspections were interrupted by a gateway restart; marked failed", cur.rowcount)
         return cur.rowcount
 
     def claim(self, idempotency_key: str, request_id: str) -> tuple[str, DefectReport | None]:
-        """(report_id, report) for a finished key, (report_id, None) for one in progress or newly admitted."""
+        """(report_id, report) for a finished key, (report_id, None) for one in progress here or newly admitted;
+        Unavailable while another gateway sharing the database runs the key."""
         with self._lock:
-            for _ in range(2):
-                try:
-                    return self._claim_once(idempotency_key, request_id)
-                except sqlite3.IntegrityError:
-                    # Another process inserted the same key between our SELECT and INSERT: read its row.
-                    log.info("idempotency key %r claimed concurrently; reading the winner", idempotency_key)
-            return self._claim_once(idempotency_key, request_id)
+            # Gateways sharing a database can both find no live row for a key and both insert: the unique index
+            # admits one, the other inserts nothing (ON CONFLICT DO NOTHING) and reads the winner's row next pass.
+            for _ in range(3):
+                claimed = self._claim_once(idempotency_key, request_id)
+                if claimed is not None:
+                    return claimed
+                log.info("idempotency key %r claimed concurrently; reading the winner", idempotency_key)
+        raise Unavailable(f"idempotency key {idempotency_key!r} is contended; retry", retry_after_ms=200)
 
-    def _claim_once(self, key: str, request_id: str) -> tuple[str, DefectReport | None]:
+    def _claim_once(self, key: str, request_id: str) -> tuple[str, DefectReport | None] | None:
         now = _now_us()
         previous = ""
         with self._transaction():
             if key:
                 row = self._db.execute(
-                    "SELECT report_id, status, created_us, report FROM reports "
+                    "SELECT report_id, status, created_us, report, owner FROM reports "
                     "WHERE idempotency_key = ? AND status != ?",
                     (key, FAILED),
                 ).fetchone()
                 if row is not None:
-                    report_id, status, created_us, blob = row
+                    report_id, status, created_us, blob, owner = row
                     if status == DONE:
                         return report_id, DefectReport.FromString(blob)
                     if now - created_us < self._pending_ttl_us:
+                        if owner != self.owner:
+                            raise Unavailable(
+                                f"an inspection with idempotency key {key!r} is running on gateway {owner!r}; retry",
+                                retry_after_ms=1000,
+                            )
                         return report_id, None
                     log.warning("pending report %s for key %r abandoned; admitting a new attempt", report_id, key)
                     self._db.execute(
@@ -143,16 +163,18 @@ class ReportStore:
                 ).fetchone()
                 previous = last_failed[0] if last_failed else ""
             report_id = uuid.uuid4().hex
-            self._db.execute(
-                "INSERT INTO reports (report_id, idempotency_key, request_id, created_us, status, previous_attempt_id) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (report_id, key or None, request_id, now, PENDING, previous),
-            )
-            return report_id, None
+            inserted = self._db.execute(
+                "INSERT INTO reports (report_id, idempotency_key, request_id, created_us, status, previous_attempt_id, "
+                "owner) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (idempotency_key) WHERE status != 'failed' DO NOTHING RETURNING report_id",
+                (report_id, key or None, request_id, now, PENDING, previous, self.owner),
+            ).fetchone()
+            return (report_id, None) if inserted else None
 
-    def complete(self, report: DefectReport, *, image: bytes | None = None) -> None:
-        """Stores a finished report (status done) and, with image, its frame; sets report.created_time to now when
-        the caller left it unset, and report.previous_attempt_id when the claim followed a failed attempt."""
+    def complete(self, report: DefectReport, *, image: bytes | None = None, heatmap: bytes | None = None) -> None:
+        """Stores a finished report (status done) and, with image, its frame (and the anomaly gate's heatmap PNG
+        beside it, setting report.anomaly.heatmap_stored); sets report.created_time to now when the caller left it
+        unset, and report.previous_attempt_id when the claim followed a failed attempt."""
         if not report.report_id:
             raise InvalidInput("cannot store a report without report_id")
         if not report.HasField("created_time"):
@@ -161,6 +183,10 @@ class ReportStore:
         # The file is written before its row commits: a crash in between leaves an unreferenced file, never a row
         # pointing at nothing.
         frame = self.frames.write(image) if image and self.frames is not None else None
+        if frame is not None and heatmap and report.anomaly.bank_id:
+            extra = self.frames.write_heatmap(frame.sha256, report.anomaly.bank_id, heatmap)
+            frame = dataclasses.replace(frame, nbytes=frame.nbytes + extra)  # retention counts it with the frame
+            report.anomaly.heatmap_stored = True
         with self._lock:
             try:
                 with self._transaction():
@@ -175,10 +201,13 @@ class ReportStore:
                         self._db.execute(
                             "INSERT INTO frames (sha256, nbytes, media_type, width, height, stored_us) "
                             "VALUES (?, ?, ?, ?, ?, ?) "
-                            "ON CONFLICT (sha256) DO UPDATE SET stored_us = excluded.stored_us",
+                            "ON CONFLICT (sha256) DO UPDATE SET stored_us = excluded.stored_us, "
+                            # a later heatmap adds bytes (CASE: SQLite's two-argument MAX is PostgreSQL's GREATEST)
+                            "nbytes = CASE WHEN excluded.nbytes > frames.nbytes THEN excluded.nbytes "
+                            "ELSE frames.nbytes END",
                             (frame.sha256, frame.nbytes, frame.media_type, frame.width, frame.height, _now_us()),
                         )
-            except sqlite3.IntegrityError as exc:
+            except self._db.IntegrityError as exc:
                 raise FailedPrecondition(
                     f"idempotency key {report.idempotency_key!r} already belongs to another report; "
                     f"claim() the key before storing report {report.report_id}"
@@ -442,21 +471,24 @@ class ReportStore:
             ).fetchall()
         return merge_counts(verdicts, classes)
 
-    def image(self, report_id: str, thumbnail: bool = False) -> FrameAnswer:
-        """The report's frame (or thumbnail): STORED with bytes, EXPIRED after retention, NOT_STORED when none."""
+    def image(self, report_id: str, thumbnail: bool = False, heatmap: bool = False) -> FrameAnswer:
+        """The report's frame (or thumbnail, or the anomaly gate's heatmap over it): STORED with bytes, EXPIRED
+        after retention, NOT_STORED when none was kept."""
         check_id(report_id)
         with self._lock:
             row = self._db.execute(
-                "SELECT r.status, r.frame_sha256, f.nbytes, f.media_type, f.width, f.height FROM reports r "
+                "SELECT r.status, r.frame_sha256, f.nbytes, f.media_type, f.width, f.height, r.report FROM reports r "
                 "LEFT JOIN frames f ON f.sha256 = r.frame_sha256 WHERE r.report_id = ?",
                 (report_id,),
             ).fetchone()
         if row is None or row[0] != DONE:
             raise NotFound(f"no report with id {short_id(report_id)}")
-        _, sha, nbytes, kind, width, height = row
+        _, sha, nbytes, kind, width, height, blob = row
         if not sha:
             return FrameAnswer(inspection_pb2.IMAGE_STATE_NOT_STORED)
         frame = StoredFrame(sha, nbytes or 0, kind or "", width or 0, height or 0)
+        if heatmap:
+            return self._heatmap(DefectReport.FromString(blob).anomaly, frame)
         data = None
         if nbytes is not None and self.frames is not None:
             data = self.frames.read(sha, thumbnail) if thumbnail else None
@@ -467,6 +499,14 @@ class ReportStore:
         if data is None:
             return FrameAnswer(inspection_pb2.IMAGE_STATE_EXPIRED, frame)
         return FrameAnswer(inspection_pb2.IMAGE_STATE_STORED, frame, data)
+
+    def _heatmap(self, finding: inspection_pb2.AnomalyFinding, frame: StoredFrame) -> FrameAnswer:
+        if not finding.heatmap_stored:
+            return FrameAnswer(inspection_pb2.IMAGE_STATE_NOT_STORED)
+        data = self.frames.read_heatmap(frame.sha256, finding.bank_id) if self.frames is not None else None
+        if data is None:  # pruned with its frame
+            return FrameAnswer(inspection_pb2.IMAGE_STATE_EXPIRED, frame)
+        return FrameAnswer(inspection_pb2.IMAGE_STATE_STORED, dataclasses.replace(frame, media_type="image/png"), data)
 
     def close(self) -> None:
         with self._lock:
@@ -484,14 +524,29 @@ class ReportStore:
         return _Transaction(self._db)
 
 
-class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error): takes the write lock up front so check-then-insert is atomic."""
+def open_gateway_store(cfg: GatewaySettings) -> ReportStore:
+    """The gateway's store from its settings: SQLite at db_path, or the PostgreSQL database of a gateway pair (frames
+    stay on this box, in frames.dir or beside db_path)."""
+    frames = cfg.frames if cfg.frames.dir else cfg.frames.model_copy(update={"dir": cfg.db_path.parent / "frames"})
+    # A row is claimed inside the inspection's deadline (capped by upstream_timeout_s) and finished by it: one pending
+    # for longer belongs to a gateway that died, and a retry on the other gateway may take its key over.
+    ttl_s = cfg.upstream_timeout_s + PENDING_GRACE_S
+    return ReportStore(
+        open_database(cfg.store, cfg.db_path), pending_ttl_s=ttl_s, frames=frames, owner=cfg.store.owner()
+    )
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+
+class _Transaction:
+    """BEGIN ... COMMIT (ROLLBACK on error); on SQLite BEGIN IMMEDIATE takes the write lock up front."""
+
+    def __init__(self, db: Database) -> None:
         self._db = db
 
     def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
+        self._db.begin()
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        self._db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+        if exc_type is not None:
+            self._db.rollback()
+        else:
+            self._db.commit()

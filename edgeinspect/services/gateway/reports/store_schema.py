@@ -1,24 +1,28 @@
-"""The report database's schema and its migrations (PRAGMA user_version: 0 = the first release, 1 = this one).
+"""The report database's schema and its migrations (0 = the first release; the version lives where the database
+keeps it: SQLite's PRAGMA user_version, PostgreSQL's report_schema table; database.py).
 
 Version 1 keeps the report BLOB and adds what SQL can query: the report's fields as JSON (`fields`, JSON1), a
 row per defect class (`report_classes`), camera and review state as columns, reviews as their own records, and
 the frame store's rows. It also lets a failed row keep its idempotency key: the key is unique among live rows
 (pending or done) only, so a failure can be found by its key and a retry runs as a new, linked row.
+
+Version 2 records which gateway claimed a row (`owner`): gateways sharing one database fail only their own pending
+rows when they restart. The statements are written once for both engines; Database.ddl() maps the types.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 
 from google.protobuf.json_format import MessageToDict
 
+from edgeinspect.services.gateway.reports.database import Database
 from edgeinspect.v1.inspection_pb2 import DefectReport
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # One statement per entry: executescript() would commit the migration's transaction half way.
 _V1 = [
@@ -78,6 +82,11 @@ _V1 = [
     "CREATE INDEX frames_by_time ON frames (stored_us)",
 ]
 
+_V2 = [
+    # '' = the only gateway of its database (SQLite, and every row written before version 2)
+    "ALTER TABLE reports ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+]
+
 
 def report_fields(report: DefectReport) -> str:
     """The report as JSON for SQL (token id lists left out: they are large and only the BLOB needs them)."""
@@ -91,7 +100,7 @@ def report_classes(report: DefectReport) -> list[str]:
     return sorted({d.defect_class.strip().lower() for d in report.defects if d.defect_class.strip()})
 
 
-def index_report(db: sqlite3.Connection, report: DefectReport, created_us: int) -> None:
+def index_report(db: Database, report: DefectReport, created_us: int) -> None:
     """The queryable side of one stored report: its class rows."""
     db.execute("DELETE FROM report_classes WHERE report_id = ?", (report.report_id,))
     db.executemany(
@@ -100,27 +109,30 @@ def index_report(db: sqlite3.Connection, report: DefectReport, created_us: int) 
     )
 
 
-def migrate(db: sqlite3.Connection) -> None:
+def migrate(db: Database) -> None:
     """Brings the database to SCHEMA_VERSION in one transaction (a second process waits, then finds it done)."""
-    db.execute("BEGIN IMMEDIATE")
+    db.begin_migration()
     try:
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        has_reports = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'reports'").fetchone()
+        version = db.schema_version()
         if version > SCHEMA_VERSION:
             raise RuntimeError(f"report database schema {version} is newer than this release ({SCHEMA_VERSION})")
-        if version == 0 and has_reports:
-            _from_v0(db)
+        if version == 0 and db.has_table("reports"):
+            _from_v0(db)  # the first release was SQLite only
         elif version == 0:
             for statement in _V1:
-                db.execute(statement)
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        db.execute("COMMIT")
+                db.execute(db.ddl(statement))
+        if version < 2:
+            for statement in _V2:
+                db.execute(db.ddl(statement))
+        if version != SCHEMA_VERSION:
+            db.set_schema_version(SCHEMA_VERSION)
+        db.commit()
     except BaseException:
-        db.execute("ROLLBACK")
+        db.rollback()
         raise
 
 
-def _from_v0(db: sqlite3.Connection) -> None:
+def _from_v0(db: Database) -> None:
     """The first release's table (key UNIQUE on every row, no query columns) rebuilt as version 1."""
     count = db.execute("SELECT COUNT(*) FROM reports").fetchone()[0]
     log.info("migrating the report database to schema %d (%d rows)", SCHEMA_VERSION, count)

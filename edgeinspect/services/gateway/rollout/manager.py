@@ -55,9 +55,11 @@ class RoutingStore(ReportWriter):
         self._shadow_ids.add(report_id)
         return report_id, existing
 
-    def complete(self, report: inspection_pb2.DefectReport, *, image: bytes | None = None) -> None:
+    def complete(
+        self, report: inspection_pb2.DefectReport, *, image: bytes | None = None, heatmap: bytes | None = None
+    ) -> None:
         if not report.idempotency_key.startswith(v.SHADOW_KEY):
-            return self.live.complete(report, image=image)
+            return self.live.complete(report, image=image, heatmap=heatmap)
         self._shadow_ids.discard(report.report_id)
         report.model.shadow = True  # before the Inspector publishes it: outputs drop shadow reports
         return self.shadow.complete(report)  # the frame is the live report's, kept by the live store

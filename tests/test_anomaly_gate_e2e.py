@@ -1,0 +1,169 @@
+"""The anomaly gate in the service (issue 57): the embedded stack as separate processes, a gated station, a part
+taught through the vision node's Teach. A good part is answered by the gate alone (stage Stats prove no decoder
+step), a flagged one by the gate and the VLM and never OK, an admin adds a falsely rejected frame to the good set."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import pytest
+
+from edgeinspect.models.anomaly.sample import write_sample_set
+from edgeinspect.services.common.auth import hash_token
+from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, stage_pb2, stage_pb2_grpc, vision_pb2, vision_pb2_grpc
+
+PART = "board"
+GATED, VLM_STATION = "gated-1", "line-vlm"
+ADMIN, INSPECTOR = "ei_gate-admin-token-for-tests-000000", "ei_gate-inspect-token-for-tests-0000"
+NEW_TOKENS = 48
+PNG = b"\x89PNG\r\n\x1a\n"
+FAINT_SCRATCH = "test/scratch/000.png"  # severity 1: flagged by the 30-frame bank, acceptable to a person here
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    root = tmp_path_factory.mktemp("anomaly-sample")
+    write_sample_set(root, parts=[PART])
+    return root / PART
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_checkpoint, tmp_path_factory, sample):
+    tokens = [{"name": "ann-admin", "role": "admin", "hash": hash_token(ADMIN)},
+              {"name": "camera-1", "role": "inspect", "hash": hash_token(INSPECTOR)}]  # fmt: skip
+    opts = StackOptions(workdir=tmp_path_factory.mktemp("gate"), checkpoint=tiny_checkpoint, stages=2,
+                        api_token=ADMIN, extra_env={"EDGEINSPECT_API_TOKENS": json.dumps(tokens)},
+                        anomaly="vlm", gate_stations=(GATED,))  # fmt: skip
+    with LocalStack(opts) as s:
+        frames = [p.read_bytes() for p in sorted((sample / "train" / "good").glob("*.png"))]
+        with grpc.insecure_channel(s.address_of("vision")) as channel:
+            taught = vision_pb2_grpc.VisionServiceStub(channel).Teach(
+                vision_pb2.TeachRequest(part=PART, frames=frames), timeout=300
+            )
+        assert taught.bank.version == 1 and taught.bank.frames == len(frames)
+        yield s
+
+
+@pytest.fixture(scope="module")
+def api(stack):
+    channel = grpc.insecure_channel(stack.gateway_address)
+    yield inspection_pb2_grpc.InspectionServiceStub(channel)
+    channel.close()
+
+
+def call(api, method: str, request, token: str = ADMIN):
+    return getattr(api, method)(request, metadata=[("authorization", f"Bearer {token}")], timeout=300)
+
+
+def inspect(api, path, station: str, part: str = PART) -> tuple[inspection_pb2.DefectReport, float]:
+    request = inspection_pb2.InspectRequest(image=path.read_bytes(), station=station, part=part,
+                                            max_new_tokens=NEW_TOKENS)  # fmt: skip
+    started = time.perf_counter()
+    report = call(api, "Inspect", request)
+    return report, time.perf_counter() - started
+
+
+def decoder_steps(stack) -> int:
+    """Session-steps every decoder stage has run so far (StageStats)."""
+    total = 0
+    for k in range(2):
+        with grpc.insecure_channel(stack.address_of(f"stage{k}")) as channel:
+            total += stage_pb2_grpc.DecoderStageStub(channel).Stats(stage_pb2.StatsRequest(), timeout=10).session_steps
+    return total
+
+
+def heatmap(api, report_id: str) -> inspection_pb2.ReportImage:
+    return call(api, "GetReportImage", inspection_pb2.GetReportImageRequest(report_id=report_id, heatmap=True))
+
+
+def overlaps(box: inspection_pb2.BoundingBox, drawn: list[float]) -> bool:
+    x0, y0, x1, y1 = drawn
+    return box.x < x1 and x0 < box.x + box.width and box.y < y1 and y0 < box.y + box.height
+
+
+def test_good_part_is_answered_by_the_gate_without_a_decoder_step(stack, api, sample):
+    good = sample / "test" / "good" / "000.png"
+    _, vlm_s = inspect(api, good, VLM_STATION)  # today's full VLM report of the same frame, same run
+    before = decoder_steps(stack)
+    report, gate_s = inspect(api, good, GATED)
+    assert decoder_steps(stack) == before, "a good part under `gate` must take no decoder step"
+    assert report.verdict == inspection_pb2.VERDICT_OK
+    a = report.anomaly
+    assert a.decided_by == inspection_pb2.DECIDED_BY_GATE and a.policy == "gate"
+    assert 0 < a.score < a.threshold and a.bank_id.startswith(f"{PART}@v1") and a.extractor_fingerprint
+    assert not report.generated_token_ids and not a.regions
+    assert gate_s < vlm_s, f"gate {gate_s:.2f} s is not faster than a VLM report {vlm_s:.2f} s"
+    image = heatmap(api, report.report_id)
+    assert a.heatmap_stored and image.state == inspection_pb2.IMAGE_STATE_STORED and image.data.startswith(PNG)
+    assert image.media_type == "image/png"
+    stored = call(api, "GetReport", inspection_pb2.GetReportRequest(report_id=report.report_id))
+    assert stored.anomaly == report.anomaly  # the finding round-trips through the report store
+
+
+def test_flagged_frame_is_explained_by_the_vlm_never_ok_and_boxed(stack, api, sample):
+    labels = json.loads((sample / "defects.json").read_text())
+    name = next(n for n, label in labels.items() if label["severity"] == 3)
+    before = decoder_steps(stack)
+    report, _ = inspect(api, sample / name, GATED)
+    assert decoder_steps(stack) > before
+    assert report.verdict == inspection_pb2.VERDICT_DEFECT
+    a = report.anomaly
+    assert a.decided_by == inspection_pb2.DECIDED_BY_GATE_AND_VLM and a.score > a.threshold and a.regions
+    assert report.generated_token_ids and report.raw_text.strip(), "the VLM described the flagged frame"
+    assert any(d.HasField("box") and overlaps(d.box, labels[name]["box"]) for d in report.defects), (
+        f"no defect box overlaps the drawn {labels[name]['kind']} at {labels[name]['box']}: {report.defects}"
+    )
+    assert heatmap(api, report.report_id).data.startswith(PNG)
+
+
+def test_policy_vlm_records_the_score_beside_the_vlm_verdict(stack, api, sample):
+    report, _ = inspect(api, sample / "test" / "good" / "001.png", VLM_STATION)
+    a = report.anomaly
+    assert a.decided_by == inspection_pb2.DECIDED_BY_VLM and a.policy == "vlm"
+    assert a.score > 0 and a.bank_id.startswith(PART) and report.generated_token_ids
+
+
+def test_part_without_a_bank_runs_the_vlm_and_says_so(stack, api, sample):
+    report, _ = inspect(api, sample / "test" / "good" / "002.png", GATED, part="HSG-210")
+    assert report.generated_token_ids and report.verdict != inspection_pb2.VERDICT_UNSPECIFIED
+    assert report.anomaly.decided_by == inspection_pb2.DECIDED_BY_VLM
+    assert "no anomaly bank for part HSG-210" in report.anomaly.note and not report.anomaly.bank_id
+
+
+def test_non_admin_token_may_not_change_the_good_set(stack, api, sample):
+    report, _ = inspect(api, sample / "test" / "good" / "003.png", GATED)
+    for method, request in (
+        ("AddToGoodSet", inspection_pb2.AddToGoodSetRequest(report_id=report.report_id)),
+        ("TeachFromReports", inspection_pb2.TeachFromReportsRequest(station=GATED, part=PART, last_n=5)),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            call(api, method, request, token=INSPECTOR)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_add_to_good_set_makes_a_new_version_and_the_frame_then_passes(stack, api, sample):
+    rejected, _ = inspect(api, sample / FAINT_SCRATCH, GATED)
+    assert rejected.verdict != inspection_pb2.VERDICT_OK and rejected.anomaly.bank_id.startswith(f"{PART}@v1")
+    version = call(api, "AddToGoodSet", inspection_pb2.AddToGoodSetRequest(report_id=rejected.report_id))
+    assert version.version == 2 and version.bank_id.startswith(f"{PART}@v2") and not version.outliers
+    again, _ = inspect(api, sample / FAINT_SCRATCH, GATED)
+    assert again.verdict == inspection_pb2.VERDICT_OK, again.anomaly
+    assert again.anomaly.decided_by == inspection_pb2.DECIDED_BY_GATE and again.anomaly.bank_id == version.bank_id
+    with pytest.raises(grpc.RpcError) as err:
+        call(api, "AddToGoodSet", inspection_pb2.AddToGoodSetRequest(report_id="0" * 32))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_teach_from_reports_uses_the_reviewed_ok_frames(stack, api, sample):
+    with pytest.raises(grpc.RpcError) as err:  # nothing reviewed yet
+        call(api, "TeachFromReports", inspection_pb2.TeachFromReportsRequest(station=GATED, part=PART, last_n=5))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "reviewed OK" in err.value.details()
+    for i in range(5, 10):
+        report, _ = inspect(api, sample / "test" / "good" / f"{i:03d}.png", GATED)
+        review = inspection_pb2.ReviewReportRequest(report_id=report.report_id, verdict=inspection_pb2.VERDICT_OK)
+        call(api, "ReviewReport", review)
+    version = call(api, "TeachFromReports", inspection_pb2.TeachFromReportsRequest(station=GATED, part=PART, last_n=5))
+    assert version.version == 3 and version.frames + len(version.outliers) == 5
