@@ -1,12 +1,14 @@
-"""The anomaly gate in the service (issue 57's service figures): the embedded stack as separate processes on the
-TINY test checkpoint (the VLM side is a 2-layer random model: a real 1.3B report takes ~6 s on these boxes, so the
-ratios here understate what the gate saves), the drawn sample part `board` taught with efficientnet-lite0.
+"""The anomaly gate in the service (issue 57's service figures): the embedded stack as separate processes, the drawn
+sample part `board` taught with efficientnet-lite0, on the TINY test checkpoint by default (its VLM side is a 2-layer
+random model, so the ratios understate what the gate saves) or, with --checkpoint, on a checkpoint at the real 1.3B
+dimensions (`edgeinspect model make-tiny DIR --preset deepseek-vl-1.3b`: random weights, real sizes and times).
 
 - time to a verdict for a good part: `gate` station vs `vlm` station (a full VLM report), the same frames, same run;
 - a line of 95% good parts (19 of 20 good, the 20th a drawn defect), inspections per minute with `gate` vs `vlm`,
   same boxes, same run, one frame at a time as one camera sends them.
 
     .venv/bin/python bench/anomaly_service.py [--frames 40] [--workdir var/bench-anomaly-service] [--out PATH]
+        [--checkpoint var/checkpoints/deepseek-vl-1.3b --weights int8 --vision-backend torch --max-new-tokens 80]
 """
 
 from __future__ import annotations
@@ -38,18 +40,19 @@ def teach(stack: LocalStack, sample: Path) -> str:
     return reply.bank.bank_id
 
 
-def timed(stub, token: str, image: bytes, station: str) -> tuple[float, inspection_pb2.DefectReport]:
-    request = inspection_pb2.InspectRequest(image=image, station=station, part=PART)
+def timed(stub, token: str, image: bytes, station: str, budget: int = 0) -> tuple[float, inspection_pb2.DefectReport]:
+    """One inspection's wall time; budget: max_new_tokens (0: the gateway's default)."""
+    request = inspection_pb2.InspectRequest(image=image, station=station, part=PART, max_new_tokens=budget)
     start = time.perf_counter()
     report = stub.Inspect(request, metadata=[("authorization", f"Bearer {token}")], timeout=600)
     return time.perf_counter() - start, report
 
 
-def line(stub, token: str, frames: list[bytes], station: str) -> dict:
+def line(stub, token: str, frames: list[bytes], station: str, budget: int = 0) -> dict:
     start = time.perf_counter()
     verdicts: dict[str, int] = {}
     for image in frames:
-        _, report = timed(stub, token, image, station)
+        _, report = timed(stub, token, image, station, budget)
         name = inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_")
         verdicts[name] = verdicts.get(name, 0) + 1
     elapsed = time.perf_counter() - start
@@ -57,7 +60,8 @@ def line(stub, token: str, frames: list[bytes], station: str) -> dict:
             "verdicts": verdicts}  # fmt: skip
 
 
-def measure(workdir: Path, n_line: int, rounds: int = 5) -> dict:
+def measure(workdir: Path, n_line: int, rounds: int = 5, checkpoint: Path | None = None, weights: str = "fp32",
+            vision_backend: str = "torch", max_new_tokens: int = 0) -> dict:  # fmt: skip
     """Both figures in one stack: the gate and the VLM path on the same boxes, interleaved per frame."""
     sample_root = workdir / "sample"
     if not (sample_root / PART / "defects.json").is_file():
@@ -66,30 +70,33 @@ def measure(workdir: Path, n_line: int, rounds: int = 5) -> dict:
     goods = [p.read_bytes() for p in sorted((sample / "test" / "good").glob("*.png"))]
     labels = json.loads((sample / "defects.json").read_text())
     defects = [(sample / n).read_bytes() for n, label in labels.items() if label["severity"] >= 2]
-    opts = StackOptions(workdir=workdir, stages=2, anomaly="vlm", gate_stations=(GATED,))
+    opts = StackOptions(workdir=workdir, stages=2, anomaly="vlm", gate_stations=(GATED,), checkpoint=checkpoint,
+                        weights=weights, vision_backend=vision_backend)  # fmt: skip
     with LocalStack(opts) as stack:
         bank = teach(stack, sample)
         channel = grpc.insecure_channel(stack.gateway_address)
         stub = inspection_pb2_grpc.InspectionServiceStub(channel)
         token = stack.api_token
-        timed(stub, token, goods[0], VLM)  # warm both paths (first prompt prefix, first features)
-        timed(stub, token, goods[0], GATED)
+        timed(stub, token, goods[0], VLM, max_new_tokens)  # warm both paths (first prompt prefix, first features)
+        timed(stub, token, goods[0], GATED, max_new_tokens)
         gate_s, vlm_s, score_ms = [], [], []
         for i in range(rounds):  # interleaved: both paths see the same load
             image = goods[1 + i % (len(goods) - 1)]
-            vlm_s.append(timed(stub, token, image, VLM)[0])
-            seconds, report = timed(stub, token, image, GATED)
+            vlm_s.append(timed(stub, token, image, VLM, max_new_tokens)[0])
+            seconds, report = timed(stub, token, image, GATED, max_new_tokens)
             gate_s.append(seconds)
             score_ms += [t.compute_ms for t in report.timings if t.stage == "anomaly_gate"]
         # 95% good: every 20th frame a drawn defect of severity 2-3.
         frames = [defects[(i // 20) % len(defects)] if i % 20 == 19 else goods[i % len(goods)] for i in range(n_line)]
-        lines = {VLM: line(stub, token, frames, VLM), GATED: line(stub, token, frames, GATED)}
+        lines = {policy: line(stub, token, frames, policy, max_new_tokens) for policy in (VLM, GATED)}
         channel.close()
     gate_med, vlm_med = statistics.median(gate_s), statistics.median(vlm_s)
     ratio = gate_med / vlm_med
     speedup = lines[GATED]["per_min"] / lines[VLM]["per_min"]
     return {
-        "checkpoint": "tiny (2-layer random test checkpoint generated by the launcher): VLM times are not 1.3B's",
+        "checkpoint": str(checkpoint) if checkpoint else "tiny (2-layer random test checkpoint generated by the "
+        "launcher): VLM times are not 1.3B's",
+        "weights": weights, "vision_backend": vision_backend, "max_new_tokens": max_new_tokens or "gateway default",
         "bank": bank,
         "good_part_verdict_gate_vs_vlm": {
             "gate_s": [round(x, 4) for x in gate_s], "vlm_s": [round(x, 4) for x in vlm_s],
@@ -110,9 +117,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="good frames timed on each path")
     ap.add_argument("--workdir", type=Path, default=Path("var/bench-anomaly-service"))
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--checkpoint", type=Path, default=None, help="default: the tiny test checkpoint")
+    ap.add_argument("--weights", default="fp32", help="decoder stages' weights (int8 at 1.3B: the product's choice)")
+    ap.add_argument("--vision-backend", default="torch")
+    ap.add_argument("--max-new-tokens", type=int, default=0, help="report budget (0: the gateway's default)")
     args = ap.parse_args()
     payload = {"command": " ".join(["python", *sys.argv]), "machine": machine_info(bandwidth=False)}
-    payload["service"] = measure(args.workdir.resolve(), args.frames, args.rounds)
+    payload["service"] = measure(args.workdir.resolve(), args.frames, args.rounds, args.checkpoint, args.weights,
+                                 args.vision_backend, args.max_new_tokens)  # fmt: skip
     payload["machine"]["loadavg_end"] = load_average()
     service = payload["service"]
     v, ln = service["good_part_verdict_gate_vs_vlm"], service["line_95pct_good_inspections_per_min"]
