@@ -10,10 +10,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors import safe_open
-from transformers import DeepseekVLConfig
+from transformers import DeepseekVLConfig, LlamaConfig, SiglipVisionConfig
 
 from edgeinspect.errors import CheckpointError
 
@@ -66,12 +67,18 @@ class Checkpoint:
     tensor_files: dict[str, Path] = field(repr=False)
 
     @property
-    def text_config(self):
-        return self.config.text_config
+    def text_config(self) -> LlamaConfig:
+        """The language model's config (DeepseekVLConfig types it loosely: a dict or None before it is built)."""
+        return cast(LlamaConfig, self.config.text_config)
+
+    @property
+    def vision_config(self) -> SiglipVisionConfig:
+        """The SigLIP tower's config, typed as it is once the checkpoint is open."""
+        return cast(SiglipVisionConfig, self.config.vision_config)
 
     @property
     def num_layers(self) -> int:
-        return self.config.text_config.num_hidden_layers
+        return self.text_config.num_hidden_layers
 
     @property
     def lm_head_key(self) -> str:

@@ -81,7 +81,7 @@ def info_command(checkpoint: Path = typer.Argument(..., help="checkpoint folder"
     from edgeinspect.models.checkpoint import open_checkpoint
 
     ckpt = open_checkpoint(checkpoint)
-    t, v = ckpt.config.text_config, ckpt.config.vision_config
+    t, v = ckpt.text_config, ckpt.vision_config
     table = Table(title=str(ckpt.path), show_header=False)
     rows = [
         ("fingerprint", ckpt.fingerprint),

@@ -35,7 +35,7 @@ def export_vision_onnx(ckpt_path: Path, out: Path, opset: int = DEFAULT_OPSET, i
 
     ckpt = open_checkpoint(ckpt_path)
     tower = load_vision_tower(ckpt, "fp32")
-    size = ckpt.config.vision_config.image_size
+    size = ckpt.vision_config.image_size
     example = torch.zeros(2, 3, size, size)  # [B, 3, S, S]; batch 2 so the exporter cannot specialise on 1
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ class VisionTower(nn.Module):
 
     def __init__(self, ckpt: Checkpoint, attention: str = "sdpa"):
         super().__init__()
-        cfg = copy.deepcopy(ckpt.config.vision_config)  # the checkpoint's own config keeps its implementation
+        cfg = copy.deepcopy(ckpt.vision_config)  # the checkpoint's own config keeps its implementation
         cfg._attn_implementation = attention
         with torch.device("meta"):
             self.vision_model = AutoModel.from_config(cfg)

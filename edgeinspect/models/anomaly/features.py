@@ -208,7 +208,7 @@ class SiglipExtractor:
         from edgeinspect.models.checkpoint import load_processor, open_checkpoint
 
         self.checkpoint = open_checkpoint(checkpoint)
-        vc = self.checkpoint.config.vision_config
+        vc = self.checkpoint.vision_config
         depth = vc.num_hidden_layers
         # hidden_states[0] is the patch embedding, [i] encoder layer i's output. Intermediate ViT/CLIP layers beat
         # the last one for anomalies (DESIGN §8): the default pairs a middle layer with the last.
@@ -243,7 +243,7 @@ class SiglipExtractor:
     def describe(self) -> dict:
         g = self.input_size // self.patch
         options = {"checkpoint": str(self.checkpoint.path), "layers": list(self.layers), "weights": self.weights}
-        return _describe(self, options, (g, g), len(self.layers) * self.checkpoint.config.vision_config.hidden_size)
+        return _describe(self, options, (g, g), len(self.layers) * self.checkpoint.vision_config.hidden_size)
 
 
 class OnnxExtractor:

@@ -96,7 +96,7 @@ class StageBackend:
             device=self.device,
         )
         self.hidden_size = self.ckpt.text_config.hidden_size
-        self.vision_hidden = self.ckpt.config.vision_config.hidden_size
+        self.vision_hidden = self.ckpt.vision_config.hidden_size
         self.identity = Identity(
             PROTOCOL_VERSION,
             self.ckpt.fingerprint,

@@ -132,7 +132,7 @@ def _load_hailo(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
     import_hailo()  # the install hint comes before any complaint about settings
     if cfg.hef_path is None:
         raise CheckpointError("backend hailo needs hef_path: the HEF compiled from the ONNX export")
-    vision = ckpt.config.vision_config
+    vision = ckpt.vision_config
     tokens = (vision.image_size // vision.patch_size) ** 2
     return HailoVisionBackend(Path(cfg.hef_path), vision.image_size, tokens, vision.hidden_size)
 

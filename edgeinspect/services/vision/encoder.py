@@ -99,7 +99,7 @@ class VisionEncoder:
         self.max_image_bytes, self.max_image_pixels = max_image_bytes, max_image_pixels
         self.cache_entries = cache_entries
         self.stats = CacheStats()
-        vision = ckpt.config.vision_config
+        vision = ckpt.vision_config
         self.image_size = vision.image_size
         self.output_shape = ((vision.image_size // vision.patch_size) ** 2, vision.hidden_size)  # (N, D)
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
