@@ -14,11 +14,14 @@ def test_clients_look_for_the_token_in_the_workdir_the_environment_names(tmp_pat
     code = "from edgeinspect.services import client_options as o; print(o.WORKDIR); print(o.TOKEN_FILE)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(tmp_path / "line7"), str(tmp_path / "line7" / "api_token")]
-    # The user's view of the same thing: the default shown by --help.
+    # The user's view of the same thing: the default shown by --help (wide enough that rich prints it whole).
     helped = subprocess.run(
-        [sys.executable, "-m", "edgeinspect.cli", "inspect", "--help"], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "edgeinspect.cli", "inspect", "--help"],
+        env={**env, "COLUMNS": "240"},
+        capture_output=True,
+        text=True,
     )
-    assert "line7" in helped.stdout.replace("\n", "").replace(" ", "").replace("│", "")
+    assert f"[default: {tmp_path / 'line7' / 'api_token'}]" in helped.stdout
 
 
 def test_up_prints_only_the_options_a_client_needs_beyond_its_defaults():
