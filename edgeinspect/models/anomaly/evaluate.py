@@ -326,21 +326,39 @@ def _peak_on(heatmap: np.ndarray, mask: np.ndarray) -> bool:
     return bool(np.min((ys - y) ** 2 + (xs - x) ** 2) <= tolerance**2)
 
 
+@dataclass(frozen=True)
+class RocCurve:
+    """One curve of a ROC picture: its legend label, the curve, and the operating point to mark on it."""
+
+    label: str
+    fpr: np.ndarray  # [K]
+    tpr: np.ndarray  # [K]
+    point: tuple[float, float]  # (overkill, 1 - escape) at the threshold in use
+
+
 def roc_png(results: Sequence[EvalResult], path: str | Path) -> Path:
     """One ROC curve per part, with the bank's threshold marked on each; written as a PNG (Agg, no display)."""
+    curves = []
+    for r in results:
+        fpr, tpr, _ = r.roc()
+        curves.append(RocCurve(f"{r.part} (AUROC {r.image_auroc:.3f})", fpr, tpr, (r.overkill.rate, 1 - r.escape.rate)))
+    return draw_roc(curves, path, "anomaly gate ROC (dot: the bank's threshold)")
+
+
+def draw_roc(curves: Sequence[RocCurve], path: str | Path, title: str) -> Path:
+    """ROC curves with their operating points as one PNG (Agg, no display); offline eval and `edgeinspect eval`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 5), dpi=100)
-    for r in results:
-        fpr, tpr, _ = r.roc()
-        ax.plot(fpr, tpr, label=f"{r.part} (AUROC {r.image_auroc:.3f})")
-        ax.plot([r.overkill.rate], [1 - r.escape.rate], "o", color=ax.lines[-1].get_color())
+    for c in curves:
+        ax.plot(c.fpr, c.tpr, label=c.label)
+        ax.plot([c.point[0]], [c.point[1]], "o", color=ax.lines[-1].get_color())
     ax.plot([0, 1], [0, 1], ":", color="grey", linewidth=0.8)
     ax.set(xlabel="overkill (good frames flagged)", ylabel="1 - escape (defects flagged)", xlim=(-0.02, 1.02))
-    ax.set(ylim=(-0.02, 1.02), title="anomaly gate ROC (dot: the bank's threshold)")
+    ax.set(ylim=(-0.02, 1.02), title=title)
     ax.legend(loc="lower right", fontsize=8)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -93,6 +93,8 @@ def eval_command(
     else:
         _print_summary(result)
     err.print(f"result {out / 'result.json'}, report {report}")
+    if (result.get("anomaly") or {}).get("roc_png"):
+        err.print(f"anomaly gate ROC {out / result['anomaly']['roc_png']}")
     if regressions:
         for r in regressions:
             err.print(f"[red]GATE FAILED[/red]: {r}")
@@ -176,4 +178,31 @@ def _print_summary(result: dict) -> None:
                 str(m["latency_ms"]["n"]),
                 f"{lat['low']:.0f}-{lat['high']:.0f} ms",
             )
+    Console().print(table)
+    if "anomaly" in result:
+        _print_anomaly(result["anomaly"])
+
+
+def _print_anomaly(a: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"anomaly gate ({', '.join(a['bank_ids']) or 'no bank'}): {a['n_good']} good, "
+                  f"{a['n_defect']} defective scored")  # fmt: skip
+    for col in ("figure", "value", "count", "95% CI"):
+        table.add_column(col)
+    auroc = "n/a" if a["image_auroc"] is None else f"{a['image_auroc']:.3f}"
+    table.add_row("image AUROC", auroc, f"{a['n_good']}+{a['n_defect']}", "")
+    for name, k, n in (("escape", "escaped", "n_defect"), ("overkill", "flagged_good", "n_good")):
+        if a[name] is None:
+            table.add_row(f"gate {name}", "n/a", f"0/{a[n]}", "")
+        else:
+            low, high = a[f"{name}_ci95"]
+            table.add_row(f"gate {name}", f"{a[name]:.1%}", f"{a[k]}/{a[n]}", f"{low:.1%}-{high:.1%}")
+    alone = a["decided_by_gate_alone"]
+    if alone["value"] is not None:
+        table.add_row("decided by the gate alone", f"{alone['value']:.1%}", f"{alone['k']}/{alone['n']}", "")
+    threshold = a["threshold"] if a["threshold"] is not None else "several: " + ", ".join(map(str, a["thresholds"]))
+    table.add_row("threshold", str(threshold), "", "")
+    table.add_row("pixel AUROC", "offline only", "", "edgeinspect anomaly eval")
     Console().print(table)

@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from edgeinspect.services.evaluation.anomaly import ROC_FILE, roc_picture
+from edgeinspect.services.evaluation.anomaly import figures as anomaly_figures
 from edgeinspect.services.evaluation.datasets import Sample
 from edgeinspect.services.evaluation.runner import EvalOptions, ResultLog, run_samples, sample_key
 from edgeinspect.services.evaluation.scoring import measured, misses, score
@@ -62,6 +64,10 @@ def evaluate(
         ],
         "run": log.run,
     }
+    gate = anomaly_figures(records)
+    if gate is not None:  # only for a station whose reports carry the anomaly gate's finding
+        roc = roc_picture(records, gate, out / ROC_FILE)
+        result["anomaly"] = {**gate, "roc_png": roc.name if roc else None}
     (out / RESULT_FILE).write_text(dump(result))
     return result
 

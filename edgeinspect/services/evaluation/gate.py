@@ -2,7 +2,9 @@
 
 A rate got worse when this run's value lies above the baseline's 95% Wilson upper bound by more than the
 tolerance. With the tens of parts a plant labels, a difference inside the baseline's interval is what chance
-alone produces; the tolerance (absolute, e.g. 0.02) is the plant's own allowance on top.
+alone produces; the tolerance (absolute, e.g. 0.02) is the plant's own allowance on top. When both results
+measured the anomaly gate (their `anomaly` sections), its own escape and overkill are gated the same way: a candidate
+bank or threshold that lets more defects through fails even where the VLM's figures hold.
 """
 
 from __future__ import annotations
@@ -13,6 +15,11 @@ from edgeinspect.services.evaluation.stats import rate
 
 # Uncertain is gated too: a model that answers UNCERTAIN to every part sends the whole line to manual recheck.
 GATED = ("escape", "overkill", "uncertain")
+# The anomaly gate's own decision: metric name -> (count key, denominator key) in a result's `anomaly` section.
+GATED_ANOMALY = {
+    "anomaly gate escape": ("escaped", "n_defect"),
+    "anomaly gate overkill": ("flagged_good", "n_good"),
+}
 
 
 @dataclass(frozen=True)
@@ -35,16 +42,28 @@ class Regression:
 
 
 def check(current: dict, baseline: dict, tolerance: float = 0.0, metrics: tuple[str, ...] = GATED) -> list[Regression]:
-    """Regressions of `metrics` from the baseline's `metrics` section to the current one. Intervals are recomputed
-    from the counts, so a baseline file is judged by what it counted, not by numbers written beside them."""
+    """Regressions of `metrics` (and of the anomaly gate's escape and overkill, when both results have them) from
+    the baseline to the current result. Intervals are recomputed from the counts, so a baseline file is judged by
+    what it counted, not by numbers written beside them."""
+    cur_counts, base_counts = _counts(current, metrics), _counts(baseline, metrics)
     out = []
-    for name in metrics:
-        cur, base = current["metrics"].get(name), baseline["metrics"].get(name)
-        if cur is None or base is None or not cur["n"] or not base["n"]:
+    for name, (k, n) in cur_counts.items():
+        if name not in base_counts or not n or not base_counts[name][1]:
             continue  # nothing measured on one side (e.g. a set without good parts has no overkill)
-        limit = rate(base["k"], base["n"]).high + tolerance
-        if cur["k"] / cur["n"] > limit + 1e-12:
-            out.append(Regression(name, cur["k"], cur["n"], base["k"], base["n"], min(limit, 1.0)))
+        base_k, base_n = base_counts[name]
+        limit = rate(base_k, base_n).high + tolerance
+        if k / n > limit + 1e-12:
+            out.append(Regression(name, k, n, base_k, base_n, min(limit, 1.0)))
+    return out
+
+
+def _counts(result: dict, metrics: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """metric name -> (k, n) for every gated figure the result measured."""
+    out = {name: (m["k"], m["n"]) for name in metrics if (m := result["metrics"].get(name)) is not None}
+    gate = result.get("anomaly") or {}
+    for name, (k, n) in GATED_ANOMALY.items():
+        if k in gate and n in gate:
+            out[name] = (gate[k], gate[n])
     return out
 
 
@@ -58,6 +77,21 @@ def differences(current: dict, baseline: dict) -> list[str]:
         old = baseline.get("settings", {}).get(key)
         if value != old and key not in ("gateway", "out"):
             notes.append(f"setting {key}: baseline {old!r} -> now {value!r}")
+    notes += _anomaly_differences(current.get("anomaly"), baseline.get("anomaly"))
     if current["dataset"]["images_sha256"] != baseline.get("dataset", {}).get("images_sha256"):
         notes.append("the image set differs from the baseline's (not the same images or labels)")
     return notes
+
+
+def _anomaly_differences(current: dict | None, baseline: dict | None) -> list[str]:
+    if current is None and baseline is None:
+        return []
+    if current is None:
+        return ["the baseline measured the anomaly gate; this run's reports carry no anomaly finding (not gated)"]
+    if baseline is None:
+        return ["this run measured the anomaly gate; the baseline did not (its figures are not gated)"]
+    return [
+        f"anomaly {key}: baseline {baseline.get(key)} -> now {current[key]}"
+        for key in ("bank_ids", "extractor_fingerprints", "thresholds", "policies")
+        if current[key] != baseline.get(key)
+    ]

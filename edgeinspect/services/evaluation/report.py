@@ -105,6 +105,8 @@ def write_markdown(result: dict, out: Path, image_root: Path | None, regressions
                 f"| latency {q} | {lat[q]['value']:.0f} ms (n={lat['n']}; 95% CI {lat[q]['low']:.0f}-"
                 f"{lat[q]['high']:.0f} ms) |"
             )
+    if "anomaly" in result:
+        lines += anomaly_lines(result["anomaly"])
     if regressions is not None:
         lines += ["", "## Gate", ""] + ([f"- FAIL: {r}" for r in regressions] or ["- PASS against the baseline"])
     lines += ["", "## Measured", ""]
@@ -136,3 +138,34 @@ def write_markdown(result: dict, out: Path, image_root: Path | None, regressions
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def anomaly_lines(a: dict) -> list[str]:
+    """The anomaly gate's own figures (the `anomaly` section of the result) as a Markdown section."""
+
+    def rate(value, ci, k, n) -> str:
+        return "n/a" if value is None else f"{value:.1%} ({k}/{n}; 95% CI {ci[0]:.1%}-{ci[1]:.1%})"
+
+    alone = a["decided_by_gate_alone"]
+    threshold = ", ".join(f"{t:.4g}" for t in a["thresholds"])  # several: the bank changed during the run
+    lines = [
+        "",
+        "## Anomaly gate",
+        "",
+        f"bank {', '.join(a['bank_ids']) or 'none'}; policy {', '.join(a['policies'])}.",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| image AUROC | {'n/a' if a['image_auroc'] is None else format(a['image_auroc'], '.3f')} |",
+        f"| escape (defects the gate passed) | {rate(a['escape'], a['escape_ci95'], a['escaped'], a['n_defect'])} |",
+        f"| overkill (good parts it flagged) | "
+        f"{rate(a['overkill'], a['overkill_ci95'], a['flagged_good'], a['n_good'])} |",
+        f"| decided by the gate alone | {_pct(alone)} |",
+        f"| threshold | {threshold or 'n/a'} |",
+        f"| pixel AUROC | {a['pixel_auroc_note']} |",
+    ]
+    if a["n_unscored"]:
+        lines.append(f"| frames without a score | {a['n_unscored']} ({'; '.join(a['notes'])}) |")
+    if a.get("roc_png"):
+        lines += ["", f"![anomaly gate ROC]({a['roc_png']})"]
+    return lines

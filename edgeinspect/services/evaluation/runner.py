@@ -23,6 +23,7 @@ import grpc
 
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.client import InspectionClient
+from edgeinspect.services.evaluation.anomaly import finding_record
 from edgeinspect.services.evaluation.datasets import Sample, normalise_class
 from edgeinspect.v1 import inspection_pb2
 
@@ -112,6 +113,7 @@ def record_from_report(sample: Sample, sha256: str, report: inspection_pb2.Defec
             "prompt_sha256": report.model.prompt_sha256,
         },
         "index_versions": sorted({r.index_version for r in report.references if r.index_version}),
+        "anomaly": finding_record(report),
     }
 
 
