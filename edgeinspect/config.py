@@ -10,11 +10,12 @@ import os
 import socket
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, Field, SecretStr, field_serializer, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_serializer, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -107,6 +108,11 @@ class RoleSettings(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig)
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
     log_json: bool = Field(True, description="JSON log lines (False: human-readable console)")
+    log_file: Path | None = Field(
+        None, description="write logs to this file, rotated by size (None: stderr, for journald or a container log)"
+    )
+    log_max_mb: float = Field(20.0, gt=0, description="log_file: rotate once it reaches this many MB")
+    log_backups: int = Field(3, ge=1, description="log_file: rotated files kept (FILE.1 ... FILE.N), oldest dropped")
     tracing: TracingConfig = Field(default_factory=TracingConfig, description="OpenTelemetry traces (off by default)")
 
     @classmethod
@@ -271,6 +277,32 @@ class FrameSettings(BaseModel):
     thumbnail_px: int = Field(256, ge=16, le=2048, description="longest side of the list thumbnails")
 
 
+class DiskSettings(BaseModel):
+    """Free space the gateway keeps on its disks. Below a floor it refuses new inspections (RESOURCE_EXHAUSTED with
+    pushback) and keeps serving reads; frames are pruned first (services/gateway/disk.py)."""
+
+    frames_min_free_mb: float = Field(
+        256.0, ge=0, description="free space kept on the frames folder's disk (0: unchecked); frames expire first"
+    )
+    store_min_free_mb: float = Field(
+        128.0, ge=0, description="free space kept on the SQLite store's disk (db_path's folder; 0: unchecked)"
+    )
+    logs_min_free_mb: float = Field(
+        64.0,
+        ge=0,
+        description="free space kept on the log file's disk (log_file's folder; 0 or no log_file: unchecked)",
+    )
+    headroom: float = Field(
+        0.25,
+        ge=0,
+        description="pruning frames for space frees up to this share of the floor beyond it, so one "
+        "prune lasts more than one inspection",
+    )
+    pushback_s: float = Field(
+        10.0, gt=0, description="a caller refused for disk space is told to retry after this (grpc-retry-pushback-ms)"
+    )
+
+
 class StoreBackend(StrEnum):
     sqlite = "sqlite"  # a file at db_path: one gateway (the embedded default)
     postgres = "postgres"  # a PostgreSQL database that a gateway pair shares
@@ -378,15 +410,29 @@ class ApiToken(BaseModel):
     rate_per_s: float | None = Field(None, gt=0, description="calls per second (None: the gateway's token_rate_per_s)")
 
 
+def endpoints(value: str | list[str] | None) -> list[str]:
+    """host:port endpoints from a list or one comma-separated string ("", None: none)."""
+    items = value.split(",") if isinstance(value, str) else value or []
+    return [e.strip() for e in items if e.strip()]
+
+
 class GatewaySettings(RoleSettings):
     checkpoint: Path = Field(..., description="checkpoint folder (tokenizer, processor, fingerprints)")
-    vision: str = Field(..., description="host:port of the vision node")
+    vision: Annotated[list[str], NoDecode] = Field(
+        ...,
+        min_length=1,
+        description="host:port of every vision replica (a list, or one string 'a:1,b:2'); each request goes to a "
+        "healthy one holding our checkpoint (and, for the anomaly gate, the part's newest bank)",
+    )
     stages: list[str] = Field(
         ...,
         description="host:port of every decoder-stage endpoint, any order; several may serve one layer range "
         "(replicas): each endpoint's range is learned from its handshake",
     )
-    retrieval: str | None = Field(None, description="host:port of the retrieval node (None: no spec context)")
+    retrieval: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="host:port of every retrieval replica (a list, or one string 'a:1,b:2'; empty: no spec context)",
+    )
     codec: WireCodec = Field(WireCodec.fp16, description="tensor codec between nodes")
     zstd: bool = Field(False, description="zstd on top of the codec")
     chained: bool = Field(False, description="stages forward to each other (exo) instead of via the gateway")
@@ -406,6 +452,9 @@ class GatewaySettings(RoleSettings):
     )
     db_path: Path = Field(Path("var/reports.sqlite"), description="SQLite file every report is stored in")
     frames: FrameSettings = Field(default_factory=FrameSettings, description="frame store and its retention")
+    disk: DiskSettings = Field(
+        default_factory=DiskSettings, description="free-space floors of the frames, store and log disks"
+    )
     store: StoreSettings = Field(
         default_factory=StoreSettings, description="the report database: SQLite at db_path, or a shared PostgreSQL"
     )
@@ -461,3 +510,13 @@ class GatewaySettings(RoleSettings):
     anomaly: GatewayAnomalySettings = Field(
         default_factory=GatewayAnomalySettings, description="the anomaly gate per station (policy, VLM clearing)"
     )
+
+    @field_validator("vision", "retrieval", mode="before")
+    @classmethod
+    def _endpoints(cls, value: Any) -> Any:
+        return endpoints(value) if value is None or isinstance(value, str) else value
+
+    @field_serializer("vision", "retrieval")
+    def _endpoints_text(self, value: list[str]) -> str | None:
+        """Written as one 'a:1,b:2' string (None: none), so a one-endpoint config reads as it always did."""
+        return ",".join(value) or None

@@ -64,6 +64,12 @@ class ResourceExhausted(EdgeInspectError):
         self.retry_after_ms = max(0, int(retry_after_ms))
 
 
+class DiskFull(ResourceExhausted):
+    """A disk of the gateway is below its free-space floor (or out of space): new inspections wait until it is not."""
+
+    code = "disk_full"
+
+
 class Unavailable(EdgeInspectError):
     """A peer or resource is down; `retry_after_ms` (when given) goes to the caller as retry pushback."""
 

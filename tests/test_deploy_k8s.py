@@ -101,7 +101,7 @@ def test_gateway_reaches_every_peer_through_a_service_and_tokens_come_from_the_s
     services = of_kind(docs, "Service")
     config = of_kind(docs, "ConfigMap")["edgeinspect-config"]["data"]
     gateway = GatewaySettings.model_validate(yaml.safe_load(config["gateway.yaml"]))
-    for address in [gateway.vision, gateway.retrieval, *gateway.stages]:
+    for address in [*gateway.vision, *gateway.retrieval, *gateway.stages]:
         name, port = address.split(":")
         assert int(port) in [p["port"] for p in services[name]["spec"]["ports"]], address
         selector = services[name]["spec"]["selector"]

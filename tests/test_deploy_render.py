@@ -143,8 +143,8 @@ def test_every_address_in_the_settings_reaches_the_role_it_names(rendered, examp
         box, port = key.split(":")
         served[f"{address_of[box]}:{port}"] = service
     gateway = GatewaySettings.load(rendered / "line-server" / "config" / "gateway.yaml")
-    assert served[gateway.vision] == "vision"
-    assert served[gateway.retrieval] == "retrieval"
+    assert [served[a] for a in gateway.vision] == ["vision"]
+    assert [served[a] for a in gateway.retrieval] == ["retrieval"]
     assert [served[s] for s in gateway.stages] == ["stage-0", "stage-1"]
     assert gateway.codec.value == example.plant.codec.value
     stage_boxes = {b.name for b in example.boxes if "stage" in b.roles}
@@ -163,7 +163,7 @@ def test_all_in_one_names_peers_by_service_and_publishes_only_the_gateway(render
     for name in ("prometheus", "grafana"):  # the optional observability profile: on this machine only
         assert all(p.startswith("127.0.0.1:") for p in doc["services"][name]["ports"]), name
     gateway = GatewaySettings.load(rendered / "all-in-one" / "config" / "gateway.yaml")
-    for address in [gateway.vision, gateway.retrieval, *gateway.stages]:
+    for address in [*gateway.vision, *gateway.retrieval, *gateway.stages]:
         name, port = address.split(":")
         cfg = yaml.safe_load((rendered / "all-in-one" / "config" / f"{name}.yaml").read_text())
         assert name in doc["services"] and cfg["server"]["port"] == int(port)

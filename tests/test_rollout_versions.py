@@ -32,7 +32,7 @@ def test_a_promotion_survives_a_restart_and_an_edited_config_wins_otherwise(tmp_
     assert v.apply_record(cfg) == cfg  # shadowing: the gateway starts as configured
     v.save_record(path, v.Record(v.PROMOTED, b, None, a, [], v.now_iso()))
     promoted = v.apply_record(cfg)
-    assert (promoted.checkpoint, promoted.vision, promoted.stages) == (tmp_path / "ckpt-b", b.vision, list(b.stages))
+    assert (promoted.checkpoint, promoted.vision, promoted.stages) == (tmp_path / "ckpt-b", [b.vision], list(b.stages))
     assert promoted.db_path == cfg.db_path and promoted.retrieval == cfg.retrieval
     status = v.load_record(path).to_proto()
     assert status.state == rollout_pb2.ROLLOUT_STATE_PROMOTED and status.previous.name == a.name

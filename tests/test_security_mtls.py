@@ -189,3 +189,15 @@ def test_a_chained_stack_over_mtls_gives_the_same_tokens(tiny_checkpoint, tmp_pa
     with LocalStack(opts) as chained:
         secure = _report_tokens(chained.gateway_address, chained.api_token, chained.client_ca)
     assert secure == _report_tokens(embedded_stack.gateway_address, embedded_stack.api_token)
+
+
+def test_a_wrong_role_with_a_malformed_body_is_permission_denied_before_parsing(tls_stack, strangers):
+    c = strangers["ingest"]
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=tls_stack.client_ca.read_bytes(),
+        private_key=c.key.read_bytes(),
+        certificate_chain=c.cert.read_bytes(),
+    )
+    with grpc.secure_channel(tls_stack.address_of("stage1"), creds) as channel, pytest.raises(grpc.RpcError) as err:
+        channel.unary_unary("/edgeinspect.v1.DecoderStage/Stats")(b"\xff\xff\xff\x0f", timeout=10)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value.details()

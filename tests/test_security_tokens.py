@@ -260,3 +260,36 @@ def test_no_error_the_public_api_returns_leaks_internals(gateway, open_gateway, 
     assert details, "a refusal says why"
     for what, pattern in LEAKS.items():
         assert not pattern.search(details), f"{case}: {what} in {details!r}"
+
+
+# Authentication before parsing: bytes that are no InspectRequest (a truncated varint) reach the parser only after
+# the caller checks passed, so an unauthenticated caller cannot probe the parser.
+GARBAGE = b"\xff\xff\xff\x0f"
+
+
+def _raw(address: str, method: str, payload: bytes, token: str | None):
+    with grpc.insecure_channel(address) as ch:
+        call = ch.unary_unary(f"/edgeinspect.v1.InspectionService/{method}")  # no serializers: bytes as they are
+        return call(payload, metadata=[("authorization", f"Bearer {token}")] if token else [], timeout=30)
+
+
+@pytest.mark.parametrize("token", [None, "ei_nobody-has-this", _token("old")])
+def test_a_malformed_body_without_a_valid_token_is_unauthenticated(gateway, token):
+    err = _refused(lambda: _raw(gateway.address, "Inspect", GARBAGE, token))
+    assert err.code() == grpc.StatusCode.UNAUTHENTICATED, err.details()
+    assert "InspectRequest" not in (err.details() or "")
+
+
+def test_a_malformed_body_with_an_inspect_token_is_invalid_argument(gateway):
+    err = _refused(lambda: _raw(gateway.address, "Inspect", GARBAGE, _token("line-3")))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert "not a valid edgeinspect.v1.InspectRequest" in err.details()
+
+
+@pytest.mark.parametrize(
+    ("method", "token"), [("ReviewReport", "line-3"), ("AddToGoodSet", "line-3"), ("Inspect", "qa")]
+)
+def test_a_malformed_body_to_a_method_the_role_may_not_call_is_permission_denied(gateway, method, token):
+    err = _refused(lambda: _raw(gateway.address, method, GARBAGE, _token(token)))
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED, err.details()
+    assert f"may not call {method}" in err.details()

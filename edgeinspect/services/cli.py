@@ -81,6 +81,10 @@ def up_command(
     checkpoint: Path | None = typer.Option(None, help="DeepSeek-VL checkpoint folder (default: generated tiny one)"),
     stages: int = typer.Option(2, min=1, help="decoder stages: layer ranges the language model is split into"),
     replicas: int = typer.Option(1, min=1, help="processes serving each layer range (each its own port)"),
+    vision_replicas: int = typer.Option(
+        1, min=1, help="vision processes (each its own port; the gateway uses a healthy one, retries on another)"
+    ),
+    retrieval_replicas: int = typer.Option(1, min=1, help="retrieval processes over the same knowledge base"),
     codec: WireCodec = typer.Option(WireCodec.fp16, help="tensor codec between nodes"),
     chained: bool = typer.Option(False, help="stages forward to each other instead of through the gateway"),
     port: int = typer.Option(50051, help="gateway port"),
@@ -133,6 +137,8 @@ def up_command(
             workdir,
             kb_dir,
             replicas=replicas,
+            vision_replicas=vision_replicas,
+            retrieval_replicas=retrieval_replicas,
             supervise=restart,
             tls=tls,
             allow_unauthenticated=allow_unauthenticated,

@@ -11,153 +11,48 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from edgeinspect.config import (
-    AnomalyPolicy,
     AnomalySettings,
-    GatewayAnomalySettings,
     GatewaySettings,
     RetrievalSettings,
     RoleSettings,
     ServerConfig,
     StageSettings,
-    StationGate,
     VisionSettings,
-    write_yaml,
 )
 from edgeinspect.errors import InvalidInput, Unavailable
 from edgeinspect.services.common.lifecycle import (
     PARENT_PID_ENV,
-    RestartPolicy,
     RoleProcess,
     supervise_step,
     terminate,
 )
 from edgeinspect.services.console.settings import ConsoleSettings
+from edgeinspect.services.stack_roles import (
+    ROLES,
+    STACK_FILE,
+    StackOptions,
+    ensure_tiny_checkpoint,
+    free_ports,
+    gate_policy,
+    replica_name,
+    stage_name,
+    stage_ranges,
+    write_private_yaml,
+)
 from edgeinspect.services.stack_security import StackCredentials, stack_credentials
 
+__all__ = ["LocalStack", "RoleProcess", "StackOptions", "free_ports", "stage_name", "stage_ranges"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RoleKind:
-    module: str  # python -m MODULE --config FILE
-    settings: type[RoleSettings]
-
-
-ROLES = {
-    "vision": RoleKind("edgeinspect.services.vision", VisionSettings),
-    "stage": RoleKind("edgeinspect.services.stage", StageSettings),
-    "retrieval": RoleKind("edgeinspect.services.retrieval", RetrievalSettings),
-    "gateway": RoleKind("edgeinspect.services.gateway", GatewaySettings),
-    "console": RoleKind("edgeinspect.services.console", ConsoleSettings),
-}
-STACK_FILE = "stack.json"
-
-
-@dataclass
-class StackOptions:
-    workdir: Path
-    checkpoint: Path | None = None  # None: generate the tiny checkpoint under workdir on first run
-    stages: int = 2  # layer ranges the language model is split into
-    replicas: int = 1  # processes serving each layer range (the gateway routes between them)
-    kb_dir: Path | None = None  # None: no retrieval node
-    codec: str = "fp16"
-    chained: bool = False
-    vision_backend: str = "torch"
-    weights: str = "fp32"
-    api_token: str = ""  # "": the token in WORKDIR/api_token, made there on first start (stack_security)
-    tls: bool = False  # `up --tls`: mTLS between the roles, TLS on the public API, a CA under WORKDIR/tls
-    allow_unauthenticated: bool = False  # the gateway accepts calls without a token (loopback development)
-    gateway_port: int = 0  # 0: pick a free port
-    host: str = "127.0.0.1"
-    start_timeout_s: float = 180.0
-    supervise: bool = False  # restart a crashed role on its port with backoff (`up`); off: tests drive restarts
-    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
-    extra_env: dict[str, str] = field(default_factory=dict)
-    console_port: int | None = None  # `up`: the web console on this HTTP port (0: a free one); None: none
-    metrics: bool = True  # every role serves /metrics and /v2/health/{live,ready} on a port of its own
-    banks_dir: Path | None = None  # the vision node's anomaly banks (None: WORKDIR/banks, where `anomaly teach` goes)
-    anomaly: str = ""  # every station's gate policy, gate | vlm | off ("": the gateway's default, gate)
-    gate_stations: tuple[str, ...] = ()  # these stations use `gate` whatever the default says
-
-
-def ensure_tiny_checkpoint(workdir: Path) -> Path:
-    from edgeinspect.models.tiny import make_tiny
-
-    path = workdir / "checkpoints" / "tiny"
-    if not (path / "config.json").is_file():
-        log.info("generating the tiny checkpoint in %s", path)
-        make_tiny(path)
-    return path
-
-
-def gate_policy(default: str, gate_stations: tuple[str, ...]) -> GatewayAnomalySettings:
-    """The gateway's per-station gate settings from `up`'s flags (--anomaly, --gate-station)."""
-    cfg = GatewayAnomalySettings()
-    if default:
-        cfg.default = StationGate(policy=AnomalyPolicy(default))
-    cfg.stations = {name: StationGate(policy=AnomalyPolicy.gate) for name in gate_stations}
-    return cfg
-
-
-def stage_ranges(num_layers: int, stages: int) -> list[tuple[int, int]]:
-    base, extra = divmod(num_layers, stages)
-    out, start = [], 0
-    for k in range(stages):
-        end = start + base + (1 if k < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
-
-
-def stage_name(k: int, replica: int = 0) -> str:
-    """stage0, stage1, ... for the first replica of each range (what single-replica stacks always called them);
-    stage0r1, stage0r2, ... for further replicas of range 0."""
-    return f"stage{k}" if replica == 0 else f"stage{k}r{replica}"
-
-
-def free_ports(count: int, host: str, avoid: tuple[int, ...] = ()) -> list[int]:
-    """Ports free right now: all bound at once (so distinct), then released for the roles to bind. Another
-    process may take one in between; that role then fails to start naming the port (SO_REUSEPORT is off)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    socks: list[socket.socket] = []
-    try:
-        while len(socks) < count:
-            s = socket.socket(family, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            if s.getsockname()[1] in avoid:  # the kernel may hand out a port the user asked for elsewhere
-                s.close()
-                continue
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def local_api_tokens(token: str) -> list:
-    """GatewaySettings.api_tokens for the stack's one bearer token (the one place that knows their form)."""
-    return StackCredentials(token, Path(), None).api_tokens()
-
-
-def write_private_yaml(settings: RoleSettings, path: Path) -> None:
-    """A run config, readable by this user only (it may hold API tokens and, with TLS, key paths)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # an older file keeps its mode through open(); tighten it before writing
-    finally:
-        os.close(fd)
-    write_yaml(settings, path)
 
 
 class LocalStack:
@@ -237,8 +132,11 @@ class LocalStack:
 
     def start(self) -> None:
         o = self.opts
-        if o.stages < 1 or o.replicas < 1:
-            raise InvalidInput(f"stages and replicas must be >= 1, got {o.stages} and {o.replicas}")
+        if min(o.stages, o.replicas, o.vision_replicas, o.retrieval_replicas) < 1:
+            raise InvalidInput(
+                f"stages and replicas must be >= 1, got {o.stages}, {o.replicas}, {o.vision_replicas} (vision) and "
+                f"{o.retrieval_replicas} (retrieval)"
+            )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.run_dir, 0o700)
         self.creds = stack_credentials(o.workdir, o.tls, o.host, o.api_token)
@@ -248,7 +146,9 @@ class LocalStack:
         from edgeinspect.models.checkpoint import open_checkpoint
 
         ranges = stage_ranges(open_checkpoint(ckpt).num_layers, o.stages)
-        upstreams = 1 + len(ranges) * o.replicas + (o.kb_dir is not None)
+        visions = [replica_name("vision", r) for r in range(o.vision_replicas)]
+        retrievals = [replica_name("retrieval", r) for r in range(o.retrieval_replicas)] if o.kb_dir else []
+        upstreams = len(visions) + len(ranges) * o.replicas + len(retrievals)
         metrics = (upstreams + 1) if o.metrics else 0  # one more port per role, the gateway's included
         ports = iter(free_ports(upstreams + (o.gateway_port == 0) + metrics, o.host, avoid=(o.gateway_port,)))
         self._ports = ports
@@ -258,17 +158,15 @@ class LocalStack:
             addr[name] = next(ports)
             return self._server(name, addr[name])
 
-        self._spawn(
-            "vision",
-            "vision",
-            VisionSettings(
+        for r, name in enumerate(visions):  # replicas share the banks folder: a teach reaches them all
+            vision = VisionSettings(
                 checkpoint=ckpt,
                 backend=o.vision_backend,
-                server=place("vision"),
+                server=place(name),
                 onnx_path=o.workdir / "vision.onnx",
                 anomaly=AnomalySettings(banks_dir=self.banks_dir),
-            ),
-        )
+            )
+            self._spawn(name, "vision", vision, replica=r)
         names = [[stage_name(k, r) for r in range(o.replicas)] for k in range(len(ranges))]
         servers = {n: place(n) for row in names for n in row}
         for k, (a, b) in enumerate(ranges):
@@ -280,13 +178,13 @@ class LocalStack:
                 )
                 cfg.client_tls = self.creds.client_tls(name)
                 self._spawn(name, "stage", cfg, layers=(a, b), replica=r)
-        if o.kb_dir is not None:
-            self._spawn("retrieval", "retrieval", RetrievalSettings(kb_dir=o.kb_dir, server=place("retrieval")))
+        for r, name in enumerate(retrievals):
+            self._spawn(name, "retrieval", RetrievalSettings(kb_dir=o.kb_dir, server=place(name)), replica=r)
         gateway = GatewaySettings(
             checkpoint=ckpt,
-            vision=f"{o.host}:{addr['vision']}",
+            vision=[f"{o.host}:{addr[n]}" for n in visions],
             stages=[f"{o.host}:{addr[n]}" for row in names for n in row],  # every endpoint; range-major order
-            retrieval=f"{o.host}:{addr['retrieval']}" if o.kb_dir is not None else None,
+            retrieval=[f"{o.host}:{addr[n]}" for n in retrievals],
             codec=o.codec,
             chained=o.chained,
             db_path=o.workdir / "reports.sqlite",
@@ -313,7 +211,7 @@ class LocalStack:
         # weights. `up` reports a stack whose every stage serves (seen: stage0r1 still loading when stack.json
         # appeared, its Stats answered UNAVAILABLE).
         for role in self.roles:
-            if role.role == "stage":
+            if role.role in ("stage", "vision"):
                 self._wait_serving(self.address_of(role.name), role)
         self._write_stack_file()
         if o.supervise:
@@ -356,6 +254,8 @@ class LocalStack:
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
             "TQDM_DISABLE": "1",  # no progress bars ("Batches: 100%") in a role's JSON log; tqdm reads it at import
+            # the role writes its log itself, rotated at log_max_mb (stdout/stderr still append there: a crash)
+            "EDGEINSPECT_LOG_FILE": str(log_path),
             **self.opts.extra_env,
             PARENT_PID_ENV: str(os.getpid()),
         }

@@ -32,8 +32,9 @@ def status_command(
     workdir: Path = typer.Option(WORKDIR, help="the `up` workdir, for local pids"),
     as_json: bool = typer.Option(False, "--json", help="print the status as JSON"),
 ) -> None:
-    """Every decoder-stage endpoint (range, health, ban reason, load), the plan in force, vision and retrieval
-    health and the inspections in flight, as the gateway sees them. Exit 1 when the gateway is not serving."""
+    """Every decoder-stage endpoint (range, health, ban reason, load), the plan in force, every vision and
+    retrieval replica (health, load, which served last, banks) and the inspections in flight, as the gateway sees
+    them. Exit 1 when the gateway is not serving."""
     from rich.console import Console
     from rich.table import Table
 
@@ -52,8 +53,8 @@ def status_command(
     pids = local_roles(workdir)
     if as_json:
         data = MessageToDict(status, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-        for stage in data["stages"]:
-            stage["pid"] = pids.get(stage["address"], {}).get("pid")
+        for entry in (*data["stages"], *data["vision_replicas"], *data["retrieval_replicas"]):
+            entry["pid"] = pids.get(entry["address"], {}).get("pid")
         print(json.dumps(data, indent=2))
         raise typer.Exit(0 if status.serving else 1)
     state = "[green]SERVING[/green]" if status.serving else "[red]NOT SERVING[/red]"
@@ -80,6 +81,22 @@ def status_command(
             s.reason,
         )
     console.print(table)
+    replicas = Table("vision / retrieval", "pid", "state", "in flight", "served", "last", "banks", "why")
+    for role, reps in (("vision", status.vision_replicas), ("retrieval", status.retrieval_replicas)):
+        for r in reps:
+            colour = {"healthy": "green", "banned": "yellow", "connecting": "yellow"}.get(r.state, "red")
+            behind = f" (behind: {', '.join(r.behind)})" if r.behind else ""
+            replicas.add_row(
+                f"{role} {r.address}",
+                str(pids.get(r.address, {}).get("pid", "-")),
+                f"[{colour}]{r.state}[/{colour}]",
+                str(r.inflight),
+                str(r.served),
+                f"<- {r.last_ms:.0f} ms" if r.last else "",
+                " ".join(sorted(r.banks.values())) + behind,
+                r.reason,
+            )
+    console.print(replicas)
     for note in status.notes:
         console.print(f"  - {note}")
     raise typer.Exit(0 if status.serving else 1)

@@ -497,8 +497,39 @@ class StageEndpointStatus(_message.Message):
     weights: str
     def __init__(self, address: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., home_start: _Optional[int] = ..., home_end: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., sessions: _Optional[int] = ..., last_step_ms: _Optional[float] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., live_sessions: _Optional[int] = ..., failures: _Optional[int] = ..., weights: _Optional[str] = ...) -> None: ...
 
+class ReplicaStatus(_message.Message):
+    __slots__ = ("address", "state", "reason", "inflight", "served", "failures", "last", "last_ms", "banks", "behind")
+    class BanksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    LAST_MS_FIELD_NUMBER: _ClassVar[int]
+    BANKS_FIELD_NUMBER: _ClassVar[int]
+    BEHIND_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    state: str
+    reason: str
+    inflight: int
+    served: int
+    failures: int
+    last: bool
+    last_ms: float
+    banks: _containers.ScalarMap[str, str]
+    behind: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, address: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., inflight: _Optional[int] = ..., served: _Optional[int] = ..., failures: _Optional[int] = ..., last: _Optional[bool] = ..., last_ms: _Optional[float] = ..., banks: _Optional[_Mapping[str, str]] = ..., behind: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ClusterStatus(_message.Message):
-    __slots__ = ("serving", "degraded", "plan", "normal_plan", "stages", "vision", "retrieval", "inflight", "queued", "max_inflight", "max_queued", "failovers", "notes")
+    __slots__ = ("serving", "degraded", "plan", "normal_plan", "stages", "vision", "retrieval", "inflight", "queued", "max_inflight", "max_queued", "failovers", "notes", "vision_replicas", "retrieval_replicas")
     SERVING_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -512,6 +543,8 @@ class ClusterStatus(_message.Message):
     MAX_QUEUED_FIELD_NUMBER: _ClassVar[int]
     FAILOVERS_FIELD_NUMBER: _ClassVar[int]
     NOTES_FIELD_NUMBER: _ClassVar[int]
+    VISION_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVAL_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     serving: bool
     degraded: bool
     plan: str
@@ -525,4 +558,6 @@ class ClusterStatus(_message.Message):
     max_queued: int
     failovers: int
     notes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, serving: _Optional[bool] = ..., degraded: _Optional[bool] = ..., plan: _Optional[str] = ..., normal_plan: _Optional[_Iterable[str]] = ..., stages: _Optional[_Iterable[_Union[StageEndpointStatus, _Mapping]]] = ..., vision: _Optional[str] = ..., retrieval: _Optional[str] = ..., inflight: _Optional[int] = ..., queued: _Optional[int] = ..., max_inflight: _Optional[int] = ..., max_queued: _Optional[int] = ..., failovers: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+    vision_replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    retrieval_replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    def __init__(self, serving: _Optional[bool] = ..., degraded: _Optional[bool] = ..., plan: _Optional[str] = ..., normal_plan: _Optional[_Iterable[str]] = ..., stages: _Optional[_Iterable[_Union[StageEndpointStatus, _Mapping]]] = ..., vision: _Optional[str] = ..., retrieval: _Optional[str] = ..., inflight: _Optional[int] = ..., queued: _Optional[int] = ..., max_inflight: _Optional[int] = ..., max_queued: _Optional[int] = ..., failovers: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., vision_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...

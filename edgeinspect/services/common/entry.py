@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
-import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -23,29 +23,34 @@ log = logging.getLogger(__name__)
 def run_role(settings_cls, serve: Callable[[Any], Coroutine], role: str, config_path: Path | None) -> None:
     """Loads the role's settings, configures logging and serves; a startup error is one log line and exit 1.
 
-    A role started by a launcher (`up`, LocalStack) ends with it, also when the launcher is SIGKILLed.
+    A role started by a launcher (`up`, LocalStack) ends with it, also when the launcher is SIGKILLed. `serve`
+    closes what the role started before it returns, so the process then ends as any Python program does.
     """
     cfg = settings_cls.load(config_path)
-    configure_logging(cfg.log_level, cfg.log_json, role=role)
+    configure_logging(
+        cfg.log_level,
+        cfg.log_json,
+        role=role,
+        file=cfg.log_file,
+        max_bytes=int(cfg.log_max_mb * 2**20),
+        backups=cfg.log_backups,
+    )
     die_with_launcher()
     tracing = setup_tracing(cfg.tracing, role)
     try:
         client_tls_var.set(getattr(cfg, "client_tls", None))  # before asyncio.run: its tasks copy this context
         tracing_var.set(tracing)
+        # The imported modules (torch, transformers: ~400k objects) live as long as the process: kept out of every
+        # collection, the one at interpreter exit included, which took seconds (10+ s on a loaded 2-core box) and
+        # once made roles leave through os._exit to stop within a supervisor's grace.
+        gc.freeze()
         asyncio.run(serve(cfg))
     except EdgeInspectError as exc:
         log.error("%s cannot start: %s", role, exc)
         raise SystemExit(1) from exc
     finally:
         if tracing is not None:
-            tracing.shutdown()  # exports what is still queued: os._exit below skips every finaliser
-    # Served and stopped cleanly: leave without interpreter teardown. Its final garbage collection over torch's and
-    # transformers' object graph took 10+ s on a loaded 2-core box (a stop within a supervisor's grace matters
-    # more than finalisers; the servers, KV caches and outboxes are already closed and the logs are flushed here).
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+            tracing.shutdown()  # exports what is still queued
 
 
 def role_main(main: Callable[[Path | None], None], role: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 from typing import NoReturn
@@ -25,6 +26,16 @@ MAX_DETAILS_CHARS = 300
 # The gRPC retry convention: how long a client should wait before retrying (ms, decimal string).
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 ERROR_CODE_KEY = "edgeinspect-error-code"  # EdgeInspectError.code: what a peer acts on, never the message text
+DISK_FULL_PUSHBACK_MS = 10_000  # a write that found its disk full: space returns by pruning or a person, not at once
+_SQLITE_FULL = 13  # sqlite3.OperationalError.sqlite_errorcode of "database or disk is full"
+_PG_DISK_FULL = "53100"  # PostgreSQL's SQLSTATE disk_full
+
+
+def disk_full(exc: BaseException) -> bool:
+    """A write that ran out of space (a file, SQLite or PostgreSQL): the caller retries later, nothing is broken."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return getattr(exc, "sqlite_errorcode", None) == _SQLITE_FULL or getattr(exc, "sqlstate", None) == _PG_DISK_FULL
 
 
 def bounded(details: str, limit: int = MAX_DETAILS_CHARS) -> str:
@@ -43,6 +54,8 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
         return exc.code()
     if isinstance(exc, TimeoutError):  # asyncio.TimeoutError is TimeoutError since 3.11
         return grpc.StatusCode.DEADLINE_EXCEEDED
+    if disk_full(exc):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     return grpc.StatusCode.INTERNAL
 
 
@@ -86,6 +99,8 @@ def details_for(exc: BaseException) -> str:
         return clean if clean == text else cite(clean, rid)
     if isinstance(exc, TimeoutError):
         return cite("timed out waiting for an upstream step", rid)
+    if disk_full(exc):
+        return cite("a disk of the gateway is full: the inspection was not stored; retry later", rid)
     return f"internal error; see the server log for request id {rid}" if rid else "internal error; see server log"
 
 
@@ -96,6 +111,8 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> N
     # abort's trailing_metadata replaces what the call set before (the request id): keep both
     extra = []
     pushback = getattr(exc, "retry_after_ms", None)
+    if pushback is None and disk_full(exc):
+        pushback = DISK_FULL_PUSHBACK_MS
     if code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE) and pushback is not None:
         extra.append((RETRY_PUSHBACK_KEY, str(pushback)))
     if isinstance(exc, EdgeInspectError) and exc.code:

@@ -1,4 +1,11 @@
-"""Server interceptors: request id + deadline context, metrics, the error policy (bearer tokens: auth.py)."""
+"""Server interceptors: request id + deadline context, metrics, the error policy (bearer tokens: auth.py), and the
+request-body check that runs after every caller check.
+
+Order (start_server): ServerInterceptor outermost (context, metrics, status for every outcome), then the caller
+checks (certificate roles: tls.py; tokens: auth.py), then RequestCheck innermost. grpc parses a unary request
+before any handler code runs, so parsing is made tolerant and its verdict is delivered by RequestCheck: a caller
+without a valid token or role learns UNAUTHENTICATED / PERMISSION_DENIED, never how the parser read its bytes.
+"""
 
 from __future__ import annotations
 
@@ -135,6 +142,36 @@ class _CallScope:
         deadline_var.reset(self._deadline_token)
 
 
+class RequestCheck(grpc.aio.ServerInterceptor):
+    """Innermost: parses requests tolerantly and refuses a malformed one (INVALID_ARGUMENT) only once the caller
+    checks outside it have passed."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        kind = _kind(handler)
+        behavior = getattr(handler, kind)
+        check = _CheckedRequests if kind.startswith("stream") else _checked
+        if inspect.isasyncgenfunction(behavior):
+
+            async def checked_stream(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+                async for response in behavior(check(request_or_iterator), context):
+                    yield response
+
+            return _rebuild(handler, checked_stream, _tolerant(handler.request_deserializer))
+
+        async def checked(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+            result = behavior(check(request_or_iterator), context)
+            return await result if inspect.isawaitable(result) else result
+
+        return _rebuild(handler, checked, _tolerant(handler.request_deserializer))
+
+
 class ServerInterceptor(grpc.aio.ServerInterceptor):
     """Per RPC: sets request id + deadline ContextVars, counts and times it, maps exceptions to status."""
 
@@ -149,19 +186,16 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        kind = _kind(handler)
-        behavior = self._wrap(getattr(handler, kind), handler_call_details.method, kind.startswith("stream"))
-        return _rebuild(handler, behavior, _tolerant(handler.request_deserializer))
+        return _rebuild(handler, self._wrap(getattr(handler, _kind(handler)), handler_call_details.method))
 
-    def _wrap(self, behavior: Callable[..., Any], method: str, streamed: bool) -> Callable[..., Any]:
+    def _wrap(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
         role = self._role
-        check = _CheckedRequests if streamed else _checked
         if inspect.isasyncgenfunction(behavior):
 
             async def wrapped_stream(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
                 with _CallScope(role, method, context) as scope:
                     try:
-                        async for response in behavior(check(request_or_iterator), context):
+                        async for response in behavior(request_or_iterator, context):
                             yield response
                     except Exception as exc:
                         await scope.fail(exc)
@@ -171,7 +205,7 @@ class ServerInterceptor(grpc.aio.ServerInterceptor):
         async def wrapped(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
             with _CallScope(role, method, context) as scope:
                 try:
-                    result = behavior(check(request_or_iterator), context)
+                    result = behavior(request_or_iterator, context)
                     return await result if inspect.isawaitable(result) else result
                 except Exception as exc:
                     await scope.fail(exc)

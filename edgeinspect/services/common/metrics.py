@@ -118,6 +118,29 @@ ADMISSION = Gauge(
     "edgeinspect_inspections_admitted", "inspections running and waiting for a slot", ["state"], registry=None
 )
 REFUSED = Counter("edgeinspect_inspections_refused", "inspections refused at admission (gateway full)", registry=None)
+DISK_FREE = Gauge("edgeinspect_disk_free_bytes", "free bytes on each disk the gateway writes", ["disk"], registry=None)
+DISK_FLOOR = Gauge(
+    "edgeinspect_disk_floor_bytes",
+    "free space kept on each disk; below it inspections are refused",
+    ["disk"],
+    registry=None,
+)
+DISK_REFUSED = Counter(
+    "edgeinspect_disk_refusals", "inspections refused because a disk was below its floor", ["disk"], registry=None
+)
+# The gateway's vision and retrieval replicas (services/gateway/replicas.py), per endpoint.
+REPLICA_CALLS = Counter(
+    "edgeinspect_replica_calls",
+    "calls to a vision or retrieval replica by outcome (ok | retried | failed)",
+    ["role", "endpoint", "outcome"],
+    registry=None,
+)
+REPLICA_USABLE = Gauge(
+    "edgeinspect_replica_usable",
+    "1 while the replica is serving, handshaken and not banned",
+    ["role", "endpoint"],
+    registry=None,
+)
 
 
 def _build() -> dict[str, str]:
@@ -151,6 +174,11 @@ ROLE_FAMILIES: dict[str, tuple] = {
         ROUTE_COMPLETE,
         ADMISSION,
         REFUSED,
+        DISK_FREE,
+        DISK_FLOOR,
+        DISK_REFUSED,
+        REPLICA_CALLS,
+        REPLICA_USABLE,
     ),
     "stage": (WIRE_BYTES, TOKENS, KV_SESSIONS, KV_BYTES, PREFIX_CACHE),
     "vision": (WIRE_BYTES,),

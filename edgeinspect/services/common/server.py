@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection
 
 from edgeinspect.config import ServerConfig
 from edgeinspect.errors import Unavailable
-from edgeinspect.services.common.interceptors import ServerInterceptor
+from edgeinspect.services.common.interceptors import RequestCheck, ServerInterceptor
 from edgeinspect.services.common.metrics import MetricsHTTP, register_role, serve_metrics
 from edgeinspect.services.common.tls import peer_interceptors, server_credentials
 
@@ -77,8 +77,13 @@ class RunningServer:
     metrics_port: int | None
     metrics: MetricsHTTP | None = field(default=None, repr=False)
     servicer: object | None = field(default=None, repr=False)  # the role's servicer, for its serve() loop
+    stopped: bool = False
 
     async def stop(self, grace: float | None = None) -> None:
+        """Idempotent: a role's own close may call it again after serve_until_signal did."""
+        if self.stopped:
+            return
+        self.stopped = True
         await self.health.shutting_down()
         await self.server.stop(grace)
         if self.metrics is not None:
@@ -118,7 +123,8 @@ async def start_server(
 ) -> RunningServer:
     """Builds, binds and starts a role's server; health starts NOT_SERVING until the role flips it."""
     server = grpc.aio.server(
-        interceptors=[ServerInterceptor(role), *peer_interceptors(role, cfg.tls), *interceptors],
+        # outermost first: the caller checks run before RequestCheck refuses a malformed body (interceptors.py)
+        interceptors=[ServerInterceptor(role), *peer_interceptors(role, cfg.tls), *interceptors, RequestCheck()],
         options=server_options(cfg.max_message_mb),
     )
     for add in register:

@@ -1,142 +1,246 @@
-"""The gateway's clients of the vision and retrieval nodes, and a health watch for a single peer."""
+"""The gateway's clients of the vision and retrieval replicas (their health, bans and choice: replicas.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgeinspect import PROTOCOL_VERSION, codec
 from edgeinspect.errors import Unavailable
-from edgeinspect.services.common.channel import make_channel
-from edgeinspect.services.common.errors import upstream_peer
+from edgeinspect.services.common.errors import error_code_of, upstream_peer
 from edgeinspect.services.common.tracing import client_span
-from edgeinspect.services.gateway.decode.routing import WATCH_DELAYS
+from edgeinspect.services.gateway.decode.routing import HANDSHAKE_TIMEOUT_S
+from edgeinspect.services.gateway.replicas import Replica, ReplicaSet
 from edgeinspect.v1 import common_pb2, retrieval_pb2, retrieval_pb2_grpc, vision_pb2, vision_pb2_grpc
 
 log = logging.getLogger(__name__)
 VISION_PUSHBACK_MS = 2000
+BANK_VERSION_CODE = "anomaly_bank_version"  # vision's BankVersionMismatch.code
+BANK_POLL_S = 1.0  # how often a replica behind on a bank is asked again
 
 
-class PeerHealth:
-    """Follows one peer's grpc.health.v1 Watch stream; `state` is SERVING, NOT_SERVING or UNREACHABLE."""
+class VisionClient:
+    """The gateway's vision replicas: Encode, Score and Teach on a usable one. A replica is handshaken on our
+    checkpoint fingerprint and its anomaly banks; Score of a part goes only to replicas holding the newest bank of
+    that part seen on any replica (a replica behind is used again once it has reloaded it)."""
 
-    def __init__(self, name: str, channel: grpc.aio.Channel):
-        self.name = name
-        self.stub = health_pb2_grpc.HealthStub(channel)
-        self.state = "UNREACHABLE"
+    def __init__(self, addresses: list[str], max_message_mb: int, tls=None, checkpoint_fingerprint: str = ""):
+        self.fingerprint = checkpoint_fingerprint  # "": not checked (tools that only teach)
+        self.replicas: ReplicaSet[vision_pb2_grpc.VisionServiceStub] = ReplicaSet(
+            "vision", addresses, vision_pb2_grpc.VisionServiceStub, max_message_mb, tls, handshake=self._handshake
+        )
+        self.newest: dict[str, str] = {}  # part -> the newest bank_id seen on any replica (what Score expects)
+        self._versions: dict[str, int] = {}  # part -> that bank's version number
         self._task: asyncio.Task | None = None
 
     @property
+    def address(self) -> str:
+        return ",".join(self.replicas.addresses)
+
+    @property
     def serving(self) -> bool:
-        return self.state == "SERVING"
+        return self.replicas.serving
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._watch())
+        self.replicas.start()
+        self._task = asyncio.get_running_loop().create_task(self._follow_banks())
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await self.replicas.close()
 
-    async def _watch(self) -> None:
-        attempt = 0
+    # -- handshake and banks --------------------------------------------------------------------------------------
+
+    async def _handshake(self, rep: Replica) -> None:
+        """Our checkpoint, else refused; then its banks (a restarted replica's banks compare by version)."""
+        info = await rep.stub.Info(vision_pb2.InfoRequest(), timeout=HANDSHAKE_TIMEOUT_S)
+        theirs = info.identity.checkpoint_fingerprint
+        if self.fingerprint and theirs and theirs != self.fingerprint:
+            rep.mismatch = f"vision node {rep.address} runs checkpoint {theirs}, this gateway {self.fingerprint}"
+            return
+        rep.banks = {}
+        self._observe(rep, info.banks)
+
+    def _observe(self, rep: Replica, banks) -> None:
+        """A replica's banks from its Info. A bank that changed on a replica that stayed up (a teach, a reload, a
+        rollback) is the newest of its part; a replica seen afresh only moves a part forward by version."""
+        for bank in banks:
+            held = rep.banks.get(bank.part)
+            changed = held is not None and held != bank.bank_id
+            if changed or bank.part not in self.newest or bank.version > self._versions.get(bank.part, -1):
+                if self.newest.get(bank.part) != bank.bank_id:
+                    log.info("part %s: newest anomaly bank %s (vision %s)", bank.part, bank.bank_id, rep.address)
+                self.learned(bank.part, bank.bank_id, bank.version)
+        rep.banks = {b.part: b.bank_id for b in banks}
+
+    def learned(self, part: str, bank_id: str, version: int = -1) -> None:
+        """`bank_id` is the part's newest bank (seen in an Info, or published by a Teach through this gateway)."""
+        self.newest[part] = bank_id
+        self._versions[part] = version if version >= 0 else bank_version(bank_id)
+
+    async def refresh(self, rep: Replica) -> None:
+        """Reads the replica's banks again (it reloads new versions from its disk within its reload_interval_s)."""
+        info = await rep.stub.Info(vision_pb2.InfoRequest(), timeout=HANDSHAKE_TIMEOUT_S)
+        self._observe(rep, info.banks)
+
+    async def _follow_banks(self) -> None:
+        """Every BANK_POLL_S each usable replica's banks are read again: a new version one of them loaded becomes
+        the newest, and a replica behind is back in use for that part once it has it."""
         while True:
-            try:
-                async for reply in self.stub.Watch(health_pb2.HealthCheckRequest(service="")):
-                    attempt = 0
-                    self._set(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
-            except grpc.aio.AioRpcError:
-                pass
-            self._set("UNREACHABLE")
-            await asyncio.sleep(WATCH_DELAYS[min(attempt, len(WATCH_DELAYS) - 1)])
-            attempt += 1
+            await asyncio.sleep(BANK_POLL_S)
+            for rep in self.replicas.usable():
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await self.refresh(rep)
 
-    def _set(self, state: str) -> None:
-        if state != self.state:
-            (log.info if state == "SERVING" else log.warning)("%s node: %s", self.name, state)
-            self.state = state
-
-
-class VisionClient:
-    def __init__(self, address: str, max_message_mb: int, tls=None):
-        self.address = address
-        self.channel = make_channel(address, max_message_mb, tls)
-        self.stub = vision_pb2_grpc.VisionServiceStub(self.channel)
-        self.health = PeerHealth("vision", self.channel)
+    # -- calls ----------------------------------------------------------------------------------------------------
 
     async def encode(
         self, image: bytes, wire_codec: codec.Codec, zstd: bool, timeout_s: float
     ) -> vision_pb2.EncodeResponse:
-        """Visual tokens of one image; a vision node that is down answers Unavailable with pushback at once."""
-        attrs = {"edgeinspect.image_bytes": len(image), "edgeinspect.codec": str(wire_codec)}
-        try:
+        """Visual tokens of one image from a usable replica (another tried when one fails, within timeout_s);
+        no replica answering is Unavailable with pushback."""
+        request = vision_pb2.EncodeRequest(image=image, codec=codec.codec_to_proto(wire_codec), zstd=zstd)
+
+        async def one(rep: Replica, timeout: float) -> vision_pb2.EncodeResponse:
+            attrs = {"edgeinspect.image_bytes": len(image), "edgeinspect.codec": str(wire_codec),
+                     "edgeinspect.endpoint": rep.address}  # fmt: skip
             with client_span("vision encode", attrs) as span:
-                reply = await self.stub.Encode(
-                    vision_pb2.EncodeRequest(image=image, codec=codec.codec_to_proto(wire_codec), zstd=zstd),
-                    timeout=timeout_s,
-                )
+                reply = await rep.stub.Encode(request, timeout=timeout)
                 if span is not None:
                     span.set_attribute("edgeinspect.codec_bytes", codec.wire_nbytes(reply.visual_tokens))
                     span.set_attribute("edgeinspect.visual_tokens", (reply.visual_tokens.shape or [0])[0])
                     span.set_attribute("edgeinspect.encode_ms", reply.encode_ms)
                 return reply
+
+        try:
+            return await self.replicas.call(one, timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 log.warning("vision %s: %s", upstream_peer(exc), exc.details())
                 raise Unavailable(
-                    "the vision node is unavailable; retry shortly", retry_after_ms=VISION_PUSHBACK_MS
+                    "no vision node is available; retry shortly", retry_after_ms=VISION_PUSHBACK_MS
                 ) from None
             raise
 
     async def info(self) -> vision_pb2.VisionInfo:
-        return await self.stub.Info(vision_pb2.InfoRequest(), timeout=10)
+        """The Info of a usable replica (else of any serving one, so a caller can see why it was refused)."""
+        reps = self.replicas.usable() or [r for r in self.replicas.replicas if r.serving] or self.replicas.replicas
+        return await reps[0].stub.Info(vision_pb2.InfoRequest(), timeout=10)
 
     async def score(self, request: vision_pb2.ScoreRequest, timeout_s: float) -> vision_pb2.AnomalyScore:
-        """The anomaly gate's score of one frame; errors propagate (services/gateway/gate.py decides on them)."""
-        with client_span("vision score", {"edgeinspect.part": request.part}) as span:
-            reply = await self.stub.Score(request, timeout=timeout_s)
-            if span is not None:
-                span.set_attribute("edgeinspect.anomaly_score", reply.score)
-                span.set_attribute("edgeinspect.score_ms", reply.score_ms)
-            return reply
+        """The anomaly gate's score of one frame on a replica holding the part's newest bank (expect_bank_id says
+        which); errors about the frame propagate (services/gateway/gate.py decides on them)."""
+        deadline = time.monotonic() + timeout_s
+        part = request.part
+        try:
+            return await self._score_on_current(request, deadline)
+        except grpc.aio.AioRpcError as exc:
+            if error_code_of(exc) != BANK_VERSION_CODE:
+                raise
+            # The replica holds another version than its last Info said: read the banks again and choose again.
+            log.info("part %s: %s; refreshing the vision replicas' banks", part, exc.details())
+        await self._refresh_all()
+        return await self._score_on_current(request, deadline)
+
+    async def _score_on_current(self, request: vision_pb2.ScoreRequest, deadline: float) -> vision_pb2.AnomalyScore:
+        part = request.part
+
+        def current(rep: Replica) -> bool:
+            return rep.banks.get(part, "") == self.newest.get(part, "")
+
+        if self.replicas.serving and not self.replicas.usable(current):
+            await self._refresh_all()  # one may have reloaded since the last poll
+            if not self.replicas.usable(current):
+                raise Unavailable(
+                    f"no vision replica holds part {part}'s newest anomaly bank {self.newest.get(part)} yet (each "
+                    "reloads its banks folder within its reload_interval_s); retry shortly",
+                    retry_after_ms=VISION_PUSHBACK_MS,
+                )
+
+        async def one(rep: Replica, timeout: float) -> vision_pb2.AnomalyScore:
+            call = vision_pb2.ScoreRequest()
+            call.CopyFrom(request)
+            call.expect_bank_id = self.newest.get(part, "")
+            with client_span("vision score", {"edgeinspect.part": part, "edgeinspect.endpoint": rep.address}) as span:
+                reply = await rep.stub.Score(call, timeout=timeout)
+                if reply.bank_id and not call.expect_bank_id:  # the first Score of a part no Info listed yet
+                    rep.banks[part] = reply.bank_id
+                    self.learned(part, reply.bank_id)
+                if span is not None:
+                    span.set_attribute("edgeinspect.anomaly_score", reply.score)
+                    span.set_attribute("edgeinspect.score_ms", reply.score_ms)
+                return reply
+
+        return await self.replicas.call(one, max(0.001, deadline - time.monotonic()), accept=current)
+
+    async def _refresh_all(self) -> None:
+        for rep in self.replicas.usable():
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self.refresh(rep)
 
     async def teach(self, request: vision_pb2.TeachRequest, timeout_s: float) -> vision_pb2.TeachResponse:
-        """Publishes a part's next bank version on the vision node (slow: features for every frame)."""
-        with client_span("vision teach", {"edgeinspect.part": request.part, "edgeinspect.frames": len(request.frames)}):
-            return await self.stub.Teach(request, timeout=timeout_s)
-
-    async def close(self) -> None:
-        await self.health.close()
-        await self.channel.close()
+        """Publishes a part's next bank version on one replica (slow: features for every frame). Not retried on
+        another: a Teach that timed out may have published. Replicas sharing its banks folder reload it."""
+        rep = self.replicas.pick([])
+        with client_span("vision teach", {"edgeinspect.part": request.part, "edgeinspect.frames": len(request.frames),
+                                          "edgeinspect.endpoint": rep.address}):  # fmt: skip
+            reply = await rep.stub.Teach(request, timeout=timeout_s)
+        rep.banks[reply.bank.part] = reply.bank.bank_id
+        self.learned(reply.bank.part, reply.bank.bank_id, reply.bank.version)
+        return reply
 
 
 class RetrievalClient:
-    def __init__(self, address: str, max_message_mb: int, tls=None):
-        self.address = address
-        self.channel = make_channel(address, max_message_mb, tls)
-        self.stub = retrieval_pb2_grpc.RetrievalServiceStub(self.channel)
-        self.health = PeerHealth("retrieval", self.channel)
+    """The gateway's retrieval replicas: Search on a usable one, another tried when one fails."""
+
+    def __init__(self, addresses: list[str], max_message_mb: int, tls=None):
+        self.replicas: ReplicaSet[retrieval_pb2_grpc.RetrievalServiceStub] = ReplicaSet(
+            "retrieval", addresses, retrieval_pb2_grpc.RetrievalServiceStub, max_message_mb, tls
+        )
+
+    @property
+    def address(self) -> str:
+        return ",".join(self.replicas.addresses)
+
+    @property
+    def serving(self) -> bool:
+        return self.replicas.serving
+
+    def start(self) -> None:
+        self.replicas.start()
 
     async def search(
         self, query: str, k: int, filters: dict[str, str], timeout_s: float
     ) -> retrieval_pb2.SearchResponse:
-        with client_span("retrieval search", {"edgeinspect.k": k, "edgeinspect.filtered": bool(filters)}) as span:
-            reply = await self.stub.Search(
-                retrieval_pb2.SearchRequest(query=query, k=k, filters=filters), timeout=timeout_s
-            )
-            if span is not None:
-                span.set_attribute("edgeinspect.chunks", len(reply.chunks))
-                span.set_attribute("edgeinspect.search_ms", reply.search_ms)
-            return reply
+        request = retrieval_pb2.SearchRequest(query=query, k=k, filters=filters)
+
+        async def one(rep: Replica, timeout: float) -> retrieval_pb2.SearchResponse:
+            attrs = {"edgeinspect.k": k, "edgeinspect.filtered": bool(filters), "edgeinspect.endpoint": rep.address}
+            with client_span("retrieval search", attrs) as span:
+                reply = await rep.stub.Search(request, timeout=timeout)
+                if span is not None:
+                    span.set_attribute("edgeinspect.chunks", len(reply.chunks))
+                    span.set_attribute("edgeinspect.search_ms", reply.search_ms)
+                return reply
+
+        return await self.replicas.call(one, timeout_s)
 
     async def close(self) -> None:
-        await self.health.close()
-        await self.channel.close()
+        await self.replicas.close()
+
+
+def bank_version(bank_id: str) -> int:
+    """The version number in a bank id 'PART@vN:hash8' (-1 when it has none)."""
+    _, _, rest = bank_id.rpartition("@v")
+    number = rest.split(":", 1)[0]
+    return int(number) if number.isdigit() else -1
 
 
 def gateway_identity(checkpoint_fingerprint: str, tokenizer_fingerprint: str) -> common_pb2.PeerIdentity:

@@ -13,7 +13,6 @@ vlm_when_gate_fails (then the VLM decides and the note says so).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -21,14 +20,13 @@ from dataclasses import dataclass
 import grpc
 
 from edgeinspect.config import AnomalyPolicy, GatewayAnomalySettings, StationGate
-from edgeinspect.errors import InvalidInput, Unavailable
-from edgeinspect.services.common.errors import error_code_of
-from edgeinspect.services.gateway.clients import VisionClient
+from edgeinspect.errors import DeadlineExceeded, InvalidInput, Unavailable
+from edgeinspect.services.common.errors import error_code_of, status_for
+from edgeinspect.services.gateway.clients import BANK_VERSION_CODE, VisionClient
 from edgeinspect.v1 import inspection_pb2, stage_pb2, vision_pb2
 
 log = logging.getLogger(__name__)
 
-BANK_VERSION_CODE = "anomaly_bank_version"  # vision's BankVersionMismatch.code
 GATE_PUSHBACK_MS = 2000
 NORMAL = vision_pb2.ANOMALY_VERDICT_NORMAL
 UNCERTAIN = vision_pb2.ANOMALY_VERDICT_UNCERTAIN
@@ -59,24 +57,15 @@ class GateOutcome:
 
 
 class GateStep:
-    """The gateway's side of the gate: the bank each part had in the vision node's last Info, and Score."""
+    """The gateway's side of the gate: Score on a vision replica holding the part's newest bank (clients.py checks
+    the bank version across replicas like a checkpoint fingerprint)."""
 
     def __init__(self, cfg: GatewayAnomalySettings, vision: VisionClient) -> None:
         self.cfg, self.vision = cfg, vision
-        self.banks: dict[str, str] = {}  # part -> bank_id as the vision node's Info last listed it
-        self._seen = False
-        self._refresh = asyncio.Lock()
-
-    async def refresh_banks(self) -> None:
-        """Reads the vision node's Info (one call at a time; callers waiting on it reuse its answer)."""
-        async with self._refresh:
-            info = await self.vision.info()
-            self.banks = {b.part: b.bank_id for b in info.banks}
-            self._seen = True
 
     def learned(self, part: str, bank_id: str) -> None:
         """A Teach through this gateway published `bank_id`: expect it from now on."""
-        self.banks[part] = bank_id
+        self.vision.learned(part, bank_id)
 
     async def score(self, req: inspection_pb2.InspectRequest, timeout_s: float) -> GateOutcome:
         """The gate's outcome for one frame under its station's policy (raises only what should fail the
@@ -86,42 +75,24 @@ class GateStep:
             return GateOutcome(station)
         if not req.part:
             return GateOutcome(station, note="no part named: the anomaly gate scores per part; the VLM decided")
+        call = vision_pb2.ScoreRequest(image=req.image, part=req.part, heatmap=self.cfg.heatmaps)
         try:
-            return GateOutcome(station, await self._score_current(req, timeout_s))
+            return GateOutcome(station, await self.vision.score(call, timeout_s))
         except grpc.aio.AioRpcError as exc:
-            return self._without_score(station, req.part, exc)
+            return self._without_score(station, req.part, exc.code(), exc.details() or "", error_code_of(exc))
+        except (Unavailable, DeadlineExceeded) as exc:  # no replica usable for this part's bank
+            return self._without_score(station, req.part, status_for(exc), str(exc), "")
 
-    async def _score_current(self, req, timeout_s: float) -> vision_pb2.AnomalyScore:
-        if not self._seen:
-            await self.refresh_banks()
-        try:
-            return await self._score(req, self.banks.get(req.part, ""), timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            if error_code_of(exc) != BANK_VERSION_CODE:
-                raise
-            # The node holds another version than its last Info said (a teach or rollback since): look once more.
-            # A node still on the old version after that is refused again, as a checkpoint mismatch would be.
-            log.info("part %s: %s; refreshing the vision node's banks", req.part, exc.details())
-            await self.refresh_banks()
-            return await self._score(req, self.banks.get(req.part, ""), timeout_s)
-
-    async def _score(self, req, expect: str, timeout_s: float) -> vision_pb2.AnomalyScore:
-        call = vision_pb2.ScoreRequest(
-            image=req.image, part=req.part, expect_bank_id=expect, heatmap=self.cfg.heatmaps and not req.verification
-        )
-        score = await self.vision.score(call, timeout_s)
-        self.banks[req.part] = score.bank_id
-        return score
-
-    def _without_score(self, station: StationGate, part: str, exc: grpc.aio.AioRpcError) -> GateOutcome:
-        code, details = exc.code(), exc.details() or ""
+    def _without_score(
+        self, station: StationGate, part: str, code: grpc.StatusCode, details: str, error_code: str
+    ) -> GateOutcome:
         if code is grpc.StatusCode.INVALID_ARGUMENT:
             raise InvalidInput(f"the vision node cannot read the image: {details}") from None
         if code is grpc.StatusCode.NOT_FOUND:
             return GateOutcome(station, note=f"no anomaly bank for part {part} yet: the VLM decided")
         if code is grpc.StatusCode.UNIMPLEMENTED:
             return GateOutcome(station, note="the vision node serves no anomaly gate: the VLM decided")
-        if code is grpc.StatusCode.FAILED_PRECONDITION and error_code_of(exc) != BANK_VERSION_CODE:
+        if code is grpc.StatusCode.FAILED_PRECONDITION and error_code != BANK_VERSION_CODE:
             # A bank the node refused (taught with other features) or the gate switched off on the node.
             return GateOutcome(station, note=f"anomaly gate not usable for part {part}: {details}; the VLM decided")
         why = f"{code.name}: {details}" if details else code.name

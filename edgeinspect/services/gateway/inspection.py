@@ -12,7 +12,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -38,6 +38,13 @@ from edgeinspect.v1 import inspection_pb2, retrieval_pb2, stage_pb2
 
 log = logging.getLogger(__name__)
 MIN_PREFIX_TOKENS = 16  # shorter shared prefixes cost more in bookkeeping than they save
+
+
+@dataclass(frozen=True)
+class Hop:
+    """Yielded by Inspector._inspect as each hop starts: a failure from then on is stored as this hop's."""
+
+    name: str
 
 
 @dataclass
@@ -123,13 +130,16 @@ class Inspector:
                     retry_after_ms=1000,
                 )
             self._running.add(report_id)
-            hop = ["start"]
+            hop = "start"
             try:
-                async with aclosing(self._inspect(req, report_id, deadline, hop)) as events:
-                    async for event in events:
-                        yield event
+                async with aclosing(self._inspect(req, report_id, deadline)) as steps:
+                    async for step in steps:
+                        if isinstance(step, Hop):
+                            hop = step.name
+                        else:
+                            yield step
             except BaseException as exc:
-                reason = failure_reason(hop[0], exc)
+                reason = failure_reason(hop, exc)
                 log.warning("report %s failed: %s", report_id, reason, extra={"report_id": report_id})
                 if not req.verification:
                     await asyncio.shield(asyncio.to_thread(self.store.fail, report_id, reason))
@@ -149,10 +159,13 @@ class Inspector:
 
     # -- the hops ---------------------------------------------------------------------------------------------------
 
-    async def _inspect(self, req, report_id: str, deadline: float, hop: list[str]):
+    async def _inspect(
+        self, req, report_id: str, deadline: float
+    ) -> AsyncGenerator[Hop | inspection_pb2.InspectEvent, None]:
+        """The hops in order: each announces itself (a Hop, what a failure is blamed on), then yields its events."""
         timings: list[stage_pb2.StageTiming] = []
         t0 = time.perf_counter()
-        hop[0] = "anomaly gate"
+        yield Hop("anomaly gate")
         gated = self.cfg.anomaly.for_station(req.station).policy is AnomalyPolicy.gate
         score_timeout = _share(deadline, self.cfg.anomaly.score_timeout_s)
         if gated:  # the gate first: a good part ends here, before any visual token or decoder step
@@ -161,7 +174,7 @@ class Inspector:
             if outcome.decides_ok:
                 yield await self._finish(req, self._gate_report(req, report_id, outcome, timings), outcome, t0)
                 return
-        hop[0] = "vision"
+        yield Hop("vision")
         t1 = time.perf_counter()
         vision_timeout = _share(deadline, self.cfg.vision_timeout_s)
         # Under vlm the gate scores alongside Encode (its finding is recorded, it decides nothing).
@@ -180,14 +193,14 @@ class Inspector:
         if scoring is not None:
             outcome = await scoring
             timings.extend(gate.timing(outcome, t1))
-        hop[0] = "retrieval"
+        yield Hop("retrieval")
         degraded: list[str] = []
         chunks, index_version = [], ""
         if not req.verification:
             chunks, index_version = await self._spec_context(req, timings, deadline, degraded)
         prompt = self._prompt(req, chunks, gate.gate_instruction(outcome.score) if outcome.flagged else "")
         prompt.degraded[:0] = degraded
-        hop[0] = "decoder stages"
+        yield Hop("decoder stages")
         sampling = stage_pb2.SamplingParams(
             grammar_id=prompt.grammar.grammar_id if prompt.grammar else "",
             grammar_json=prompt.grammar.text if prompt.grammar else "",
@@ -207,7 +220,7 @@ class Inspector:
         async with session:
             async for event in self._generate(session, prompt.budget, deadline, timings, t0):
                 yield event
-        hop[0] = "store"
+        yield Hop("store")
         report = vlm_report(self, req, report_id, session, prompt, index_version, timings, enc.image_sha256)
         gate.settle(report, outcome, heatmap_stored=False)
         log.info("report %s: %d tokens, %d failovers", report_id, len(journal.generated), len(session.failovers),
@@ -354,6 +367,8 @@ class Inspector:
             if exc.code() is grpc.StatusCode.INVALID_ARGUMENT:
                 raise
             return self._without_specs(degraded, f"retrieval unavailable ({exc.code().name})")
+        except (Unavailable, DeadlineExceeded) as exc:  # no retrieval replica usable (services/gateway/replicas.py)
+            return self._without_specs(degraded, f"retrieval unavailable ({exc.status})")
         timings.append(
             stage_pb2.StageTiming(
                 stage="retrieval", compute_ms=resp.search_ms, wire_ms=(time.perf_counter() - t0) * 1e3 - resp.search_ms

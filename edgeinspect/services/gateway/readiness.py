@@ -1,5 +1,6 @@
-"""The gateway's readiness: SERVING exactly while a complete route over the decoder stages exists and the vision
-node (running our checkpoint) is up. Re-planning is started from here when a layer range is left without a stage.
+"""The gateway's readiness: SERVING exactly while a complete route over the decoder stages exists and a vision
+replica (handshaken on our checkpoint: services/gateway/clients.py) is usable. Re-planning is started from here
+when a layer range is left without a stage.
 It follows the live model version: after a rollout promotes or rolls back in process, the new live version's
 route, vision node and re-planner are what health reports on."""
 
@@ -10,8 +11,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-
-import grpc
 
 from edgeinspect.services.common import metrics
 from edgeinspect.services.common.server import HealthState
@@ -29,8 +28,6 @@ class Readiness:
         self.inspector = inspector
         self.health = health
         self.replanners: dict[int, Replanner] = {}  # id(Inspector) -> its re-planner, one per version followed
-        self.vision_mismatch = ""
-        self._vision_checked = False
         self._retrieval_seen = False
         self._started = time.monotonic()
         self._task: asyncio.Task | None = None
@@ -68,17 +65,12 @@ class Readiness:
             live.ckpt.fingerprint,
             self.inspector.ckpt.fingerprint,
         )
-        self.inspector, self._vision_checked, self.vision_mismatch = live, False, ""
+        self.inspector = live
         return True
 
     def serving(self) -> bool:
         insp = self.inspector
-        return (
-            insp.router.complete()
-            and insp.vision.health.serving
-            and not self.vision_mismatch
-            and not self._awaiting_retrieval()
-        )
+        return insp.router.complete() and insp.vision.serving and not self._awaiting_retrieval()
 
     def _awaiting_retrieval(self) -> bool:
         """At start-up a configured retrieval node gets upstream_timeout_s to come up before the gateway serves
@@ -87,7 +79,7 @@ class Readiness:
         retrieval = self.inspector.retrieval
         if retrieval is None or self._retrieval_seen:
             return False
-        if retrieval.health.serving:
+        if retrieval.serving:
             self._retrieval_seen = True
             return False
         return time.monotonic() - self._started < self.inspector.cfg.upstream_timeout_s
@@ -96,7 +88,6 @@ class Readiness:
         while True:
             switched = self._follow_live()
             router = self.inspector.router
-            await self._check_vision()
             if not router.complete():
                 await self.replanner.cover_gaps()
             else:
@@ -117,10 +108,8 @@ class Readiness:
 
     def why_not(self) -> str:
         insp = self.inspector
-        if self.vision_mismatch:
-            return self.vision_mismatch
-        if not insp.vision.health.serving:
-            return f"vision node {insp.vision.health.state}"
+        if not insp.vision.serving:
+            return insp.vision.replicas.why_not()
         if self._awaiting_retrieval():
             return "waiting for the retrieval node to come up"
         return insp.router.missing_message()
@@ -130,22 +119,3 @@ class Readiness:
         for ep in self.inspector.router.usable():
             per_range[ep.range] = per_range.get(ep.range, 0) + ep.max_batch
         self.inspector.size_admission(list(per_range.values()))
-
-    async def _check_vision(self) -> None:
-        """The vision node must run our checkpoint: checked each time it comes up."""
-        vision = self.inspector.vision
-        if not vision.health.serving:
-            self._vision_checked = False
-            return
-        if self._vision_checked:
-            return
-        try:
-            info = await vision.info()
-        except grpc.aio.AioRpcError:
-            return
-        self._vision_checked = True
-        theirs, ours = info.identity.checkpoint_fingerprint, self.inspector.ckpt.fingerprint
-        self.vision_mismatch = ""
-        if theirs and theirs != ours:
-            self.vision_mismatch = f"vision node {vision.address} runs checkpoint {theirs}, this gateway {ours}"
-            log.error("%s: not serving until it is replaced", self.vision_mismatch)

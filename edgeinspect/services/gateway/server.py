@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 from edgeinspect import codec
@@ -19,15 +20,18 @@ from edgeinspect.services.gateway.decode.pipeline import WireOptions
 from edgeinspect.services.gateway.decode.routing import StageRouter
 from edgeinspect.services.gateway.decode.session import RecoveryPolicy
 from edgeinspect.services.gateway.decode.stages import StageCluster
+from edgeinspect.services.gateway.disk import gateway_guard
 from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
 from edgeinspect.services.gateway.readiness import Readiness
-from edgeinspect.services.gateway.reports.store import open_gateway_store
+from edgeinspect.services.gateway.reports.store import STOPPED, ReportStore, open_gateway_store
 from edgeinspect.services.gateway.rollout.manager import RolloutManager
 from edgeinspect.services.gateway.rollout.versions import apply_record
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = inspection_pb2.DESCRIPTOR.services_by_name["InspectionService"].full_name
+# After the server's grace: how long cancelled inspections get to store their failure before the store closes.
+SETTLE_S = 5.0
 
 
 async def connect(cfg: GatewaySettings, store: ReportWriter) -> Inspector:
@@ -35,7 +39,7 @@ async def connect(cfg: GatewaySettings, store: ReportWriter) -> Inspector:
     follows them: services/gateway/readiness.py)."""
     ckpt = await asyncio.to_thread(open_checkpoint, cfg.checkpoint)
     mb = cfg.server.max_message_mb
-    vision = VisionClient(cfg.vision, mb, cfg.client_tls)
+    vision = VisionClient(cfg.vision, mb, cfg.client_tls, checkpoint_fingerprint=ckpt.fingerprint)
     retrieval = RetrievalClient(cfg.retrieval, mb, cfg.client_tls) if cfg.retrieval else None
     router = StageRouter(
         cfg.stages,
@@ -58,43 +62,89 @@ async def connect(cfg: GatewaySettings, store: ReportWriter) -> Inspector:
     stages = StageCluster(router, wire, policy, cfg.micro_batches)
     inspector = Inspector(cfg, ckpt, store, vision, stages, retrieval)
     router.start()
-    vision.health.start()
+    vision.start()
     if retrieval is not None:
-        retrieval.health.start()
+        retrieval.start()
     return inspector
 
 
-async def start(cfg: GatewaySettings) -> tuple[RunningServer, Readiness]:
-    cfg = apply_record(cfg)  # a promoted model version survives a restart (services/gateway/rollout/versions.py)
-    store = open_gateway_store(cfg)  # SQLite at db_path, or the PostgreSQL database a gateway pair shares
-    store.recover_interrupted()  # rows a crash left pending: failed, "gateway restarted during inspection"
-    servicer = InspectionServicer(store)
-    rollout = RolloutManager(cfg, store, connect)
-    auth = [public_auth(cfg.api_tokens, cfg.token_rate_per_s, cfg.token_burst, cfg.allow_unauthenticated)]
-    running = await start_server(
-        [
-            lambda s: inspection_pb2_grpc.add_InspectionServiceServicer_to_server(servicer, s),
-            rollout_servicer.register(rollout),
-        ],
-        [SERVICE_NAME, rollout_servicer.SERVICE_NAME],
-        cfg.server,
-        role="gateway",
-        interceptors=auth,
-    )
-    inspector = await connect(cfg, store)
-    servicer.versions = await rollout.attach(inspector)  # per-station version routing and the shadow
-    readiness = Readiness(inspector, running.health, live=rollout.live_inspector)  # follows promotions
-    readiness.start()
-    log.info("gateway started: vision %s, stages %s, retrieval %s", cfg.vision, cfg.stages, cfg.retrieval)
-    return running, readiness
+class Gateway:
+    """The gateway process's runtime: `start` brings up what the role runs (report store, rollout manager, gRPC
+    server and metrics, the live Inspector's channels, outputs and readiness watcher), `close` ends all of it in
+    reverse. A field stays None until its part started, so closing after a failed start closes what did start."""
+
+    def __init__(self, cfg: GatewaySettings) -> None:
+        self.cfg = apply_record(cfg)  # a promoted model version survives a restart (rollout/versions.py)
+        self.store: ReportStore | None = None
+        self.rollout: RolloutManager | None = None
+        self.running: RunningServer | None = None
+        self.inspector: Inspector | None = None
+        self.readiness: Readiness | None = None
+
+    async def start(self) -> RunningServer:
+        cfg = self.cfg
+        self.store = open_gateway_store(cfg)  # SQLite at db_path, or the PostgreSQL database a gateway pair shares
+        self.store.recover_interrupted()  # rows a crash left pending: failed, "gateway restarted during inspection"
+        servicer = InspectionServicer(self.store, gateway_guard(cfg, self.store))  # free-space floors
+        self.rollout = RolloutManager(cfg, self.store, connect)
+        auth = [public_auth(cfg.api_tokens, cfg.token_rate_per_s, cfg.token_burst, cfg.allow_unauthenticated)]
+        self.running = await start_server(
+            [
+                lambda s: inspection_pb2_grpc.add_InspectionServiceServicer_to_server(servicer, s),
+                rollout_servicer.register(self.rollout),
+            ],
+            [SERVICE_NAME, rollout_servicer.SERVICE_NAME],
+            cfg.server,
+            role="gateway",
+            interceptors=auth,
+        )
+        self.inspector = await connect(cfg, self.store)
+        servicer.versions = await self.rollout.attach(self.inspector)  # per-station version routing and the shadow
+        self.readiness = Readiness(self.inspector, self.running.health, live=self.rollout.live_inspector)
+        self.readiness.start()
+        log.info("gateway started: vision %s, stages %s, retrieval %s", cfg.vision, cfg.stages, cfg.retrieval)
+        return self.running
+
+    async def close(self) -> None:
+        """Stops admitting (health NOT_SERVING, the server refuses new calls), gives in-flight inspections the
+        server's grace, then waits for the cancelled ones to store their failure before it closes the rest."""
+        if self.running is not None:
+            await self.running.stop(self.cfg.server.grace_s)  # no-op when serve_until_signal stopped it
+        if self.rollout is not None:
+            await self.rollout.stop_shadow()  # shadow runs are no calls: the server's stop does not end them
+            await self._settle(list(self.rollout.inspectors.values()))
+        if self.readiness is not None:
+            await self.readiness.close()  # the watcher, re-planners and the live Inspector's channels
+        if self.rollout is not None:
+            await self.rollout.close()  # the shadow's runs, the candidate's channels, the shadow database
+        if self.inspector is not None:
+            await asyncio.to_thread(self.inspector.outputs.close)  # queued results stay in the outboxes
+        if self.store is not None:
+            # A call the grace cut short and that could not record its failure in SETTLE_S: failed here, by owner.
+            await asyncio.to_thread(self.store.fail_pending, STOPPED)
+            self.store.close()  # SQLite checkpoints its WAL into the file as the last connection closes
+        log.info("gateway stopped")
+
+    @staticmethod
+    async def _settle(inspectors: list[Inspector]) -> None:
+        """Until no inspection holds an admission slot (a cancelled one leaves its slot after its row is failed);
+        at most SETTLE_S."""
+        deadline = time.monotonic() + SETTLE_S
+        while any(i.admission.inflight or i.admission.queued for i in inspectors):
+            if time.monotonic() >= deadline:
+                log.warning("inspections still running %.0f s after the server stopped; failing their rows", SETTLE_S)
+                return
+            await asyncio.sleep(0.05)
 
 
 async def serve(cfg: GatewaySettings) -> None:
-    running, readiness = await start(cfg)
+    """Runs the gateway until SIGINT/SIGTERM, then closes everything it started."""
+    gateway = Gateway(cfg)
     try:
+        running = await gateway.start()
         await serve_until_signal(running, cfg.server.grace_s)
     finally:
-        await readiness.close()
+        await gateway.close()
 
 
 def main(config_path: Path | None = None) -> None:

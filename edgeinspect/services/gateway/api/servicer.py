@@ -14,6 +14,7 @@ from edgeinspect.services.gateway.api.callers import caller_of, may_review
 from edgeinspect.services.gateway.api.requests import check_inspect, check_teach_from_reports, time_arg
 from edgeinspect.services.gateway.api.status import cluster_status
 from edgeinspect.services.gateway.decode.step_spans import annotate_report, annotate_request
+from edgeinspect.services.gateway.disk import DiskGuard
 from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.services.gateway.rollout.manager import VersionRouter
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
@@ -26,8 +27,9 @@ def _timestamp(us: int) -> Timestamp:
 
 
 class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
-    def __init__(self, store: ReportStore):
+    def __init__(self, store: ReportStore, disk: DiskGuard | None = None):
         self.store = store
+        self.disk = disk  # free-space floors: below one, new inspections are refused and reads go on
         self.versions: VersionRouter | None = None  # set once the live version's Inspector is connected
 
     def _ready(self) -> VersionRouter:
@@ -35,11 +37,18 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
             raise Unavailable("the gateway is still connecting to its vision and decoder nodes; retry shortly")
         return self.versions
 
+    async def _run(self, request: inspection_pb2.InspectRequest):
+        """The inspection's events, once the request is valid and every disk is above its floor."""
+        versions, req = self._ready(), check_inspect(request)
+        if self.disk is not None:
+            await self.disk.admit()
+        return versions.run(req)
+
     async def Inspect(self, request, context) -> inspection_pb2.DefectReport:
         """Runs the inspection to the end and answers with the stored report."""
         report = None
         annotate_request(request)
-        async with aclosing(self._ready().run(check_inspect(request))) as events:
+        async with aclosing(await self._run(request)) as events:
             async for event in events:
                 if event.HasField("report"):
                     report = event.report
@@ -50,7 +59,7 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
         """Token deltas as they are generated, then the stored report."""
         # aclosing: a cancelled caller closes the generator now, which closes the stage streams now (not at GC).
         annotate_request(request)
-        async with aclosing(self._ready().run(check_inspect(request))) as events:
+        async with aclosing(await self._run(request)) as events:
             async for event in events:
                 if event.HasField("report"):
                     annotate_report(event.report)
@@ -135,7 +144,10 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
 
     async def GetClusterStatus(self, request, context) -> inspection_pb2.ClusterStatus:
         """Every stage endpoint (range, health, ban reason, load), the plan in force, vision/retrieval, admission."""
-        return await cluster_status(self._ready().live())
+        status = await cluster_status(self._ready().live())
+        if self.disk is not None:  # readiness stays SERVING for reads; the notes say why inspections are refused
+            status.notes.extend(await asyncio.to_thread(self.disk.notes))
+        return status
 
     async def AddToGoodSet(self, request, context) -> inspection_pb2.AnomalyBankVersion:
         """A report's frame joins its part's good set (a new bank version). Admin only (METHOD_ROLES)."""

@@ -8,6 +8,7 @@ import time
 import grpc
 
 from edgeinspect.services.gateway.inspection import Inspector
+from edgeinspect.services.gateway.replicas import Replica, ReplicaSet
 from edgeinspect.v1 import inspection_pb2, stage_pb2
 
 STATS_TIMEOUT_S = 1.0  # a stopped stage must not hold the status call
@@ -44,10 +45,14 @@ async def cluster_status(inspector: Inspector) -> inspection_pb2.ClusterStatus:
         return out
 
     stages = await asyncio.gather(*(one(ep) for ep in router.endpoints))
-    vision_ok = inspector.vision.health.serving
+    vision_ok = inspector.vision.serving
     serving = router.complete() and vision_ok
     notes = router.degraded_notes()
-    retrieval = inspector.retrieval.health.state if inspector.retrieval else ""
+    vision = inspector.vision.replicas
+    up = len(vision.usable())
+    if up < len(vision.replicas):
+        notes.append(f"vision: {up} of {len(vision.replicas)} replicas usable")
+    retrieval = inspector.retrieval.replicas.state if inspector.retrieval else ""
     if inspector.retrieval and retrieval != "SERVING":
         notes.append(f"retrieval {retrieval}: reports are made without spec context")
     return inspection_pb2.ClusterStatus(
@@ -56,7 +61,7 @@ async def cluster_status(inspector: Inspector) -> inspection_pb2.ClusterStatus:
         plan=router.plan_text(),
         normal_plan=[f"[{a},{b})" for a, b in router.normal_plan()],
         stages=stages,
-        vision=inspector.vision.health.state,
+        vision=vision.state,
         retrieval=retrieval,
         inflight=inspector.admission.inflight,
         queued=inspector.admission.queued,
@@ -64,4 +69,28 @@ async def cluster_status(inspector: Inspector) -> inspection_pb2.ClusterStatus:
         max_queued=inspector.admission.max_queued,
         failovers=router.events.failovers,
         notes=notes + router.events.notes[-10:],
+        vision_replicas=[replica_status(vision, r, now, inspector.vision.newest) for r in vision.replicas],
+        retrieval_replicas=[
+            replica_status(inspector.retrieval.replicas, r, now) for r in inspector.retrieval.replicas.replicas
+        ]
+        if inspector.retrieval
+        else [],
+    )
+
+
+def replica_status(
+    replicas: ReplicaSet, rep: Replica, now: float, newest: dict[str, str] | None = None
+) -> inspection_pb2.ReplicaStatus:
+    """One vision or retrieval replica; for vision, its banks and the parts whose newest bank it lacks."""
+    return inspection_pb2.ReplicaStatus(
+        address=rep.address,
+        state=rep.state(now),
+        reason=rep.mismatch or rep.ban_reason,
+        inflight=rep.inflight,
+        served=rep.served,
+        failures=rep.failures,
+        last=replicas.last is rep,
+        last_ms=rep.last_ms,
+        banks=rep.banks,
+        behind=sorted(part for part, bank in (newest or {}).items() if rep.banks.get(part) != bank),
     )

@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -172,23 +173,18 @@ class StageRouter:
 
     async def _watch(self, ep: Endpoint) -> None:
         """Follows the endpoint's health stream forever; a fresh handshake each time it (re)turns SERVING."""
-        attempt = 0
-        while True:
-            try:
-                async for reply in ep.health.Watch(health_pb2.HealthCheckRequest(service="")):
-                    attempt = 0
-                    serving = reply.status == health_pb2.HealthCheckResponse.SERVING
-                    if serving and not ep.verified:
-                        await self._handshake(ep)
-                    self._set_serving(ep, serving, "NOT_SERVING")
-            except grpc.aio.AioRpcError as exc:
-                self._set_serving(ep, False, exc.code().name)
-            else:
-                self._set_serving(ep, False, "health stream ended")
+
+        async def on_status(serving: bool) -> None:
+            if serving and not ep.verified:
+                await self._handshake(ep)
+            self._set_serving(ep, serving, "NOT_SERVING")
+
+        def on_lost(why: str) -> None:
+            self._set_serving(ep, False, why)
             ep.verified = False  # whatever comes back on this address is handshaken again
             ep.mismatch = ""
-            await asyncio.sleep(WATCH_DELAYS[min(attempt, len(WATCH_DELAYS) - 1)])
-            attempt += 1
+
+        await follow_health(ep.health, on_status, on_lost)
 
     def _set_serving(self, ep: Endpoint, serving: bool, why: str) -> None:
         if ep.serving == serving:
@@ -243,9 +239,7 @@ class StageRouter:
 
     def report_failure(self, ep: Endpoint, reason: str) -> None:
         """A session saw `ep` fail or stall: ban it for a growing time; a probe readmits it afterwards."""
-        ep.failures += 1
-        delay = BAN_DELAYS[min(ep.failures - 1, len(BAN_DELAYS) - 1)]
-        ep.banned_until = time.monotonic() + delay
+        delay = ban(ep)
         ep.ban_reason = reason
         self.events.bans += 1
         self.events.note(f"stage {ep.address} {ep.name} banned {delay:.1f}s: {reason}")
@@ -253,6 +247,7 @@ class StageRouter:
             "stage %s %s banned for %.1fs after failure %d: %s", ep.address, ep.name, delay, ep.failures, reason
         )
         if not ep.probing:
+            ep.probing = True  # before the task runs: a second failure now must not start another probe
             self._spawn(self._readmit(ep))
         self._notify()
 
@@ -267,22 +262,8 @@ class StageRouter:
         ep.last_step_ms = compute_ms
 
     async def _readmit(self, ep: Endpoint) -> None:
-        """When the ban ends, a health Check must answer within a second (a stopped process does not) before the
-        endpoint is used again; otherwise the ban is extended."""
-        ep.probing = True
         try:
-            while True:
-                await asyncio.sleep(max(0.0, ep.banned_until - time.monotonic()))
-                try:
-                    reply = await ep.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=PROBE_TIMEOUT_S)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.aio.AioRpcError:
-                    pass
-                ep.failures += 1
-                ep.banned_until = time.monotonic() + BAN_DELAYS[min(ep.failures - 1, len(BAN_DELAYS) - 1)]
-            ep.banned_until = 0.0
-            ep.ban_reason = ""
+            await probe_until_serving(ep.health, ep)
             log.info("stage %s %s readmitted", ep.address, ep.name)
             self._notify()
         finally:
@@ -346,6 +327,59 @@ class StageRouter:
         if self.plan_text() != "normal":
             notes.append(f"plan in force: {self.plan_text()}")
         return notes
+
+
+class Bannable(Protocol):
+    """What the ban helpers need of an endpoint (a decoder stage here, a vision or retrieval replica elsewhere)."""
+
+    failures: int
+    banned_until: float
+    ban_reason: str
+
+
+def ban(ep: Bannable) -> float:
+    """Counts a failure and bans `ep` for a growing time (BAN_DELAYS); returns the ban's length."""
+    ep.failures += 1
+    delay = BAN_DELAYS[min(ep.failures - 1, len(BAN_DELAYS) - 1)]
+    ep.banned_until = time.monotonic() + delay
+    return delay
+
+
+async def probe_until_serving(health: health_pb2_grpc.HealthStub, ep: Bannable) -> None:
+    """When the ban ends, a health Check must answer SERVING within PROBE_TIMEOUT_S (a stopped process does not)
+    before the endpoint is used again; otherwise the ban is extended. Returns with the ban lifted."""
+    while True:
+        await asyncio.sleep(max(0.0, ep.banned_until - time.monotonic()))
+        try:
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=PROBE_TIMEOUT_S)
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                break
+        except grpc.aio.AioRpcError:
+            pass
+        ban(ep)
+    ep.banned_until = 0.0
+    ep.ban_reason = ""
+
+
+async def follow_health(
+    health: health_pb2_grpc.HealthStub,
+    on_status: Callable[[bool], Awaitable[None]],
+    on_lost: Callable[[str], None],
+) -> None:
+    """The heartbeat: follows a peer's grpc.health.v1 Watch stream forever. on_status(serving) per reply;
+    on_lost(why) when the stream breaks (a dead process breaks it at once), then reconnects after WATCH_DELAYS."""
+    attempt = 0
+    while True:
+        try:
+            async for reply in health.Watch(health_pb2.HealthCheckRequest(service="")):
+                attempt = 0
+                await on_status(reply.status == health_pb2.HealthCheckResponse.SERVING)
+        except grpc.aio.AioRpcError as exc:
+            on_lost(exc.code().name)
+        else:
+            on_lost("health stream ended")
+        await asyncio.sleep(WATCH_DELAYS[min(attempt, len(WATCH_DELAYS) - 1)])
+        attempt += 1
 
 
 def choose_route(endpoints: list[Endpoint], num_layers: int) -> list[Endpoint] | None:

@@ -225,6 +225,22 @@ class PostgresDatabase:
         self._conn.close()
 
 
+class Transaction:
+    """BEGIN ... COMMIT (ROLLBACK on error); on SQLite BEGIN IMMEDIATE takes the write lock up front."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.begin()
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is not None:
+            self._db.rollback()
+        else:
+            self._db.commit()
+
+
 def open_database(cfg: StoreSettings, db_path: Path) -> Database:
     """The gateway's database from its settings: the SQLite file at db_path, or the PostgreSQL server's."""
     if cfg.backend == StoreBackend.sqlite:

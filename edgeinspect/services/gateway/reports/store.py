@@ -1,7 +1,7 @@
 """The gateway's durable report store: one row per inspection attempt, the report as a proto BLOB beside its
-queryable fields (store_schema.py), the frame it was made from (frames.py), and people's reviews. The database is
-SQLite in WAL mode (one gateway, the embedded default) or PostgreSQL (a gateway pair shares it); the queries here
-run on both, database.py holds what differs.
+queryable fields (store_schema.py), the frame it was made from (frames.py), and people's reviews (reviews.py). The
+database is SQLite in WAL mode (one gateway, the embedded default) or PostgreSQL (a gateway pair shares it); the
+queries here run on both, database.py holds what differs.
 
 A row is `pending` from the moment an inspection is admitted (so a retry with the same idempotency key finds it)
 until `complete()` stores the finished DefectReport (`done`) or `fail()` records why it failed (`failed`). A failed
@@ -13,7 +13,6 @@ nothing. Each gateway claims under its own `owner` name, so a restart fails only
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -25,7 +24,8 @@ from pathlib import Path
 from edgeinspect.config import FrameSettings, GatewaySettings
 from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound, Unavailable
 from edgeinspect.services.gateway.reports import frames as frame_policy
-from edgeinspect.services.gateway.reports.database import Database, SQLiteDatabase, open_database
+from edgeinspect.services.gateway.reports import reviews
+from edgeinspect.services.gateway.reports.database import Database, SQLiteDatabase, Transaction, open_database
 from edgeinspect.services.gateway.reports.frames import FrameFiles, FrameRow, StoredFrame
 from edgeinspect.services.gateway.reports.store_queries import (
     DONE,
@@ -35,10 +35,9 @@ from edgeinspect.services.gateway.reports.store_queries import (
     encode_token,
     filters,
     merge_counts,
-    review_classes,
     short_id,
 )
-from edgeinspect.services.gateway.reports.store_schema import index_report, migrate, report_classes, report_fields
+from edgeinspect.services.gateway.reports.store_schema import index_report, migrate, report_fields
 from edgeinspect.v1 import inspection_pb2
 from edgeinspect.v1.inspection_pb2 import DefectReport, Review
 
@@ -51,6 +50,7 @@ DEFAULT_PENDING_TTL_S = 3600.0
 # The gateway's own TTL: its deadline plus this, for the report's commit after the last hop.
 PENDING_GRACE_S = 60.0
 RESTARTED = "gateway restarted during inspection"
+STOPPED = "gateway stopped during inspection"  # SIGTERM: cut short by the grace and not failed in time
 
 PENDING, FAILED = "pending", "failed"
 
@@ -108,13 +108,18 @@ class ReportStore:
     def recover_interrupted(self) -> int:
         """At gateway start, before it admits inspections: the rows this gateway (owner) left pending when it
         crashed are failed ("gateway restarted during inspection"); other gateways' rows are theirs."""
+        return self.fail_pending(RESTARTED)
+
+    def fail_pending(self, reason: str) -> int:
+        """Fails every row this gateway (owner) has pending, with `reason`: at start (a crash left them) and at
+        stop (after in-flight inspections had their grace). Other gateways' rows are theirs."""
         with self._lock, self._transaction():
             cur = self._db.execute(
                 "UPDATE reports SET status = ?, reason = ? WHERE status = ? AND owner = ?",
-                (FAILED, RESTARTED, PENDING, self.owner),
+                (FAILED, reason, PENDING, self.owner),
             )
         if cur.rowcount:
-            log.warning("%d inspections were interrupted by a gateway restart; marked failed", cur.rowcount)
+            log.warning("%d pending inspections marked failed: %s", cur.rowcount, reason)
         return cur.rowcount
 
     def claim(self, idempotency_key: str, request_id: str) -> tuple[str, DefectReport | None]:
@@ -250,14 +255,16 @@ class ReportStore:
         if cur.rowcount == 0:
             log.info("fail(%s) ignored: no pending report with that id", report_id)
 
-    def prune_frames(self) -> list[str]:
-        """Applies the retention settings; the reports stay and say their frame expired."""
+    def prune_frames(self, free_bytes: int = 0) -> list[str]:
+        """Applies the retention settings, and with free_bytes also deletes the oldest frames until that many bytes
+        are gone (a disk below its floor: services/gateway/disk.py); the reports stay and say their frame expired."""
         if self.frame_settings is None or self.frames is None:
             return []
         cfg = self.frame_settings
         doomed: list[str] = []
         with self._lock:
             total = self._db.execute("SELECT COALESCE(SUM(nbytes), 0) FROM frames").fetchone()[0]
+            max_bytes = min(cfg.max_bytes, max(0, total - free_bytes)) if free_bytes else cfg.max_bytes
             # The oldest frames in batches (frames_by_time): a pass reads only what it may delete.
             while True:
                 oldest = [
@@ -267,7 +274,7 @@ class ReportStore:
                         (len(doomed),),
                     )
                 ]
-                batch = frame_policy.to_prune(oldest, total, _now_us(), cfg.max_bytes, int(cfg.max_age_s * 1e6))
+                batch = frame_policy.to_prune(oldest, total, _now_us(), max_bytes, int(cfg.max_age_s * 1e6))
                 doomed += batch
                 total -= sum(r.nbytes for r in oldest[: len(batch)])
                 if len(batch) < len(oldest) or not oldest:
@@ -285,45 +292,9 @@ class ReportStore:
         self, report_id: str, verdict: int, classes: list[str], comment: str, reviewer: str, reviewer_role: str
     ) -> Review:
         """Stores a review as its own record (the model's report is untouched) and returns it."""
-        wanted = review_classes(verdict, classes, comment)
-        model = self._get_done(report_id)
-        model_classes = report_classes(model)
-        if verdict == inspection_pb2.VERDICT_DEFECT and not wanted:
-            wanted = model_classes
-        agrees = verdict == model.verdict and wanted == model_classes
-        review = Review(
-            review_id=uuid.uuid4().hex,
-            report_id=report_id,
-            verdict=verdict,
-            defect_classes=wanted,
-            comment=comment,
-            reviewer=reviewer,
-            reviewer_role=reviewer_role,
-            model_verdict=model.verdict,
-            model_defect_classes=model_classes,
-            agrees=agrees,
-        )
-        now = _now_us()
-        review.created_time.FromMicroseconds(now)
+        review = reviews.new_review(self._get_done(report_id), verdict, classes, comment, reviewer, reviewer_role)
         with self._lock, self._transaction():
-            self._db.execute(
-                "INSERT INTO reviews (review_id, report_id, verdict, classes, comment, reviewer, reviewer_role, "
-                "created_us, agrees) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    review.review_id,
-                    report_id,
-                    verdict,
-                    json.dumps(wanted),
-                    comment,
-                    reviewer,
-                    reviewer_role,
-                    now,
-                    int(agrees),
-                ),
-            )
-            self._db.execute(
-                "UPDATE reports SET reviewed = 1, disagreed = ? WHERE report_id = ?", (int(not agrees), report_id)
-            )
+            reviews.insert(self._db, review)
         return review
 
     # -- reads ----------------------------------------------------------------------------------------------
@@ -365,34 +336,8 @@ class ReportStore:
         return report
 
     def _attach_reviews(self, reports: list[DefectReport]) -> None:
-        if not reports:
-            return
-        by_id = {r.report_id: r for r in reports}
-        marks = ",".join("?" * len(by_id))
         with self._lock:
-            rows = self._db.execute(
-                "SELECT review_id, report_id, verdict, classes, comment, reviewer, reviewer_role, created_us, agrees "
-                f"FROM reviews WHERE report_id IN ({marks}) ORDER BY created_us, review_id",
-                tuple(by_id),
-            ).fetchall()
-        for review_id, report_id, verdict, classes, comment, reviewer, role, created_us, agrees in rows:
-            report = by_id[report_id]  # later rows overwrite: the latest review wins
-            report.review.Clear()
-            report.review.MergeFrom(
-                Review(
-                    review_id=review_id,
-                    report_id=report_id,
-                    verdict=verdict,
-                    defect_classes=json.loads(classes),
-                    comment=comment,
-                    reviewer=reviewer,
-                    reviewer_role=role,
-                    model_verdict=report.verdict,
-                    model_defect_classes=report_classes(report),
-                    agrees=bool(agrees),
-                )
-            )
-            report.review.created_time.FromMicroseconds(created_us)
+            reviews.attach_latest(self._db, reports)
 
     def list(
         self,
@@ -520,8 +465,8 @@ class ReportStore:
 
     # -- helpers --------------------------------------------------------------------------------------------
 
-    def _transaction(self) -> _Transaction:
-        return _Transaction(self._db)
+    def _transaction(self) -> Transaction:
+        return Transaction(self._db)
 
 
 def open_gateway_store(cfg: GatewaySettings) -> ReportStore:
@@ -534,19 +479,3 @@ def open_gateway_store(cfg: GatewaySettings) -> ReportStore:
     return ReportStore(
         open_database(cfg.store, cfg.db_path), pending_ttl_s=ttl_s, frames=frames, owner=cfg.store.owner()
     )
-
-
-class _Transaction:
-    """BEGIN ... COMMIT (ROLLBACK on error); on SQLite BEGIN IMMEDIATE takes the write lock up front."""
-
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.begin()
-
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if exc_type is not None:
-            self._db.rollback()
-        else:
-            self._db.commit()

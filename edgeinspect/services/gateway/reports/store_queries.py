@@ -14,13 +14,10 @@ DONE = "done"
 # Ids are 32 hex characters; anything much longer is not an id and is never echoed back whole.
 MAX_ID_CHARS = 128
 MAX_TOKEN_CHARS = 256
-MAX_REVIEW_CLASSES = 16
-MAX_COMMENT_CHARS = 2000
 MAX_CLASS_CHARS = 128
 # SQLite integers are signed 64-bit.
 _INT64 = 1 << 63
 VALID_VERDICTS = frozenset(inspection_pb2.Verdict.values())
-_REVIEW_VERDICTS = (inspection_pb2.VERDICT_OK, inspection_pb2.VERDICT_DEFECT)
 
 
 def as_us(value: datetime | int) -> int:
@@ -98,20 +95,6 @@ def filters(
         where.append("r.created_us < ?")
         args.append(as_us(until))
     return where, args
-
-
-def review_classes(verdict: int, classes: list[str], comment: str) -> list[str]:
-    """The reviewer's classes normalised (lower case, sorted, unique); InvalidInput for a review that cannot be."""
-    if verdict not in _REVIEW_VERDICTS:
-        raise InvalidInput("a review's verdict is VERDICT_OK or VERDICT_DEFECT")
-    if len(classes) > MAX_REVIEW_CLASSES or any(len(c) > MAX_CLASS_CHARS for c in classes):
-        raise InvalidInput(f"at most {MAX_REVIEW_CLASSES} defect classes of at most {MAX_CLASS_CHARS} characters")
-    if len(comment) > MAX_COMMENT_CHARS:
-        raise InvalidInput(f"comment is {len(comment)} characters; at most {MAX_COMMENT_CHARS}")
-    wanted = sorted({c.strip().lower() for c in classes if c.strip()})
-    if verdict == inspection_pb2.VERDICT_OK and wanted:
-        raise InvalidInput("an OK review names no defect classes")
-    return wanted
 
 
 def merge_counts(verdict_rows: list[tuple], class_rows: list[tuple]) -> list[dict]:

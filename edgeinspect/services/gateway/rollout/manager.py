@@ -153,7 +153,7 @@ class RolloutManager:
             for _ in range(max(1, in_flight))
         ]
 
-    async def _stop_shadow(self) -> None:
+    async def stop_shadow(self) -> None:
         for task in self.workers:
             task.cancel()
         for task in self.workers:
@@ -230,7 +230,7 @@ class RolloutManager:
             if stations:
                 r.state, r.canary = v.CANARY, sorted(set(r.canary) | set(stations))
             else:
-                await self._stop_shadow()
+                await self.stop_shadow()
                 self.record = v.Record(v.PROMOTED, r.candidate, None, r.live, [], r.started)
             self._save()
             log.info("rollout: %s live for %s", r.candidate.name, ", ".join(stations) or "every station")
@@ -240,7 +240,7 @@ class RolloutManager:
         async with self._lock:
             r = self.record
             if r.state in (v.SHADOW, v.CANARY):
-                await self._stop_shadow()
+                await self.stop_shadow()
                 self.record = v.Record(v.ROLLED_BACK, r.live, None, r.previous, [], r.started)
                 self._retire(r.candidate.name)
             elif r.state == v.PROMOTED and r.previous is not None:
@@ -296,7 +296,16 @@ class RolloutManager:
                 return pairs
 
     async def close(self) -> None:
-        await self._stop_shadow()
+        """At gateway stop: the shadow's runs end (failed in the shadow database), the versions other than the one
+        the gateway started with are disconnected (Readiness closes that one), the shadow database closed."""
+        await self.stop_shadow()
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+        for inspector in self.inspectors.values():
+            if inspector is not self.primary:
+                await _close(inspector)
+        await asyncio.to_thread(self.shadow_store.close)
 
 
 async def _close(inspector: Inspector) -> None:

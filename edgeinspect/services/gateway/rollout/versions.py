@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from edgeinspect.config import GatewaySettings
+from edgeinspect.config import GatewaySettings, endpoints
 from edgeinspect.v1 import inspection_pb2, rollout_pb2
 
 STATE_FILE = "rollout.json"
@@ -33,7 +33,7 @@ class Version:
 
     name: str
     checkpoint: str
-    vision: str
+    vision: str  # endpoints, comma-separated (replicas)
     stages: tuple[str, ...]
     retrieval: str = ""
     prompt: str = ""
@@ -71,9 +71,9 @@ def version_of(cfg: GatewaySettings) -> Version:
     return Version(
         name=Path(cfg.checkpoint).name,
         checkpoint=str(cfg.checkpoint),
-        vision=cfg.vision,
+        vision=",".join(cfg.vision),
         stages=tuple(cfg.stages),
-        retrieval=cfg.retrieval or "",
+        retrieval=",".join(cfg.retrieval),
     )
 
 
@@ -81,9 +81,9 @@ def settings_for(cfg: GatewaySettings, version: Version, **more) -> GatewaySetti
     """The gateway's settings with `version`'s checkpoint, upstreams and KB: configuration follows the version."""
     update = {
         "checkpoint": Path(version.checkpoint),
-        "vision": version.vision,
+        "vision": endpoints(version.vision),
         "stages": list(version.stages),
-        "retrieval": version.retrieval or cfg.retrieval,
+        "retrieval": endpoints(version.retrieval) or cfg.retrieval,
         **more,
     }
     return cfg.model_copy(update=update)
