@@ -52,8 +52,11 @@ def line(stub, token: str, frames: list[bytes], station: str, budget: int = 0) -
     start = time.perf_counter()
     verdicts: dict[str, int] = {}
     for image in frames:
-        _, report = timed(stub, token, image, station, budget)
-        name = inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_")
+        try:
+            _, report = timed(stub, token, image, station, budget)
+            name = inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_")
+        except grpc.RpcError as exc:  # a line goes on past a failed inspection: counted, not hidden
+            name = f"failed: {exc.code().name}"
         verdicts[name] = verdicts.get(name, 0) + 1
     elapsed = time.perf_counter() - start
     return {"frames": len(frames), "seconds": round(elapsed, 2), "per_min": round(60 * len(frames) / elapsed, 1),
