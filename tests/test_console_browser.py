@@ -186,8 +186,8 @@ def test_a_frame_pruned_by_retention_says_it_expired_and_the_report_stays(browse
 
 
 def test_defect_boxes_are_drawn_over_the_frame(browser, console_url, reviewing_stack, shots):
-    from edgeinspect.config import FrameSettings
     from edgeinspect.services.gateway.reports.store import ReportStore
+    from edgeinspect.services.gateway.settings import FrameSettings
 
     # A report whose model gave coordinates, stored by a second writer on the gateway's own database.
     db = reviewing_stack.stack.opts.workdir / "reports.sqlite"

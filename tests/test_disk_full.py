@@ -21,9 +21,10 @@ import grpc
 import pytest
 
 from edgeinspect.assets import asset_path
-from edgeinspect.config import GatewaySettings, ServerConfig, write_yaml
+from edgeinspect.config import ServerConfig, write_yaml
 from edgeinspect.services.common.logging import configure_logging
 from edgeinspect.services.gateway import disk as disk_mod
+from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)  # bounded: two short stories on a 4 MiB disk

@@ -14,12 +14,12 @@ import threading
 import pytest
 from bench_scripts import run_bench
 
-from edgeinspect.config import GatewaySettings, StoreBackend, StoreSettings
 from edgeinspect.errors import InvalidInput, NotFound, Unavailable
 from edgeinspect.services.gateway.reports.database import PostgresDatabase, open_database
 from edgeinspect.services.gateway.reports.pg_testing import unavailable_reason
 from edgeinspect.services.gateway.reports.store import RESTARTED, ReportStore
 from edgeinspect.services.gateway.reports.store_schema import SCHEMA_VERSION
+from edgeinspect.services.gateway.settings import GatewaySettings, StoreBackend, StoreSettings
 from edgeinspect.v1.inspection_pb2 import DefectReport
 
 # One gateway of a pair: claims every key, runs (completes) those it wins, and waits out keys the other gateway is

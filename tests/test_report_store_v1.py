@@ -12,11 +12,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from PIL import Image
 
-from edgeinspect.config import FrameSettings
 from edgeinspect.errors import InvalidInput, NotFound
 from edgeinspect.services.gateway.reports.frames import FrameFiles
 from edgeinspect.services.gateway.reports.store import RESTARTED, ReportStore
 from edgeinspect.services.gateway.reports.store_schema import SCHEMA_VERSION
+from edgeinspect.services.gateway.settings import FrameSettings
 from edgeinspect.v1 import inspection_pb2
 from edgeinspect.v1.inspection_pb2 import DefectReport
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgeinspect.config import FrameSettings, GatewaySettings
 from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.services.gateway.rollout import versions as v
 from edgeinspect.services.gateway.rollout.manager import RoutingStore
+from edgeinspect.services.gateway.settings import FrameSettings, GatewaySettings
 from edgeinspect.v1 import inspection_pb2, rollout_pb2
 
 

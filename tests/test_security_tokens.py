@@ -17,8 +17,9 @@ import grpc
 import pytest
 
 from edgeinspect.assets import asset_path
-from edgeinspect.config import ApiToken, GatewaySettings, ServerConfig, write_yaml
+from edgeinspect.config import ApiToken, ServerConfig, write_yaml
 from edgeinspect.services.common.auth import hash_token
+from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 TOKENS = {  # name -> (role, token, extra fields)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import typer
 
-from edgeinspect.config import AnomalyPolicy, WireCodec
+from edgeinspect.config import WireCodec
 from edgeinspect.services.client_options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION, WORKDIR, client_command
+from edgeinspect.services.gateway.settings import AnomalyPolicy
 
 
 class Role(StrEnum):

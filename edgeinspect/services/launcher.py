@@ -21,7 +21,6 @@ from pathlib import Path
 
 from edgeinspect.config import (
     AnomalySettings,
-    GatewaySettings,
     RetrievalSettings,
     RoleSettings,
     ServerConfig,
@@ -36,6 +35,7 @@ from edgeinspect.services.common.lifecycle import (
     terminate,
 )
 from edgeinspect.services.console.settings import ConsoleSettings
+from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.stack_roles import (
     ROLES,
     STACK_FILE,

@@ -10,19 +10,10 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgeinspect.config import (
-    AnomalyPolicy,
-    GatewayAnomalySettings,
-    GatewaySettings,
-    RetrievalSettings,
-    RoleSettings,
-    StageSettings,
-    StationGate,
-    VisionSettings,
-    write_yaml,
-)
+from edgeinspect.config import RetrievalSettings, RoleSettings, StageSettings, VisionSettings, write_yaml
 from edgeinspect.services.common.lifecycle import RestartPolicy
 from edgeinspect.services.console.settings import ConsoleSettings
+from edgeinspect.services.gateway.settings import AnomalyPolicy, GatewayAnomalySettings, GatewaySettings, StationGate
 
 log = logging.getLogger(__name__)
 

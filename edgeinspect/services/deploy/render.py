@@ -11,11 +11,12 @@ from enum import StrEnum
 from pathlib import Path
 
 from edgeinspect.certs import Issued
-from edgeinspect.config import GatewaySettings, RoleSettings
+from edgeinspect.config import RoleSettings
 from edgeinspect.services.deploy import compose, dashboard, k8s, tls
 from edgeinspect.services.deploy.inventory import Inventory, Role
 from edgeinspect.services.deploy.settings import ingest_settings, role_settings, settings_yaml
 from edgeinspect.services.deploy.topology import Addressing, Instance, StagePlacement, instances
+from edgeinspect.services.gateway.settings import GatewaySettings
 
 ALL_IN_ONE = "all-in-one"
 K8S = "k8s"

@@ -7,17 +7,11 @@ from typing import Any
 
 from pydantic_settings import BaseSettings
 
-from edgeinspect.config import (
-    GatewaySettings,
-    RetrievalSettings,
-    RoleSettings,
-    StageSettings,
-    VisionBackend,
-    VisionSettings,
-)
+from edgeinspect.config import RetrievalSettings, RoleSettings, StageSettings, VisionBackend, VisionSettings
 from edgeinspect.services.deploy import tls
 from edgeinspect.services.deploy.inventory import Inventory, Role
 from edgeinspect.services.deploy.topology import Addressing, Instance
+from edgeinspect.services.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 

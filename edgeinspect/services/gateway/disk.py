@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from edgeinspect.config import DiskSettings, GatewaySettings, StoreBackend
 from edgeinspect.errors import DiskFull
 from edgeinspect.services.common import metrics
 from edgeinspect.services.gateway.reports.frames import FrameFiles
+from edgeinspect.services.gateway.settings import DiskSettings, GatewaySettings, StoreBackend
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ from typing import Protocol
 
 import grpc
 
-from edgeinspect.config import AnomalyPolicy, GatewaySettings
 from edgeinspect.errors import DeadlineExceeded, EdgeInspectError, InvalidInput, Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, load_processor
 from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, prompt_ids, prompt_text
@@ -33,6 +32,7 @@ from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.decode.text import IncrementalText
 from edgeinspect.services.gateway.reports.build import vlm_report
 from edgeinspect.services.gateway.reports.schema import build_report_grammar, schema_instruction
+from edgeinspect.services.gateway.settings import AnomalyPolicy, GatewaySettings
 from edgeinspect.services.outputs.fanout import Outputs
 from edgeinspect.v1 import inspection_pb2, retrieval_pb2, stage_pb2
 

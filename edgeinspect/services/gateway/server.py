@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from edgeinspect import codec
-from edgeinspect.config import GatewaySettings
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.services.common.auth import public_auth
 from edgeinspect.services.common.entry import run_role
@@ -26,6 +25,7 @@ from edgeinspect.services.gateway.readiness import Readiness
 from edgeinspect.services.gateway.reports.store import STOPPED, ReportStore, open_gateway_store
 from edgeinspect.services.gateway.rollout.manager import RolloutManager
 from edgeinspect.services.gateway.rollout.versions import apply_record
+from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 log = logging.getLogger(__name__)

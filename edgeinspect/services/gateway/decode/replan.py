@@ -15,9 +15,9 @@ import time
 
 import grpc
 
-from edgeinspect.config import GatewaySettings
 from edgeinspect.models.checkpoint import Checkpoint
 from edgeinspect.services.gateway.decode.routing import Endpoint, StageRouter, fmt_range, missing_ranges
+from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.v1 import stage_pb2
 
 log = logging.getLogger(__name__)

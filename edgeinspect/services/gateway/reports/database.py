@@ -19,8 +19,8 @@ import psycopg
 from psycopg.adapt import Loader
 from psycopg.conninfo import conninfo_to_dict
 
-from edgeinspect.config import StoreBackend, StoreSettings
 from edgeinspect.errors import InvalidInput, Unavailable
+from edgeinspect.services.gateway.settings import StoreBackend, StoreSettings
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from edgeinspect.config import FrameSettings, GatewaySettings
 from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound, Unavailable
 from edgeinspect.services.gateway.reports import frames as frame_policy
 from edgeinspect.services.gateway.reports import reviews
@@ -38,6 +37,7 @@ from edgeinspect.services.gateway.reports.store_queries import (
     short_id,
 )
 from edgeinspect.services.gateway.reports.store_schema import index_report, migrate, report_fields
+from edgeinspect.services.gateway.settings import FrameSettings, GatewaySettings
 from edgeinspect.v1 import inspection_pb2
 from edgeinspect.v1.inspection_pb2 import DefectReport, Review
 

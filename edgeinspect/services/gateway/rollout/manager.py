@@ -20,12 +20,12 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
-from edgeinspect.config import FrameSettings, GatewaySettings
 from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
 from edgeinspect.services.gateway.api.requests import check_prompt
 from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
 from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.services.gateway.rollout import versions as v
+from edgeinspect.services.gateway.settings import FrameSettings, GatewaySettings
 from edgeinspect.services.outputs.config import OutputsConfig
 from edgeinspect.v1 import inspection_pb2, rollout_pb2
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from edgeinspect.config import GatewaySettings, endpoints
+from edgeinspect.services.gateway.settings import GatewaySettings, endpoints
 from edgeinspect.v1 import inspection_pb2, rollout_pb2
 
 STATE_FILE = "rollout.json"
