@@ -128,3 +128,25 @@ def test_a_second_teach_is_a_new_version_and_rollback_restores_the_first(taught)
     assert missing.returncode != 0 and len(missing.stderr.strip().splitlines()) == 1
     assert "Traceback" not in missing.stderr
     assert (banks / PART / "CURRENT").read_text().strip() == "v0001"
+
+
+def test_eval_adopt_publishes_the_operating_point_as_a_new_version_and_rollback_returns(taught, tmp_path):
+    # Threshold from labelled frames: the operating point for a target escape becomes the bank's OK cut, as a new
+    # version (on a copy of the banks, so the other tests keep their versions).
+    base, banks = taught
+    mine = tmp_path / "banks"
+    shutil.copytree(banks, mine)
+    before = json.loads(_ok(_cli("anomaly", "banks", "show", PART, "--banks", str(mine))))
+    out = json.loads(_ok(_cli("anomaly", "eval", str(base / "set"), "--part", PART, "--banks", str(mine), "--json",
+                              "--target-escape", "0", "--adopt")))  # fmt: skip
+    op, adopted = out["operating_point"], out["adopted"]
+    assert op["escape"] == 0 and adopted["version"] == before["version"] + 1
+    assert adopted["ok_below"] == pytest.approx(op["threshold"], rel=1e-5)  # the JSON rounds to 6 places
+    shown = json.loads(_ok(_cli("anomaly", "banks", "show", PART, "--banks", str(mine))))
+    assert shown["bank_id"] == adopted["bank_id"] and shown["fingerprint"] == before["fingerprint"]
+    assert shown["stats"]["threshold_from_labels"]["from_bank"] == before["bank_id"]
+    # Scored again with the adopted bank: no defect of the labelled set passes as OK.
+    again = json.loads(_ok(_cli("anomaly", "eval", str(base / "set"), "--part", PART, "--banks", str(mine), "--json")))
+    assert again["escape"] == 0 and again["bank_id"] == adopted["bank_id"]
+    _ok(_cli("anomaly", "banks", "rollback", PART, str(before["version"]), "--banks", str(mine)))
+    assert json.loads(_ok(_cli("anomaly", "banks", "show", PART, "--banks", str(mine))))["bank_id"] == before["bank_id"]

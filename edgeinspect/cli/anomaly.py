@@ -101,6 +101,12 @@ def eval_command(
     as_json: bool = typer.Option(False, "--json", help="print the figures as JSON"),
     roc: Path | None = typer.Option(None, "--roc", help="write the ROC curve as a PNG here"),
     target_escape: float = typer.Option(0.05, "--target-escape", help="escape rate the operating point aims at"),
+    adopt: bool = typer.Option(
+        False,
+        "--adopt",
+        help="publish a new bank version whose OK cut is the operating point for --target-escape on these labelled "
+        "frames (the scored version stays for `banks rollback`)",
+    ),
 ) -> None:
     """Image and pixel AUROC, escape and overkill (Wilson 95% CIs) of a part's bank on labelled frames."""
     from edgeinspect.errors import InvalidInput, NotFound
@@ -122,10 +128,31 @@ def eval_command(
                           progress=lambda done, total: progress.update(task, completed=done, total=total))  # fmt: skip
     if roc is not None:
         roc_png([result], roc)
+    adopted = _adopt(banks, bank, result, root) if adopt else None
     if as_json:
-        typer.echo(json.dumps(result.to_json(), indent=2))
+        typer.echo(json.dumps({**result.to_json(), **({"adopted": adopted} if adopted else {})}, indent=2))
         return
     _print_eval(console, result, roc)
+    if adopted:
+        console.print(f"adopted: {adopted['bank_id']} is current, OK below {adopted['ok_below']:.4g} (operating point "
+                      f"for {target_escape:.1%} escape); `edgeinspect anomaly banks rollback {bank.part} "
+                      f"{bank.version}` goes back")  # fmt: skip
+
+
+def _adopt(banks: Path | None, bank, result, root: Path) -> dict:
+    """Publishes the bank with the operating point's threshold; what was published, for the output."""
+    from edgeinspect.models.anomaly.teach import with_labelled_threshold
+
+    op = result.operating
+    if op.get("threshold") is None:
+        from edgeinspect.errors import InvalidInput
+
+        raise InvalidInput("--adopt needs defective frames in the labelled set to choose an operating point")
+    evidence = {"root": str(root), "target_escape": op["target_escape"], "escape": op["escape"],
+                "overkill": op["overkill"], "n_good": result.n_good, "n_defect": result.n_defect}  # fmt: skip
+    published = _store(banks).publish(with_labelled_threshold(bank, op["threshold"], evidence))
+    return {"bank_id": published.bank_id, "version": published.version, "ok_below": published.band[0],
+            "threshold": published.threshold}  # fmt: skip
 
 
 def _print_eval(console, result, roc: Path | None) -> None:

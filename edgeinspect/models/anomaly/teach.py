@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Sequence
@@ -137,8 +138,7 @@ def teach(
     coreset_s = time.perf_counter() - start - features_s
 
     top = float(kept_loo.max())
-    threshold = top * (1 + margin)
-    band = (top, threshold * (1 + margin))
+    threshold, band = cut_at(top, margin)
     n, h, w, c = grid.shape
     kept_grid = grid[keep].reshape(-1, c)  # [N_kept * h * w, C]
     timings = {"features_s": round(features_s, 3), "coreset_loo_s": round(coreset_s, 3)}
@@ -160,6 +160,24 @@ def teach(
                          map(float, kept_loo), strict=True)), threshold, band, margin, coreset_ratio,
                          len(coreset), timings)  # fmt: skip
     return bank, report
+
+
+def cut_at(ok_below: float, margin: float) -> tuple[float, tuple[float, float]]:
+    """(threshold, UNCERTAIN band) for a gate that calls a frame OK below `ok_below`: the one rule teach and a
+    threshold taken from labelled frames share."""
+    threshold = ok_below * (1 + margin)
+    return threshold, (ok_below, threshold * (1 + margin))
+
+
+def with_labelled_threshold(bank: Bank, ok_below: float, evidence: dict) -> Bank:
+    """The bank (unpublished, version 0) with its OK cut moved to an operating point chosen on labelled frames
+    (`anomaly eval --adopt`); features and fingerprint unchanged, `evidence` kept in its stats."""
+    if not ok_below > 0:
+        raise TeachError(f"an operating point of {ok_below} cannot be a threshold: label some defective frames")
+    threshold, band = cut_at(ok_below, float(bank.stats.get("margin", MARGIN)))
+    stats = {**bank.stats, "threshold_from_labels": {**evidence, "from_bank": bank.bank_id}}
+    return dataclasses.replace(bank, version=0, threshold=threshold, band=band, stats=stats,
+                               created_at=datetime.now(UTC).isoformat(timespec="seconds"))  # fmt: skip
 
 
 def _check_frames(frames: Sequence[tuple[str, np.ndarray]]) -> None:
