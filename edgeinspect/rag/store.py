@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeinspect.durable import fsync_dir
 from edgeinspect.errors import FailedPrecondition, NotFound
 from edgeinspect.rag.chunking import Chunk
 
@@ -108,14 +109,6 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fsync_file(path: Path) -> None:
@@ -206,12 +199,12 @@ def publish_version(kb: Path, manifest: dict, chunks: list[Chunk], vectors: np.n
     _fsync_file(staging / MANIFEST)
     final = versions_dir(kb) / version
     os.rename(staging, final)
-    _fsync_dir(versions_dir(kb))
+    fsync_dir(versions_dir(kb))
     tmp = kb / f".CURRENT.{os.getpid()}"
     tmp.write_text(version + "\n")
     _fsync_file(tmp)
     os.replace(tmp, kb / "CURRENT")
-    _fsync_dir(kb)
+    fsync_dir(kb)
     return final
 
 

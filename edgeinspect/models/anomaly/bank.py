@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeinspect.durable import fsync_dir, write_synced
 from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
 
 PART_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -129,7 +130,7 @@ class BankStore:
             try:
                 self._write_version(tmp, published)
                 os.rename(tmp, final)  # the version appears whole or not at all
-                _fsync_dir(part_dir)
+                fsync_dir(part_dir)
                 self._set_current(part_dir, number)
             except BaseException:
                 # Nothing became current: remove what this attempt wrote, the previous version stays current.
@@ -191,34 +192,19 @@ class BankStore:
             np.save(f, features, allow_pickle=False)
             f.flush()
             os.fsync(f.fileno())
-        _write_synced(folder / "bank.json", json.dumps(bank.metadata(), indent=2, sort_keys=True) + "\n")
-        _fsync_dir(folder)
+        write_synced(folder / "bank.json", (json.dumps(bank.metadata(), indent=2, sort_keys=True) + "\n").encode())
+        fsync_dir(folder)
 
     @staticmethod
     def _set_current(part_dir: Path, number: int) -> None:
         tmp = part_dir / "CURRENT.tmp"
-        _write_synced(tmp, _dirname(number) + "\n")
+        write_synced(tmp, (_dirname(number) + "\n").encode())
         os.replace(tmp, part_dir / "CURRENT")
-        _fsync_dir(part_dir)
+        fsync_dir(part_dir)
 
 
 def _dirname(number: int) -> str:
     return f"v{number:04d}"
-
-
-def _write_synced(path: Path, text: str) -> None:
-    with path.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from edgeinspect.durable import fsync_dir, write_synced
 from edgeinspect.models.anomaly.bank import Bank
 
 FOLDER = "frames"
@@ -58,12 +59,12 @@ def save(root: Path, bank: Bank, kept: TeachFrames) -> Path | None:
             ok, png = cv2.imencode(".png", cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
             if not ok:
                 raise OSError(f"could not encode teach frame {kept.names[i]} as PNG")
-            _write_synced(tmp / f"{i:04d}.png", png.tobytes())
+            write_synced(tmp / f"{i:04d}.png", png.tobytes())
         meta = {"frame_size": list(kept.frame_size), "names": list(kept.names)}
-        _write_synced(tmp / META, json.dumps(meta, indent=2).encode())
-        _fsync_dir(tmp)
+        write_synced(tmp / META, json.dumps(meta, indent=2).encode())
+        fsync_dir(tmp)
         os.rename(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -96,18 +97,3 @@ def keep_named(frames: TeachFrames, names: Sequence[str]) -> TeachFrames:
     """The subset of `frames` named in `names` (teaching's kept frames), in that order."""
     by_name = dict(zip(frames.names, frames.frames, strict=True))
     return TeachFrames(list(names), [by_name[n] for n in names], frames.frame_size)
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with path.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
