@@ -140,7 +140,7 @@ def test_eval_adopt_publishes_the_operating_point_as_a_new_version_and_rollback_
     out = json.loads(_ok(_cli("anomaly", "eval", str(base / "set"), "--part", PART, "--banks", str(mine), "--json",
                               "--target-escape", "0", "--adopt")))  # fmt: skip
     op, adopted = out["operating_point"], out["adopted"]
-    assert op["escape"] == 0 and adopted["version"] == before["version"] + 1
+    assert op["escape"] == 0 and adopted["version"] > before["version"]  # the next number after the highest
     assert adopted["ok_below"] == pytest.approx(op["threshold"], rel=1e-5)  # the JSON rounds to 6 places
     shown = json.loads(_ok(_cli("anomaly", "banks", "show", PART, "--banks", str(mine))))
     assert shown["bank_id"] == adopted["bank_id"] and shown["fingerprint"] == before["fingerprint"]
