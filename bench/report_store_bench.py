@@ -10,8 +10,13 @@ the server's defaults) on this box in the same run: N writer threads each storin
 commits) with their own store (connection), and the same threads sharing one store (one gateway process); reports/s
 and the p50/p99 latency of each commit. PostgreSQL is a throwaway server from Debian's binaries on a unix socket.
 
+--outbox: what the line's transactional outbox costs a result: one writer storing reports (claim + complete) with
+0, 1 and 2 outputs' rows written in complete()'s transaction, SQLite (synchronous=FULL) and PostgreSQL in the same
+run; reports/s and the p50/p99 of the complete() commit.
+
     .venv/bin/python bench/report_store_bench.py            # -> bench/results/report_store.json
     .venv/bin/python bench/report_store_bench.py --writers 8  # -> bench/results/report_store_writers.json
+    .venv/bin/python bench/report_store_bench.py --outbox 300  # -> bench/results/report_store_outbox.json
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from edgeinspect.services.gateway.reports.database import PostgresDatabase  # no
 from edgeinspect.services.gateway.reports.pg_testing import PostgresServer, unavailable_reason  # noqa: E402
 from edgeinspect.services.gateway.reports.store import ReportStore  # noqa: E402
 from edgeinspect.services.gateway.settings import FrameSettings  # noqa: E402
+from edgeinspect.services.outputs.outbox import OutboxWriter  # noqa: E402
 from edgeinspect.v1 import inspection_pb2  # noqa: E402
 
 T0 = datetime(2026, 1, 5, 6, 0, tzinfo=UTC)
@@ -140,6 +146,48 @@ def writers_main(writers: int, per_writer: int, out: Path | None) -> None:
     print(write_json("report_store_writers", result, out))
 
 
+def outbox_commits(store: ReportStore, n: int) -> dict:
+    """`n` reports stored for the line (claim + complete(to_line=True)) by one writer: reports/s, complete() commits."""
+    rng, completes = random.Random(3), []
+    t0 = time.perf_counter()
+    for i in range(n):
+        report = _report(store, rng, i)
+        t1 = time.perf_counter()
+        store.complete(report, to_line=True)
+        completes.append(time.perf_counter() - t1)
+    wall = time.perf_counter() - t0
+    store.close()
+    return {"reports_per_s": round(n / wall, 1), "complete_commit_ms": _ms_quantiles(completes)}
+
+
+def outbox_main(n: int, out: Path | None) -> None:
+    reason = unavailable_reason()
+    if reason:
+        raise SystemExit(f"PostgreSQL is needed for --outbox: {reason}")
+    info = machine_info(bandwidth=False)
+    load_start = load_average()
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp, PostgresServer() as pg:
+        for outputs in ((), ("mqtt",), ("mqtt", "webhook0")):
+            # Rows pile up as they would with every peer down (no drainer): the insert cost, not a drain race.
+            writer = OutboxWriter(outputs, 10_000_000, False)
+            path, dsn = Path(tmp) / f"outbox{len(outputs)}.sqlite", pg.fresh_schema_dsn()
+            for name, db in (("sqlite_full", path), ("postgres", PostgresDatabase(dsn))):
+                key = f"{name}/{len(outputs)}_outputs"
+                results[key] = outbox_commits(ReportStore(db, outbox=writer), n)
+                print(key, results[key], flush=True)
+    result = {
+        "command": " ".join(["python", *sys.argv]),
+        "machine": info,
+        "loadavg_start": load_start,
+        "loadavg_end": load_average(),
+        "reports": n,
+        "postgres": "Debian postgresql, defaults (fsync=on, synchronous_commit=on), unix socket, same disk as SQLite",
+        "results": results,
+    }
+    print(write_json("report_store_outbox", result, out))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--writes", type=int, default=300, help="reports stored per complete() variant")
@@ -147,7 +195,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--writers", type=int, default=0, help="SQLite vs PostgreSQL with this many writers, only")
     parser.add_argument("--per-writer", type=int, default=50, help="--writers: reports each writer stores")
+    parser.add_argument("--outbox", type=int, default=0, help="the outbox's cost with this many reports, only")
     args = parser.parse_args()
+    if args.outbox:
+        outbox_main(args.outbox, args.out)
+        return
     if args.writers:
         writers_main(args.writers, args.per_writer, args.out)
         return

@@ -70,6 +70,12 @@ class DiskFull(ResourceExhausted):
     code = "disk_full"
 
 
+class OutboxFull(ResourceExhausted):
+    """An output's queue for a station is full (its peer is down): that station's inspections wait until it drains."""
+
+    code = "outbox_full"
+
+
 class Unavailable(EdgeInspectError):
     """A peer or resource is down; `retry_after_ms` (when given) goes to the caller as retry pushback."""
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from bench_scripts import run_bench
@@ -20,7 +21,7 @@ from edgeinspect.services.gateway.reports.pg_testing import unavailable_reason
 from edgeinspect.services.gateway.reports.store import RESTARTED, ReportStore
 from edgeinspect.services.gateway.reports.store_schema import SCHEMA_VERSION
 from edgeinspect.services.gateway.settings import GatewaySettings, StoreBackend, StoreSettings
-from edgeinspect.v1.inspection_pb2 import DefectReport
+from edgeinspect.v1.inspection_pb2 import VERDICT_OK, DefectReport
 
 # One gateway of a pair: claims every key, runs (completes) those it wins, and waits out keys the other gateway is
 # running (Unavailable), as a client retrying by key would. Prints {key: report_id} it ended with.
@@ -29,7 +30,7 @@ import json, sys, time
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.gateway.reports.database import PostgresDatabase
 from edgeinspect.services.gateway.reports.store import ReportStore
-from edgeinspect.v1.inspection_pb2 import DefectReport
+from edgeinspect.v1.inspection_pb2 import VERDICT_OK, DefectReport
 dsn, owner, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 store = ReportStore(PostgresDatabase(dsn), owner=owner)
 print("ready", flush=True)
@@ -120,6 +121,34 @@ def test_a_key_pending_on_the_other_gateway_is_unavailable_with_pushback(postgre
         assert b.claim("k", "retry") == (report_id, a.get(report_id))
 
 
+def test_a_silent_gateways_key_is_taken_over_and_its_late_answer_is_refused(postgres_server):
+    """Gateway pair: gw-a claims a key and stops beating (killed, or frozen); within its lease gw-b is told to retry,
+    after it gw-b runs the key itself. Should gw-a wake up and finish, its answer is refused: one report per key."""
+    dsn = postgres_server.fresh_schema_dsn()
+    lease = 0.6
+    with (
+        ReportStore(PostgresDatabase(dsn), owner="gw-a", owner_lease_s=lease) as a,
+        ReportStore(PostgresDatabase(dsn), owner="gw-b", owner_lease_s=lease) as b,
+    ):
+        a.heartbeat()
+        b.heartbeat()
+        a_row, _ = a.claim("k", "req")
+        with pytest.raises(Unavailable, match="running on gateway 'gw-a'") as err:
+            b.claim("k", "retry")
+        assert 200 <= err.value.retry_after_ms <= 1000  # pushback: about what is left of gw-a's lease
+        time.sleep(lease + 0.2)
+        b.heartbeat()  # gw-b is alive, gw-a has been silent past its lease
+        b_row, done = b.claim("k", "retry")
+        assert b_row != a_row and done is None
+        b.complete(DefectReport(report_id=b_row, idempotency_key="k", verdict=VERDICT_OK))
+        with pytest.raises(Unavailable, match="taken over"):
+            a.complete(DefectReport(report_id=a_row, idempotency_key="k", verdict=VERDICT_OK))
+        attempts = b.attempts("k")
+        assert [(x.report_id, x.status) for x in attempts if x.status == "done"] == [(b_row, "done")]
+        assert b.get(b_row).previous_attempt_id == a_row
+        assert a.claim("k", "again") == (b_row, b.get(b_row))  # both gateways answer the key with gw-b's report
+
+
 def test_an_empty_database_migrates_once_when_gateways_start_together(postgres_server):
     dsn = postgres_server.fresh_schema_dsn()
     stores, errors = [], []
@@ -142,7 +171,7 @@ def test_an_empty_database_migrates_once_when_gateways_start_together(postgres_s
     assert db.schema_version() == SCHEMA_VERSION
     assert db.execute("SELECT COUNT(*) FROM report_schema").fetchone()[0] == 1
     tables = {r[0] for r in db.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
-    assert tables == {"reports", "report_classes", "reviews", "frames", "report_schema"}
+    assert tables == {"reports", "report_classes", "reviews", "frames", "report_schema", "outbox", "gateways"}
     sql = "SELECT column_name FROM information_schema.columns WHERE table_name = 'reports'"
     columns = {r[0] for r in db.execute(sql)}
     assert {"owner", "idempotency_key", "created_us", "report"} <= columns

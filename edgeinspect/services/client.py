@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from edgeinspect.services.common.gateways import GatewayFailover, gateway_addresses
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 TOKEN_ENV = "EDGEINSPECT_TOKEN"
@@ -28,28 +29,50 @@ def resolve_token(token: str | None, token_file: Path | None) -> str:
 
 
 class InspectionClient:
-    """`ca`: verify the gateway's TLS certificate against it (a gateway with `server.tls`); None: $EDGEINSPECT_CA,
-    else plaintext."""
+    """`address`: one gateway, or a pair (or more) as "a:50051,b:50051": every call goes to the one that answered
+    last and moves on to the next on UNAVAILABLE with the same request and idempotency key
+    (services/common/gateways.py). `ca`: verify the gateways' TLS certificate against it (a gateway with
+    `server.tls`); None: $EDGEINSPECT_CA, else plaintext."""
 
-    def __init__(self, address: str, token: str, timeout_s: float = 600.0, ca: Path | None = None):
+    def __init__(self, address: str | Sequence[str], token: str, timeout_s: float = 600.0, ca: Path | None = None):
         from edgeinspect.services.common.channel import channel_options
 
         options = channel_options(64)  # the roles' own limits and keepalive (a dead gateway noticed in ~40 s)
         ca = ca if ca is not None else (os.environ.get(CA_ENV) or None)
-        if ca is None:
-            self.channel = grpc.insecure_channel(address, options=options)
-        else:
-            creds = grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes())
-            self.channel = grpc.secure_channel(address, creds, options=options)
-        self.stub = inspection_pb2_grpc.InspectionServiceStub(self.channel)
+        creds = grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes()) if ca is not None else None
+        self.channels: list[grpc.Channel] = []
+
+        def connect(target: str) -> inspection_pb2_grpc.InspectionServiceStub:
+            channel = (
+                grpc.insecure_channel(target, options=options)
+                if creds is None
+                else grpc.secure_channel(target, creds, options=options)
+            )
+            self.channels.append(channel)
+            return inspection_pb2_grpc.InspectionServiceStub(channel)
+
+        self.gateways = GatewayFailover(gateway_addresses(address), connect)
         self.metadata = [("authorization", f"Bearer {token}")] if token else []
         self.timeout_s = timeout_s
+
+    @property
+    def stub(self) -> inspection_pb2_grpc.InspectionServiceStub:
+        """The gateway in use now (a call made on it directly does not move on: use `call`)."""
+        return self.gateways.ends[self.gateways.order()[0]]
+
+    def call(self, method: str, request, timeout_s: float | None = None):
+        """One unary call of the public API on a gateway that answers (see the class)."""
+        return self.gateways.call(
+            lambda stub, left: getattr(stub, method)(request, metadata=self.metadata, timeout=left),
+            self.timeout_s if timeout_s is None else timeout_s,
+        )
 
     def __enter__(self) -> InspectionClient:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.channel.close()
+        for channel in self.channels:
+            channel.close()
 
     def inspect(
         self,
@@ -67,23 +90,26 @@ class InspectionClient:
             station=station,
             part=part,
             prompt=prompt,
-            idempotency_key=idempotency_key or uuid.uuid4().hex,
+            idempotency_key=idempotency_key or uuid.uuid4().hex,  # what makes a retry on another gateway safe
             max_new_tokens=max_new_tokens,
         )
         if on_delta is None:
-            return self.stub.Inspect(request, metadata=self.metadata, timeout=self.timeout_s)
+            return self.call("Inspect", request)
+        return self.gateways.call(lambda stub, left: self._stream(stub, request, left, on_delta), self.timeout_s)
+
+    def _stream(self, stub, request, timeout_s: float, on_delta: Callable[[str], None]) -> inspection_pb2.DefectReport:
         report = None
-        for event in self.stub.InspectStream(request, metadata=self.metadata, timeout=self.timeout_s):
+        for event in stub.InspectStream(request, metadata=self.metadata, timeout=timeout_s):
             if event.HasField("delta"):
                 on_delta(event.delta.text)
             else:
                 report = event.report
+        if report is None:
+            raise RuntimeError("the gateway closed the stream without a report")
         return report
 
     def get(self, report_id: str) -> inspection_pb2.DefectReport:
-        return self.stub.GetReport(
-            inspection_pb2.GetReportRequest(report_id=report_id), metadata=self.metadata, timeout=30
-        )
+        return self.call("GetReport", inspection_pb2.GetReportRequest(report_id=report_id), timeout_s=30)
 
 
 def report_to_dict(report: inspection_pb2.DefectReport) -> dict:

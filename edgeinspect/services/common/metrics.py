@@ -128,6 +128,18 @@ DISK_FLOOR = Gauge(
 DISK_REFUSED = Counter(
     "edgeinspect_disk_refusals", "inspections refused because a disk was below its floor", ["disk"], registry=None
 )
+OUTBOX_FULL = Gauge(
+    "edgeinspect_outbox_full",
+    "1 while an output's queue for a station is at max_queued and the station's inspections are refused",
+    ["output", "station"],
+    registry=None,
+)
+OUTBOX_REFUSED = Counter(
+    "edgeinspect_outbox_refusals",
+    "inspections refused because an output's queue for their station was full",
+    ["output"],
+    registry=None,
+)
 # The gateway's vision and retrieval replicas (services/gateway/replicas.py), per endpoint.
 REPLICA_CALLS = Counter(
     "edgeinspect_replica_calls",
@@ -177,6 +189,8 @@ ROLE_FAMILIES: dict[str, tuple] = {
         DISK_FREE,
         DISK_FLOOR,
         DISK_REFUSED,
+        OUTBOX_FULL,
+        OUTBOX_REFUSED,
         REPLICA_CALLS,
         REPLICA_USABLE,
     ),

@@ -29,7 +29,8 @@ def load_reviews(
     frames.mkdir(parents=True, exist_ok=True)
     samples, skipped, token = [], 0, ""
     while True:
-        resp = client.stub.ListReports(
+        resp = client.call(
+            "ListReports",
             inspection_pb2.ListReportsRequest(
                 station=station,
                 part=part,
@@ -37,8 +38,7 @@ def load_reviews(
                 page_size=500,
                 page_token=token,
             ),
-            metadata=client.metadata,
-            timeout=60,
+            timeout_s=60,
         )
         for report in resp.reports:
             if report.model.shadow or report.review.verdict not in (
@@ -70,8 +70,8 @@ def _frame(client: InspectionClient, report: inspection_pb2.DefectReport, folder
     for existing in folder.glob(f"{report.report_id}.*"):
         if existing.suffix != ".part":
             return existing
-    image = client.stub.GetReportImage(
-        inspection_pb2.GetReportImageRequest(report_id=report.report_id), metadata=client.metadata, timeout=60
+    image = client.call(
+        "GetReportImage", inspection_pb2.GetReportImageRequest(report_id=report.report_id), timeout_s=60
     )
     if image.state != inspection_pb2.IMAGE_STATE_STORED or not image.data:
         return None

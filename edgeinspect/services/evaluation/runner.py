@@ -131,7 +131,7 @@ def _inspect_one(client: InspectionClient, log: ResultLog, opts: EvalOptions, sa
         evaluation=True,  # stored, but never published to the plant's outputs nor shadowed
     )
     try:
-        report = client.stub.Inspect(request, metadata=client.metadata, timeout=client.timeout_s)
+        report = client.call("Inspect", request)
     except grpc.RpcError as exc:
         if exc.code() not in PER_IMAGE_CODES:
             raise Unavailable(f"the gateway at {opts.gateway} answered {exc.code().name}: {exc.details()}") from exc

@@ -63,7 +63,12 @@ class ReportWriter(Protocol):
     def claim(self, idempotency_key: str, request_id: str) -> tuple[str, inspection_pb2.DefectReport | None]: ...
 
     def complete(
-        self, report: inspection_pb2.DefectReport, *, image: bytes | None = None, heatmap: bytes | None = None
+        self,
+        report: inspection_pb2.DefectReport,
+        *,
+        image: bytes | None = None,
+        heatmap: bytes | None = None,
+        to_line: bool = False,
     ) -> None: ...
 
     def fail(self, report_id: str, reason: str) -> None: ...
@@ -94,7 +99,8 @@ class Inspector:
         self.router = stages.router
         self.admission = Admission(cfg.max_inflight or 16, cfg.max_queued or cfg.max_inflight or 16)
         self._running: set[str] = set()
-        self.outputs = Outputs.for_gateway(cfg)  # MQTT / webhooks (cfg.outputs); a no-op when none
+        # MQTT / webhooks draining the store's outbox: the Gateway's (server.py), shared by every model version
+        self.outputs = Outputs.none()
 
     def size_admission(self, per_range_batch: list[int]) -> None:
         """Default limits from the stages' batch limits: two sessions per batch slot of the thinnest range (so a
@@ -228,13 +234,16 @@ class Inspector:
         yield await self._finish(req, report, outcome, t0)
 
     async def _finish(self, req, report, outcome: gate.GateOutcome, t0: float) -> inspection_pb2.InspectEvent:
-        """Stores the report (with its frame and the gate's heatmap), publishes it to the line, counts it."""
+        """Stores the report (with its frame and the gate's heatmap) and, in the same transaction, its result for the
+        line's outputs; counts it."""
         heatmap = outcome.score.heatmap_png if outcome.score is not None else b""
         if not req.verification:  # verify's reports are answered only: never stored, never published
-            store = functools.partial(self.store.complete, report, image=req.image, heatmap=heatmap or None)
+            # An eval's labelled frames never reach the plant's systems; a shadow report never does either (store).
+            store = functools.partial(
+                self.store.complete, report, image=req.image, heatmap=heatmap or None, to_line=not req.evaluation
+            )
             await asyncio.to_thread(store)  # sets anomaly.heatmap_stored when it kept the heatmap
-        if not req.evaluation and not req.verification:  # an eval's labelled frames never reach the plant's systems
-            self.outputs.publish(report)  # returns at once: each output delivers from its own outbox
+            self.outputs.notify()  # the outbox rows are committed: the drainers send them now
         verdict = inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_")
         metrics.INSPECTIONS.labels(station=req.station, verdict=verdict).inc()
         metrics.INSPECTION_SECONDS.observe(time.perf_counter() - t0)

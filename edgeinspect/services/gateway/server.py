@@ -14,6 +14,7 @@ from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.services.gateway.api import rollout_servicer
 from edgeinspect.services.gateway.api.servicer import InspectionServicer
+from edgeinspect.services.gateway.backlog import BacklogGuard
 from edgeinspect.services.gateway.clients import RetrievalClient, VisionClient, gateway_identity
 from edgeinspect.services.gateway.decode.pipeline import WireOptions
 from edgeinspect.services.gateway.decode.routing import StageRouter
@@ -22,10 +23,11 @@ from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.disk import gateway_guard
 from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
 from edgeinspect.services.gateway.readiness import Readiness
-from edgeinspect.services.gateway.reports.store import STOPPED, ReportStore, open_gateway_store
+from edgeinspect.services.gateway.reports.store import HEARTBEAT_S, STOPPED, ReportStore, open_gateway_store
 from edgeinspect.services.gateway.rollout.manager import RolloutManager
 from edgeinspect.services.gateway.rollout.versions import apply_record
 from edgeinspect.services.gateway.settings import GatewaySettings
+from edgeinspect.services.outputs.fanout import Outputs
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -70,22 +72,29 @@ async def connect(cfg: GatewaySettings, store: ReportWriter) -> Inspector:
 
 class Gateway:
     """The gateway process's runtime: `start` brings up what the role runs (report store, rollout manager, gRPC
-    server and metrics, the live Inspector's channels, outputs and readiness watcher), `close` ends all of it in
-    reverse. A field stays None until its part started, so closing after a failed start closes what did start."""
+    server and metrics, the outputs draining the store's outbox, the live Inspector's channels and readiness watcher),
+    `close` ends all of it in reverse. A field stays None until its part started, so closing after a failed start
+    closes what did start."""
 
     def __init__(self, cfg: GatewaySettings) -> None:
         self.cfg = apply_record(cfg)  # a promoted model version survives a restart (rollout/versions.py)
         self.store: ReportStore | None = None
+        self.outputs: Outputs | None = None
         self.rollout: RolloutManager | None = None
         self.running: RunningServer | None = None
         self.inspector: Inspector | None = None
         self.readiness: Readiness | None = None
+        self._heartbeat: asyncio.Task | None = None
 
     async def start(self) -> RunningServer:
         cfg = self.cfg
         self.store = open_gateway_store(cfg)  # SQLite at db_path, or the PostgreSQL database a gateway pair shares
         self.store.recover_interrupted()  # rows a crash left pending: failed, "gateway restarted during inspection"
-        servicer = InspectionServicer(self.store, gateway_guard(cfg, self.store))  # free-space floors
+        self.store.heartbeat()  # one of a pair: alive before it admits a call (reports/store.py, OWNER_LEASE_S)
+        self._heartbeat = asyncio.create_task(self._beat(self.store), name="store-heartbeat")
+        self.outputs = Outputs.for_gateway(cfg)  # drains what earlier runs left queued at once
+        # free-space floors; the line's outbox per station
+        servicer = InspectionServicer(self.store, gateway_guard(cfg, self.store), BacklogGuard(self.outputs))
         self.rollout = RolloutManager(cfg, self.store, connect)
         auth = [public_auth(cfg.api_tokens, cfg.token_rate_per_s, cfg.token_burst, cfg.allow_unauthenticated)]
         self.running = await start_server(
@@ -99,6 +108,7 @@ class Gateway:
             interceptors=auth,
         )
         self.inspector = await connect(cfg, self.store)
+        self.inspector.outputs = self.outputs
         servicer.versions = await self.rollout.attach(self.inspector)  # per-station version routing and the shadow
         self.readiness = Readiness(self.inspector, self.running.health, live=self.rollout.live_inspector)
         self.readiness.start()
@@ -117,13 +127,29 @@ class Gateway:
             await self.readiness.close()  # the watcher, re-planners and the live Inspector's channels
         if self.rollout is not None:
             await self.rollout.close()  # the shadow's runs, the candidate's channels, the shadow database
-        if self.inspector is not None:
-            await asyncio.to_thread(self.inspector.outputs.close)  # queued results stay in the outboxes
+        if self.outputs is not None:
+            await asyncio.to_thread(self.outputs.close)  # queued results stay in the outbox for the next start
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
         if self.store is not None:
             # A call the grace cut short and that could not record its failure in SETTLE_S: failed here, by owner.
             await asyncio.to_thread(self.store.fail_pending, STOPPED)
             self.store.close()  # SQLite checkpoints its WAL into the file as the last connection closes
         log.info("gateway stopped")
+
+    @staticmethod
+    async def _beat(store: ReportStore) -> None:
+        """The heartbeat that keeps this gateway's running keys its own; a failed beat is logged and retried (the
+        database may be restarting: the lease outlasts several beats)."""
+        if not store.owner:
+            return
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await asyncio.to_thread(store.heartbeat)
+            except Exception as exc:
+                log.warning("report database heartbeat failed: %s", exc)
 
     @staticmethod
     async def _settle(inspectors: list[Inspector]) -> None:

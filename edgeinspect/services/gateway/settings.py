@@ -72,6 +72,13 @@ class StoreSettings(BaseModel):
         "(a restart fails only its own pending rows); '': the host name. Two gateways on one host need their own",
     )
     connect_timeout_s: int = Field(10, ge=1, description="postgres: seconds to wait for a connection")
+    owner_lease_s: float = Field(
+        10.0,
+        ge=1.0,
+        le=600.0,
+        description="postgres: a gateway of the pair silent (no heartbeat) this long is gone, and another gateway "
+        "takes over the inspections it was running when a client retries them there",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:

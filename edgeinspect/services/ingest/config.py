@@ -85,7 +85,10 @@ class IngestSettings(RoleSettings):
     """The ingest role: `edgeinspect ingest --config cameras.yaml`."""
 
     cameras: list[CameraConfig] = Field(..., min_length=1, description="the cameras to follow")
-    gateway: str = Field("127.0.0.1:50051", description="host:port of the gateway's InspectionService")
+    gateway: str = Field(
+        "127.0.0.1:50051",
+        description="host:port of the gateway's InspectionService; a gateway pair (or more) as 'a:50051,b:50051'",
+    )
     api_token: str = Field("", description="bearer token for the gateway (env EDGEINSPECT_API_TOKEN)")
     gateway_tls: TLSConfig | None = Field(None, description="TLS to the gateway: `ca` verifies it (None: plaintext)")
     frames_dir: Path | None = Field(Path("var/frames"), description="inspected frames are saved here; None: not")

@@ -17,6 +17,7 @@ from edgeinspect.config import TLSConfig
 from edgeinspect.errors import CodecError
 from edgeinspect.services.common.context import REQUEST_ID_KEY
 from edgeinspect.services.common.errors import RETRY_PUSHBACK_KEY, status_for
+from edgeinspect.services.common.gateways import AsyncGatewayFailover, gateway_addresses
 from edgeinspect.services.common.tracing import client_span
 from edgeinspect.services.outputs.result import anomaly_of
 
@@ -96,14 +97,20 @@ def encode_jpeg(image: np.ndarray, quality: int) -> bytes:
 
 
 class GrpcReportSink:
-    """The gateway's InspectionService.Inspect over gRPC, with the bearer token on every call."""
+    """The gateway's InspectionService.Inspect over gRPC, with the bearer token on every call. `address`: one
+    gateway or a pair ("a:50051,b:50051"): a frame whose gateway is gone goes to the other with the same key."""
 
     def __init__(self, address: str, token: str, timeout_s: float, tls: TLSConfig | None = None) -> None:
         from edgeinspect.services.common.channel import make_channel
         from edgeinspect.v1 import inspection_pb2_grpc
 
-        self._channel = make_channel(address, tls=tls)
-        self._stub = inspection_pb2_grpc.InspectionServiceStub(self._channel)
+        self._channels: list[grpc.aio.Channel] = []
+
+        def connect(target: str) -> inspection_pb2_grpc.InspectionServiceStub:
+            self._channels.append(make_channel(target, tls=tls))
+            return inspection_pb2_grpc.InspectionServiceStub(self._channels[-1])
+
+        self._gateways = AsyncGatewayFailover(gateway_addresses(address), connect)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._timeout_s = timeout_s
 
@@ -128,7 +135,9 @@ class GrpcReportSink:
         with client_span("ingest inspect", attrs) as span:
             # A traced frame's request id is its trace id: the gateway's logs and the trace join on one id.
             rid = ((REQUEST_ID_KEY, f"{span.get_span_context().trace_id:032x}"),) if span is not None else ()
-            report = await self._stub.Inspect(request, metadata=self._metadata + rid, timeout=self._timeout_s)
+            report = await self._gateways.call(
+                lambda stub, left: stub.Inspect(request, metadata=self._metadata + rid, timeout=left), self._timeout_s
+            )
             if span is not None:
                 span.set_attribute("edgeinspect.report_id", report.report_id)
         return ReportSummary(
@@ -143,7 +152,8 @@ class GrpcReportSink:
         )
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")

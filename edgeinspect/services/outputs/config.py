@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -37,23 +38,49 @@ class WebhookConfig(BaseModel):
 
     url: str = Field(..., description="http(s):// endpoint")
     secret: str = Field(..., min_length=16, description="HMAC-SHA256 key shared with the receiver")
-    name: str = Field("", description="name in metrics and the outbox file (default: webhook<index>)")
+    name: str = Field("", description="name in metrics and outbox rows (default: webhook<index>)")
     timeout_s: float = Field(5.0, gt=0, description="one POST's deadline")
 
 
+class OnFull(StrEnum):
+    refuse = "refuse"  # the gateway refuses new inspections for that station until the queue drains
+    drop_oldest = "drop_oldest"  # the station's oldest queued results are dropped (counted, logged)
+
+
 class OutputsConfig(BaseModel):
-    """Every configured output gets each stored result; each has its own durable outbox and its own pace."""
+    """Every configured output gets each stored result; each drains its own rows of the outbox table (in the report
+    database: services/outputs/outbox.py) at its own pace."""
 
     mqtt: MqttConfig | None = Field(None, description="MQTT broker to publish results to")
     webhooks: list[WebhookConfig] = Field(default_factory=list, description="HTTP endpoints to POST results to")
-    outbox_dir: Path | None = Field(None, description="SQLite outbox per output (None: beside the report database)")
-    max_queued: int = Field(10_000, ge=1, description="results kept per output while its peer is down; oldest dropped")
+    outbox_dir: Path | None = Field(
+        None,
+        description="gateway: where older releases kept an outbox file per output, imported once at start; ingest: "
+        "its outbox database (None: 'outbox' beside the report database / the frames)",
+    )
+    max_queued: int = Field(
+        10_000, ge=1, description="results queued per output and station while its peer is down; then on_full"
+    )
+    on_full: OnFull = Field(
+        OnFull.refuse,
+        description="refuse: new inspections for that station get RESOURCE_EXHAUSTED until the queue drains; "
+        "drop_oldest: the station's oldest queued results are dropped",
+    )
+    lease_s: float = Field(
+        30.0, gt=0, description="a drainer holds the row it sends this long; a dead gateway's row is taken over after"
+    )
+    poll_s: float = Field(1.0, gt=0, description="an idle drainer looks for rows other gateways queued this often")
     retry_base_s: float = Field(0.2, gt=0, description="first delay after a failed delivery; doubles per failure")
     retry_max_s: float = Field(10.0, gt=0, description="delays between delivery tries never exceed this")
 
     @property
     def enabled(self) -> bool:
         return self.mqtt is not None or bool(self.webhooks)
+
+    def names(self) -> tuple[str, ...]:
+        """Each output's name, as its outbox rows and metrics carry it."""
+        mqtt = ("mqtt",) if self.mqtt is not None else ()
+        return mqtt + tuple(hook.name or f"webhook{i}" for i, hook in enumerate(self.webhooks))
 
 
 def mqtt_outputs_env(url: str, node: str = "embedded") -> dict[str, str]:

@@ -46,6 +46,7 @@ class MqttOutput:
         self.cfg = cfg
         self.name = name
         self.host, self.port, self._tls = broker_address(cfg.url)
+        self.peer = f"MQTT broker {self.host}:{self.port}"
         self.status_topic = cfg.status_topic.format(node=topic_level(cfg.node))
         self._client: aiomqtt.Client | None = None
 

@@ -13,6 +13,7 @@ import hmac
 import time
 import urllib.error
 import urllib.request
+from urllib.parse import urlsplit
 
 from edgeinspect.services.outputs.config import WebhookConfig
 
@@ -44,6 +45,8 @@ class WebhookOutput:
     def __init__(self, cfg: WebhookConfig, name: str) -> None:
         self.cfg = cfg
         self.name = name
+        parts = urlsplit(cfg.url)  # scheme://host:port only: a URL's path or query may carry a token
+        self.peer = f"webhook {parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
     async def send(self, key: str, payload: bytes) -> None:
         await asyncio.to_thread(self._post, key, payload)

@@ -218,7 +218,9 @@ class PostgresDatabase:
         return self.execute("SELECT to_regclass(?)", (name,)).fetchone()[0] is not None
 
     def ddl(self, statement: str) -> str:
-        # Epoch microseconds need 64 bits (PostgreSQL's INTEGER is 32); BLOB is BYTEA.
+        # Epoch microseconds need 64 bits (PostgreSQL's INTEGER is 32); BLOB is BYTEA; SQLite's never-reused
+        # AUTOINCREMENT key is a sequence.
+        statement = statement.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGSERIAL PRIMARY KEY")
         return statement.replace("INTEGER", "BIGINT").replace("BLOB", "BYTEA")
 
     def close(self) -> None:

@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeinspect.durable import fsync_dir
+
 log = logging.getLogger(__name__)
 
 # Magic bytes -> media type of the formats the vision node accepts.
@@ -140,6 +142,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)  # the rename itself must survive a power cut before the report row points at it
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk must not keep the half-written copy that filled it
         raise

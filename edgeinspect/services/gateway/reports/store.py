@@ -8,6 +8,8 @@ until `complete()` stores the finished DefectReport (`done`) or `fail()` records
 row keeps its key; a retry with that key runs again as a new row that names the failed one (previous_attempt_id).
 Every commit is durable (SQLite synchronous=FULL, PostgreSQL's defaults): once a call here returns, a kill -9 loses
 nothing. Each gateway claims under its own `owner` name, so a restart fails only the rows that gateway left pending.
+A report for the line gets its outbox rows (one per output: services/outputs/outbox.py) in the same transaction
+that stores it: the line gets a result iff its report is stored.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound, Unavailable
+from edgeinspect.faults import fault_point
 from edgeinspect.services.gateway.reports import frames as frame_policy
 from edgeinspect.services.gateway.reports import reviews
 from edgeinspect.services.gateway.reports.database import Database, SQLiteDatabase, Transaction, open_database
@@ -38,6 +41,8 @@ from edgeinspect.services.gateway.reports.store_queries import (
 )
 from edgeinspect.services.gateway.reports.store_schema import index_report, migrate, report_fields
 from edgeinspect.services.gateway.settings import FrameSettings, GatewaySettings
+from edgeinspect.services.outputs.outbox import OutboxWriter
+from edgeinspect.services.outputs.result import from_report, is_shadow
 from edgeinspect.v1 import inspection_pb2
 from edgeinspect.v1.inspection_pb2 import DefectReport, Review
 
@@ -51,6 +56,11 @@ DEFAULT_PENDING_TTL_S = 3600.0
 PENDING_GRACE_S = 60.0
 RESTARTED = "gateway restarted during inspection"
 STOPPED = "gateway stopped during inspection"  # SIGTERM: cut short by the grace and not failed in time
+TAKEN_OVER = "taken over: its gateway stopped answering"  # the reason's start; the rest names both gateways
+# A gateway of a pair that has not written its heartbeat for this long is gone: another may take over its running
+# keys. Several heartbeats (HEARTBEAT_S) fit in it, so a busy database or a GC pause does not look like a death.
+OWNER_LEASE_S = 10.0
+HEARTBEAT_S = 2.0
 
 PENDING, FAILED = "pending", "failed"
 
@@ -82,16 +92,21 @@ class ReportStore:
         db: Path | Database,
         *,
         pending_ttl_s: float = DEFAULT_PENDING_TTL_S,
+        owner_lease_s: float = OWNER_LEASE_S,
         frames: FrameSettings | None = None,
         owner: str = "",
+        outbox: OutboxWriter | None = None,
     ) -> None:
         """db: a SQLite file's path or an open Database (database.py); owner: this gateway's name among those
-        sharing the database ('' where it has one gateway). A PostgreSQL store needs frames.dir set."""
+        sharing the database ('' where it has one gateway); outbox: the outputs a result for the line is queued for
+        (None: none). A PostgreSQL store needs frames.dir set."""
         self._db: Database = SQLiteDatabase(db) if isinstance(db, Path | str) else db
         # The SQLite file (frames default beside it); None for a database server.
         self.path = self._db.path if isinstance(self._db, SQLiteDatabase) else None
         self.owner = owner
+        self.outbox = outbox if outbox is not None and outbox.outputs else None
         self._pending_ttl_us = int(pending_ttl_s * 1_000_000)
+        self._owner_lease_us = int(owner_lease_s * 1_000_000)
         self._lock = threading.Lock()
         migrate(self._db)
         # frames=None: reports only (the frame store is the gateway's choice, from its settings).
@@ -109,6 +124,17 @@ class ReportStore:
         """At gateway start, before it admits inspections: the rows this gateway (owner) left pending when it
         crashed are failed ("gateway restarted during inspection"); other gateways' rows are theirs."""
         return self.fail_pending(RESTARTED)
+
+    def heartbeat(self) -> None:
+        """This gateway is alive (every HEARTBEAT_S, from the gateway's runtime): its running keys stay its own."""
+        if not self.owner:
+            return  # the only gateway of its database: nobody to take over from it
+        with self._lock, self._transaction():
+            self._db.execute(
+                "INSERT INTO gateways (owner, seen_us) VALUES (?, ?) "
+                "ON CONFLICT (owner) DO UPDATE SET seen_us = excluded.seen_us",
+                (self.owner, _now_us()),
+            )
 
     def fail_pending(self, reason: str) -> int:
         """Fails every row this gateway (owner) has pending, with `reason`: at start (a crash left them) and at
@@ -135,6 +161,11 @@ class ReportStore:
                 log.info("idempotency key %r claimed concurrently; reading the winner", idempotency_key)
         raise Unavailable(f"idempotency key {idempotency_key!r} is contended; retry", retry_after_ms=200)
 
+    def _silent_us(self, owner: str, created_us: int, now: int) -> int:
+        """How long the gateway `owner` has not been heard from (since its row was claimed, if it never beat)."""
+        seen = self._db.execute("SELECT seen_us FROM gateways WHERE owner = ?", (owner,)).fetchone()
+        return now - max(created_us, seen[0] if seen else 0)
+
     def _claim_once(self, key: str, request_id: str) -> tuple[str, DefectReport | None] | None:
         now = _now_us()
         previous = ""
@@ -150,17 +181,28 @@ class ReportStore:
                     if status == DONE:
                         return report_id, DefectReport.FromString(blob)
                     if now - created_us < self._pending_ttl_us:
-                        if owner != self.owner:
+                        if owner == self.owner:
+                            return report_id, None
+                        silent_us = self._silent_us(owner, created_us, now)
+                        if silent_us < self._owner_lease_us:
                             raise Unavailable(
                                 f"an inspection with idempotency key {key!r} is running on gateway {owner!r}; retry",
-                                retry_after_ms=1000,
+                                retry_after_ms=max(200, min(1000, (self._owner_lease_us - silent_us) // 1000)),
                             )
-                        return report_id, None
-                    log.warning("pending report %s for key %r abandoned; admitting a new attempt", report_id, key)
-                    self._db.execute(
-                        "UPDATE reports SET status = ?, reason = ? WHERE report_id = ?",
-                        (FAILED, "abandoned: still pending after the pending TTL", report_id),
-                    )
+                        log.warning(
+                            "gateway %r silent for %.0f s: its run of key %r (report %s) is taken over by %r",
+                            owner, silent_us / 1e6, key, report_id, self.owner,
+                        )  # fmt: skip
+                        self._db.execute(
+                            "UPDATE reports SET status = ?, reason = ? WHERE report_id = ?",
+                            (FAILED, f"{TAKEN_OVER} ({owner!r}; taken over by {self.owner!r})", report_id),
+                        )
+                    else:
+                        log.warning("pending report %s for key %r abandoned; admitting a new attempt", report_id, key)
+                        self._db.execute(
+                            "UPDATE reports SET status = ?, reason = ? WHERE report_id = ?",
+                            (FAILED, "abandoned: still pending after the pending TTL", report_id),
+                        )
                 last_failed = self._db.execute(
                     "SELECT report_id FROM reports WHERE idempotency_key = ? AND status = ? "
                     "ORDER BY created_us DESC LIMIT 1",
@@ -176,10 +218,18 @@ class ReportStore:
             ).fetchone()
             return (report_id, None) if inserted else None
 
-    def complete(self, report: DefectReport, *, image: bytes | None = None, heatmap: bytes | None = None) -> None:
+    def complete(
+        self,
+        report: DefectReport,
+        *,
+        image: bytes | None = None,
+        heatmap: bytes | None = None,
+        to_line: bool = False,
+    ) -> None:
         """Stores a finished report (status done) and, with image, its frame (and the anomaly gate's heatmap PNG
         beside it, setting report.anomaly.heatmap_stored); sets report.created_time to now when the caller left it
-        unset, and report.previous_attempt_id when the claim followed a failed attempt."""
+        unset, and report.previous_attempt_id when the claim followed a failed attempt. to_line: its result is
+        queued for every output in the same transaction (never for a shadow report)."""
         if not report.report_id:
             raise InvalidInput("cannot store a report without report_id")
         if not report.HasField("created_time"):
@@ -196,8 +246,12 @@ class ReportStore:
             try:
                 with self._transaction():
                     row = self._db.execute(
-                        "SELECT previous_attempt_id FROM reports WHERE report_id = ?", (report.report_id,)
+                        "SELECT previous_attempt_id, status, reason FROM reports WHERE report_id = ?",
+                        (report.report_id,),
                     ).fetchone()
+                    if row and row[1] == FAILED and (row[2] or "").startswith(TAKEN_OVER):
+                        # This gateway stalled past its lease and another ran the key: its late answer is not stored.
+                        raise Unavailable(f"the inspection with key {report.idempotency_key!r} was {row[2]}")
                     if row and row[0] and not report.previous_attempt_id:
                         report.previous_attempt_id = row[0]
                     self._upsert(report, created_us, frame.sha256 if frame else "")
@@ -212,6 +266,10 @@ class ReportStore:
                             "ELSE frames.nbytes END",
                             (frame.sha256, frame.nbytes, frame.media_type, frame.width, frame.height, _now_us()),
                         )
+                    if to_line and self.outbox is not None and not is_shadow(report):
+                        self.outbox.add(self._db, from_report(report))
+                    fault_point("report_in_transaction")
+                fault_point("report_committed")
             except self._db.IntegrityError as exc:
                 raise FailedPrecondition(
                     f"idempotency key {report.idempotency_key!r} already belongs to another report; "
@@ -477,5 +535,10 @@ def open_gateway_store(cfg: GatewaySettings) -> ReportStore:
     # for longer belongs to a gateway that died, and a retry on the other gateway may take its key over.
     ttl_s = cfg.upstream_timeout_s + PENDING_GRACE_S
     return ReportStore(
-        open_database(cfg.store, cfg.db_path), pending_ttl_s=ttl_s, frames=frames, owner=cfg.store.owner()
+        open_database(cfg.store, cfg.db_path),
+        pending_ttl_s=ttl_s,
+        owner_lease_s=cfg.store.owner_lease_s,
+        frames=frames,
+        owner=cfg.store.owner(),
+        outbox=OutboxWriter.of(cfg.outputs),
     )

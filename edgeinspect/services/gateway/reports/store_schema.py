@@ -7,7 +7,14 @@ the frame store's rows. It also lets a failed row keep its idempotency key: the 
 (pending or done) only, so a failure can be found by its key and a retry runs as a new, linked row.
 
 Version 2 records which gateway claimed a row (`owner`): gateways sharing one database fail only their own pending
-rows when they restart. The statements are written once for both engines; Database.ddl() maps the types.
+rows when they restart.
+
+Version 3 adds the line's outbox (services/outputs/outbox.py): a row per output for each stored result, written in
+the report's own transaction and deleted once delivered. The statements are written once for both engines;
+Database.ddl() maps the types.
+
+Version 4 adds `gateways`: each gateway of a pair writes its heartbeat there, so another can tell a gateway that
+died mid-inspection (its keys are taken over) from one that is still running them (reports/store.py, claim).
 """
 
 from __future__ import annotations
@@ -18,11 +25,12 @@ import logging
 from google.protobuf.json_format import MessageToDict
 
 from edgeinspect.services.gateway.reports.database import Database
+from edgeinspect.services.outputs import outbox
 from edgeinspect.v1.inspection_pb2 import DefectReport
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4
 
 # One statement per entry: executescript() would commit the migration's transaction half way.
 _V1 = [
@@ -87,6 +95,10 @@ _V2 = [
     "ALTER TABLE reports ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
 ]
 
+_V4 = [
+    "CREATE TABLE gateways (owner TEXT PRIMARY KEY, seen_us INTEGER NOT NULL)",
+]
+
 
 def report_fields(report: DefectReport) -> str:
     """The report as JSON for SQL (token id lists left out: they are large and only the BLOB needs them)."""
@@ -123,6 +135,12 @@ def migrate(db: Database) -> None:
                 db.execute(db.ddl(statement))
         if version < 2:
             for statement in _V2:
+                db.execute(db.ddl(statement))
+        if version < 3:
+            for statement in outbox.TABLE:
+                db.execute(db.ddl(statement))
+        if version < 4:
+            for statement in _V4:
                 db.execute(db.ddl(statement))
         if version != SCHEMA_VERSION:
             db.set_schema_version(SCHEMA_VERSION)

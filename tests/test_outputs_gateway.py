@@ -1,0 +1,177 @@
+"""The line's outbox under a real gateway process (in front of the session's embedded stack) publishing to a real
+Mosquitto: a gateway SIGKILLed right after a report's commit (fault point `report_committed`, edgeinspect/faults.py)
+sends the result after its restart, once; a full outbox while the broker is down refuses that station's inspections
+with RESOURCE_EXHAUSTED naming the output, the count and the peer, other stations and reads go on, and the station
+is admitted again once the broker is back and the queue drained."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from line_peers import Subscriber
+
+from edgeinspect.assets import asset_path
+from edgeinspect.config import ServerConfig, write_yaml
+from edgeinspect.faults import ENV
+from edgeinspect.services.gateway.settings import GatewaySettings
+from edgeinspect.services.line.testing import MosquittoBroker
+from edgeinspect.services.outputs.config import OutputsConfig
+from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(shutil.which("mosquitto") is None, reason="needs Debian's mosquitto"),
+]
+START_S = 120
+FRAME = asset_path("part_ok.jpg").read_bytes()
+RESULTS = "edgeinspect/+/+/result"
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    with MosquittoBroker(tmp_path_factory.mktemp("mosquitto-outbox")) as b:
+        yield b
+
+
+class Gateway:
+    """One gateway process on its own SQLite store, publishing to `url`; start() again = a restart."""
+
+    def __init__(self, stack, folder: Path, url: str, **outputs) -> None:
+        cfg = GatewaySettings.load(stack.role("gateway").config_path)
+        self.folder = folder
+        self.cfg = cfg.model_copy(
+            update={
+                "api_tokens": [],
+                "allow_unauthenticated": True,
+                "db_path": folder / "reports.sqlite",
+                "server": ServerConfig(host="127.0.0.1", port=0, port_file=folder / "gateway.port", grace_s=1.0),
+                "outputs": OutputsConfig(mqtt={"url": url, "node": "gw-test"}, retry_max_s=0.5, **outputs),
+            }
+        )
+        write_yaml(self.cfg, folder / "gateway.yaml")
+        self.proc: subprocess.Popen | None = None
+        self.address = ""
+
+    def start(self, env: dict | None = None) -> Gateway:
+        (self.folder / "gateway.port").unlink(missing_ok=True)
+        with (self.folder / "gateway.log").open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "edgeinspect.services.gateway", "--config", str(self.folder / "gateway.yaml")],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
+        self.address = self._wait_serving()
+        return self
+
+    def _wait_serving(self) -> str:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        port_file, deadline = self.folder / "gateway.port", time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log()[-3000:]
+            if port_file.is_file() and port_file.read_text().strip():
+                address = f"127.0.0.1:{int(port_file.read_text())}"
+                with contextlib.suppress(grpc.RpcError), grpc.insecure_channel(address) as ch:
+                    if health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2).status == 1:
+                        return address
+            time.sleep(0.2)
+        raise AssertionError(f"the gateway was not SERVING within {START_S}s:\n" + self.log()[-3000:])
+
+    def log(self) -> str:
+        return (self.folder / "gateway.log").read_text(errors="replace")
+
+    def stub(self):
+        return inspection_pb2_grpc.InspectionServiceStub(grpc.insecure_channel(self.address))
+
+    def inspect(self, station: str) -> inspection_pb2.DefectReport:
+        request = inspection_pb2.InspectRequest(
+            image=FRAME, station=station, max_new_tokens=4, idempotency_key=uuid.uuid4().hex
+        )
+        return self.stub().Inspect(request, timeout=60)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def test_a_gateway_killed_after_the_commit_sends_the_result_once_after_its_restart(embedded_stack, broker, tmp_path):
+    sub = Subscriber(broker.port, RESULTS, f"crash-{uuid.uuid4().hex[:6]}")
+    gateway = Gateway(embedded_stack, tmp_path, broker.url)
+    try:
+        sub.wait_subscribed()
+        gateway.start(env={ENV: "report_committed"})
+        with pytest.raises(grpc.RpcError) as err:
+            gateway.inspect("station-crash")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+        assert gateway.proc.wait(10) == -9  # died at the fault point: committed, nothing sent
+        with sqlite3.connect(tmp_path / "reports.sqlite") as db:
+            stored = db.execute("SELECT report_id FROM reports WHERE status = 'done'").fetchall()
+        assert len(stored) == 1 and sub.bodies() == []
+        (report_id,) = stored[0]
+
+        gateway.start()  # no fault: the drainer finds the committed row
+        sub.wait_for(lambda s: report_id in s.unique_ids(), 30, "the result after the restart")
+        time.sleep(1.0)  # a second copy would arrive by now
+        assert sub.unique_ids() == [report_id]
+        assert [b["report_id"] for b in sub.bodies()] == [report_id]  # exactly once
+        got = gateway.stub().GetReport(inspection_pb2.GetReportRequest(report_id=report_id), timeout=10)
+        assert got.station == "station-crash"
+        with sqlite3.connect(tmp_path / "reports.sqlite") as db:
+            assert db.execute("SELECT COUNT(*) FROM reports WHERE status = 'done'").fetchone()[0] == 1
+            assert db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0  # delivered rows are gone
+    finally:
+        gateway.stop()
+        sub.close()
+
+
+def test_a_full_outbox_refuses_that_station_until_the_broker_is_back(embedded_stack, broker, tmp_path):
+    gateway = Gateway(embedded_stack, tmp_path, broker.url, max_queued=2).start()
+    try:
+        broker.stop()
+        first = [gateway.inspect("station-x") for _ in range(2)]  # queued: the broker is down
+        with pytest.raises(grpc.RpcError) as err:
+            gateway.inspect("station-x")
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
+        details = err.value.details()
+        assert "output 'mqtt' has 2 results queued for station 'station-x' (limit 2)" in details, details
+        assert "its peer is down" in details and str(broker.port) not in details, details  # the address: log, status
+        trailers = dict(err.value.trailing_metadata())
+        assert trailers["edgeinspect-error-code"] == "outbox_full"
+
+        assert gateway.inspect("station-y").report_id  # another station's queue has room
+        got = gateway.stub().GetReport(inspection_pb2.GetReportRequest(report_id=first[0].report_id), timeout=10)
+        assert got.report_id == first[0].report_id  # reads go on
+        status = gateway.stub().GetClusterStatus(inspection_pb2.ClusterStatusRequest(), timeout=10)
+        assert any("station 'station-x'" in n and f"127.0.0.1:{broker.port}" in n for n in status.notes), status.notes
+        assert "refusing inspections for station station-x" in gateway.log()
+    finally:
+        broker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the queue drains once the broker is back; then the station is admitted
+            try:
+                assert gateway.inspect("station-x").report_id
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                time.sleep(0.5)
+        status = gateway.stub().GetClusterStatus(inspection_pb2.ClusterStatusRequest(), timeout=10)
+        assert not any("station 'station-x'" in n for n in status.notes)
+    finally:
+        gateway.stop()
