@@ -150,3 +150,26 @@ def test_eval_adopt_publishes_the_operating_point_as_a_new_version_and_rollback_
     assert again["escape"] == 0 and again["bank_id"] == adopted["bank_id"]
     _ok(_cli("anomaly", "banks", "rollback", PART, str(before["version"]), "--banks", str(mine)))
     assert json.loads(_ok(_cli("anomaly", "banks", "show", PART, "--banks", str(mine))))["bank_id"] == before["bank_id"]
+
+
+def test_a_staged_teach_waits_for_its_go_live_figures_before_promote_makes_it_current(taught, tmp_path):
+    base, banks = taught
+    mine = tmp_path / "banks"
+    shutil.copytree(banks, mine)
+    current = json.loads(_ok(_cli("anomaly", "banks", "show", PART, "--banks", str(mine))))["version"]
+    out = _ok(_cli("anomaly", "teach", "--part", PART, "--from", str(base / "set" / PART / "train" / "good"),
+                   "--extractor", "raw-pixel", "--banks", str(mine), "--stage"))  # fmt: skip
+    assert "staged" in out and "--golive" in out
+    listed = json.loads(_ok(_cli("anomaly", "banks", "list", "--banks", str(mine), "--json")))[0]
+    staged = listed["staged"]
+    assert listed["current"] == current and staged > current  # held back: the line still runs the old version
+    shown = json.loads(_ok(_cli("anomaly", "banks", "show", PART, "--version", str(staged), "--banks", str(mine))))
+    assert shown["state"] == "staged"
+    refused = _cli("anomaly", "banks", "promote", PART, str(staged), "--banks", str(mine))
+    assert refused.returncode != 0 and "no go-live figures" in refused.stderr and "Traceback" not in refused.stderr
+    record = json.loads(_ok(_cli("anomaly", "eval", str(base / "set"), "--part", PART, "--banks", str(mine),
+                                 "--version", str(staged), "--golive", "--json")))  # fmt: skip
+    assert record["passed"] and record["baseline_bank_id"] and record["candidate"]["n_defect"] > 0
+    assert f"@v{staged}" in _ok(_cli("anomaly", "banks", "promote", PART, str(staged), "--banks", str(mine)))
+    after = json.loads(_ok(_cli("anomaly", "banks", "list", "--banks", str(mine), "--json")))[0]
+    assert after["current"] == staged and after["staged"] is None

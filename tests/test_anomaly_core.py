@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import struct
 import zlib
 from pathlib import Path
@@ -11,11 +12,11 @@ import cv2
 import numpy as np
 import pytest
 
-from edgeinspect.errors import InvalidInput, NotFound
+from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
 from edgeinspect.models.anomaly.bank import BankStore
 from edgeinspect.models.anomaly.coreset import greedy_coreset
 from edgeinspect.models.anomaly.features import open_extractor
-from edgeinspect.models.anomaly.scoring import ANOMALOUS, BankMismatch, Scorer, heatmap_png
+from edgeinspect.models.anomaly.scoring import ANOMALOUS, BankMismatch, Scorer, heatmap_png, heatmap_scores, pixel_grid
 from edgeinspect.models.anomaly.teach import TeachError, load_frames, teach
 
 SIZE = 160
@@ -130,7 +131,7 @@ def test_publish_versions_and_rollback(raw_bank, tmp_path):
         store.rollback("woven", 7)
 
 
-@pytest.mark.parametrize("step", ["_write_version", "_set_current"])
+@pytest.mark.parametrize("step", ["_write_version", "_set_pointer"])
 def test_a_crash_mid_publish_leaves_the_previous_version_current(step, raw_bank, tmp_path, monkeypatch):
     store = BankStore(tmp_path / "banks")
     store.publish(raw_bank)
@@ -293,3 +294,71 @@ def test_onnx_extractor_concatenates_named_feature_maps(tmp_path, frames):
     onnx.save(model, Path(tmp_path / "retrained.onnx"))
     retrained = open_extractor("onnx", path=str(tmp_path / "retrained.onnx"), outputs=["fine", "coarse"])
     assert retrained.fingerprint != scaled.fingerprint
+
+
+def test_a_staged_version_is_written_whole_but_never_current_until_promoted(raw_bank, tmp_path):
+    store = BankStore(tmp_path / "banks")
+    live = store.publish(raw_bank)
+    staged = store.publish(raw_bank, stage=True)
+    assert (staged.version, store.current_version("woven"), store.staged_version("woven")) == (2, 1, 2)
+    assert store.current("woven").bank_id == live.bank_id and store.staged("woven").bank_id == staged.bank_id
+    with pytest.raises(FailedPrecondition, match="v2 is staged, never live: promote it"):
+        store.rollback("woven", 2)
+    assert store.promote("woven", 2).version == 2
+    assert (store.current_version("woven"), store.staged_version("woven")) == (2, None)
+    assert not (tmp_path / "banks/woven/STAGED").exists()
+
+
+def test_promote_refuses_what_is_not_staged_and_names_why(raw_bank, tmp_path):
+    store = BankStore(tmp_path / "banks")
+    store.publish(raw_bank)
+    with pytest.raises(FailedPrecondition, match="v1 is already the current version"):
+        store.promote("woven", 1)
+    with pytest.raises(NotFound, match="no bank version 9"):
+        store.promote("woven", 9)
+    store.publish(raw_bank)
+    store.rollback("woven", 1)
+    with pytest.raises(FailedPrecondition, match=r"v2 is not staged \(no version is staged\)"):
+        store.promote("woven", 2)  # an old live version goes back with rollback, not promote
+    # A crash between promote's two swaps leaves STAGED naming the current version: nothing reads as staged.
+    (tmp_path / "banks/woven/STAGED").write_text("v0001\n")
+    assert store.staged_version("woven") is None
+
+
+def test_go_live_gate_refuses_without_figures_stale_or_failed_ones_unless_forced(raw_bank, tmp_path):
+    from edgeinspect.models.anomaly import golive
+
+    store = BankStore(tmp_path / "banks")
+    current = store.publish(raw_bank)
+    staged = store.publish(raw_bank, stage=True)
+    with pytest.raises(FailedPrecondition, match="v2 may not go live: v2 has no go-live figures"):
+        golive.promote(store, "woven", 2)
+    figures = {"escaped": 5, "n_defect": 20, "flagged_good": 0, "n_good": 20}
+    base = {"escaped": 0, "n_defect": 20, "flagged_good": 0, "n_good": 20}  # escape 0/20: upper bound 16.1%
+    failures = golive.regressions(figures, base)
+    assert len(failures) == 1 and failures[0].startswith("escape 5/20 = 25.0% is above the current bank's 0/20")
+    assert golive.regressions({**figures, "escaped": 3}, base) == []  # 15%: inside the interval
+    record = {"bank_id": staged.bank_id, "baseline_bank_id": current.bank_id, "failures": failures}
+    path = golive.record_path(store, "woven", 2)
+    path.parent.mkdir()
+    path.write_text(json.dumps(record))
+    with pytest.raises(FailedPrecondition, match="escape 5/20 = 25.0%"):
+        golive.promote(store, "woven", 2)
+    path.write_text(json.dumps({**record, "baseline_bank_id": "woven@v7:00000000"}))
+    with pytest.raises(FailedPrecondition, match="were taken against woven@v7"):
+        golive.promote(store, "woven", 2)
+    assert store.current_version("woven") == 1  # every refusal left the live version alone
+    path.write_text(json.dumps({**record, "failures": []}))
+    assert golive.promote(store, "woven", 2).bank_id == staged.bank_id and store.current_version("woven") == 2
+    store.publish(raw_bank, stage=True)
+    assert golive.promote(store, "woven", 3, force=True).version == 3  # no figures at all, forced
+
+
+def test_the_heatmap_png_carries_its_raw_scores_at_the_pixel_grid():
+    heatmap = np.linspace(0.0, 3.0, 600 * 400, dtype=np.float32).reshape(400, 600)  # [H, W], long side > 256
+    png = heatmap_png(np.zeros((400, 600, 3), np.uint8), heatmap, 1.0)
+    assert cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR).shape == (400, 600, 3)  # still a picture
+    scores = heatmap_scores(png)
+    assert scores.shape == (171, 256) and scores.dtype == np.float32
+    np.testing.assert_allclose(scores, pixel_grid(heatmap), rtol=1e-3, atol=1e-4)  # float16
+    assert heatmap_scores(cv2.imencode(".png", np.zeros((4, 4), np.uint8))[1].tobytes()) is None

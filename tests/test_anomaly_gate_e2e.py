@@ -4,15 +4,24 @@ step), a flagged one by the gate and the VLM and never OK, an admin adds a false
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 
+from edgeinspect.errors import Unavailable
 from edgeinspect.models.anomaly.sample import write_sample_set
 from edgeinspect.services.common.auth import hash_token
 from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.services.line.plcsim import PlcSim
+from edgeinspect.services.line.testing import free_port
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, stage_pb2, stage_pb2_grpc, vision_pb2, vision_pb2_grpc
 
 PART = "board"
@@ -119,6 +128,55 @@ def test_flagged_frame_is_explained_by_the_vlm_never_ok_and_boxed(stack, api, sa
     assert heatmap(api, report.report_id).data.startswith(PNG)
 
 
+async def test_the_plc_reads_the_gates_score_and_regions_over_opc_ua(stack, api, sample, tmp_path):
+    """`edgeinspect ingest` serving OPC UA for the gated station: a defective part's cycle gives NG with the gate's
+    score, threshold, who decided and the regions, equal to what the stored report says."""
+    labels = json.loads((sample / "defects.json").read_text())
+    name = next(n for n, label in labels.items() if label["severity"] == 3)
+    (tmp_path / "cam").mkdir()
+    shutil.copy(sample / name, tmp_path / "cam" / "part.png")
+    port = free_port()
+    camera = {"id": "cam-gated", "station": GATED, "part": PART, "source": str(tmp_path / "cam"), "loop": True,
+              "folder_fps": 20, "sampling": {"trigger_only": True}, "max_new_tokens": 12,
+              "line": {"result_deadline_ms": 120_000, "ack_timeout_ms": 5_000}}  # fmt: skip
+    cfg = {"cameras": [camera], "gateway": stack.gateway_address, "api_token": ADMIN, "request_timeout_s": 120,
+           "frames_dir": str(tmp_path / "frames"), "log_json": False,
+           "opcua": {"host": "127.0.0.1", "port": port, "journal": str(tmp_path / "line.sqlite")}}  # fmt: skip
+    (tmp_path / "cameras.yaml").write_text(yaml.safe_dump(cfg))
+    with (tmp_path / "ingest.log").open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "edgeinspect.cli", "ingest", "--config",
+                                 str(tmp_path / "cameras.yaml")], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            plc = await connected_plc(f"opc.tcp://127.0.0.1:{port}/edgeinspect/", GATED)
+            try:
+                cycle = await plc.cycle(result_timeout_s=150)
+            finally:
+                await plc.__aexit__()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    assert cycle.error == 0 and cycle.ng and not cycle.ok, cycle
+    stored = call(api, "GetReport", inspection_pb2.GetReportRequest(report_id=cycle.report_id)).anomaly
+    seen = cycle.anomaly
+    assert seen["decided_by"] == "GATE_AND_VLM" and seen["score"] > seen["threshold"] > 0
+    assert seen["score"] == pytest.approx(stored.score, rel=1e-5)
+    assert seen["threshold"] == pytest.approx(stored.threshold, rel=1e-5)
+    assert len(seen["regions"]) == len(stored.regions) >= 1
+    for box, region in zip(seen["regions"], stored.regions, strict=True):
+        assert box == pytest.approx([region.x, region.y, region.width, region.height], abs=1e-4)
+
+
+async def connected_plc(endpoint: str, station: str, timeout_s: float = 60.0) -> PlcSim:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await PlcSim(endpoint, station).__aenter__()
+        except Unavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.3)
+
+
 def test_policy_vlm_records_the_score_beside_the_vlm_verdict(stack, api, sample):
     report, _ = inspect(api, sample / "test" / "good" / "001.png", VLM_STATION)
     a = report.anomaly
@@ -167,3 +225,48 @@ def test_teach_from_reports_uses_the_reviewed_ok_frames(stack, api, sample):
         call(api, "ReviewReport", review)
     version = call(api, "TeachFromReports", inspection_pb2.TeachFromReportsRequest(station=GATED, part=PART, last_n=5))
     assert version.version == 3 and version.frames + len(version.outliers) == 5
+
+
+def flagged_faint_frame(api, sample) -> tuple[inspection_pb2.DefectReport, Path]:
+    """A severity-1 defect the current bank flags: an operator would call it good."""
+    labels = json.loads((sample / "defects.json").read_text())
+    for name in sorted(n for n, label in labels.items() if label["severity"] == 1):
+        report, _ = inspect(api, sample / name, GATED)
+        if report.anomaly.decided_by == inspection_pb2.DECIDED_BY_GATE_AND_VLM:
+            return report, sample / name
+    raise AssertionError("the current bank flags no faint defect")
+
+
+def test_a_staged_good_set_addition_is_not_used_until_promoted_and_promotion_checks_it(stack, api, sample):
+    rejected, path = flagged_faint_frame(api, sample)
+    live = rejected.anomaly.bank_id
+    staged = call(api, "AddToGoodSet", inspection_pb2.AddToGoodSetRequest(report_id=rejected.report_id, stage=True))
+    assert staged.staged and staged.bank_id != live
+    vision = grpc.insecure_channel(stack.address_of("vision"))
+    info = vision_pb2_grpc.VisionServiceStub(vision).Info(vision_pb2.InfoRequest(), timeout=10)
+    vision.close()
+    assert [b.bank_id for b in info.banks if b.part == PART] == [live]  # what every replica compares
+    assert [(b.bank_id, b.staged) for b in info.staged_banks] == [(staged.bank_id, True)]
+    again, _ = inspect(api, path, GATED)
+    assert again.anomaly.bank_id == live and again.verdict != inspection_pb2.VERDICT_OK  # the staged one never gates
+
+    def promote(version: int, force: bool = False, token: str = ADMIN):
+        request = inspection_pb2.PromoteBankRequest(part=PART, version=version, force=force)
+        with pytest.raises(grpc.RpcError) as err:
+            call(api, "PromoteBank", request, token=token)
+        return err.value.code(), err.value.details()
+
+    code, details = promote(staged.version)
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "has no go-live figures" in details, details
+    assert promote(staged.version, token=INSPECTOR)[0] == grpc.StatusCode.PERMISSION_DENIED
+    assert promote(staged.version + 5)[0] == grpc.StatusCode.NOT_FOUND
+    assert promote(0)[0] == grpc.StatusCode.INVALID_ARGUMENT
+    code, details = promote(int(live.split("@v")[1].split(":")[0]))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "already the current version" in details
+
+    promoted = call(
+        api, "PromoteBank", inspection_pb2.PromoteBankRequest(part=PART, version=staged.version, force=True)
+    )
+    assert promoted.bank_id == staged.bank_id and not promoted.staged
+    passed, _ = inspect(api, path, GATED)
+    assert passed.verdict == inspection_pb2.VERDICT_OK and passed.anomaly.bank_id == staged.bank_id, passed.anomaly

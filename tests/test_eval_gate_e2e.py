@@ -13,7 +13,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from edgeinspect.models.anomaly.bank import BankStore
+from edgeinspect.models.anomaly.evaluate import evaluate
+from edgeinspect.models.anomaly.features import open_extractor
 from edgeinspect.models.anomaly.sample import write_sample_set
+from edgeinspect.models.anomaly.scoring import Scorer
 from edgeinspect.services.launcher import LocalStack, StackOptions
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, vision_pb2, vision_pb2_grpc
 
@@ -75,7 +79,13 @@ def test_eval_on_a_gated_station_reports_the_gates_figures_and_the_baseline_gate
     assert a["threshold"] > 0 and a["bank_ids"][0].startswith(f"{PART}@v1") and a["policies"] == ["gate"]
     # Every frame the gate passed (good parts and escapes) was answered without the VLM: it decided those alone.
     assert a["decided_by_gate_alone"]["k"] == a["n_good"] - a["flagged_good"] + a["escaped"]
-    assert a["pixel_auroc"] is None and "edgeinspect anomaly eval" in a["pixel_auroc_note"]
+    # Pixel AUROC from the stored heatmaps' raw scores agrees with the offline eval of the same bank and frames (the
+    # cluster's scores travel as float16; the offline eval batches 16 frames through the extractor, the node one).
+    bank = BankStore(stack.banks_dir).load(PART, 1)
+    offline = evaluate(sample_root / PART, Scorer(bank, open_extractor(bank.extractor["name"], **bank.extractor.get(
+        "options", {}))))  # fmt: skip
+    assert offline.pixel_auroc is not None and a["pixel_auroc_note"] == ""
+    assert a["pixel_auroc"] == pytest.approx(offline.pixel_auroc, abs=1e-3), (a["pixel_auroc"], offline.pixel_auroc)
     assert (tmp_path / "v1" / a["roc_png"]).read_bytes().startswith(PNG)
     assert "## Anomaly gate" in (tmp_path / "v1" / "report.md").read_text()
     baseline = tmp_path / "v1" / "result.json"

@@ -43,7 +43,7 @@ def test_figures_count_the_gates_decision_and_rank_its_score():
     assert a["overkill"] == pytest.approx(1 / 3, abs=1e-6)
     assert a["decided_by_gate_alone"]["k"] == 3 and a["decided_by_gate_alone"]["n"] == 7
     assert a["threshold"] == 1.0 and a["bank_ids"] == ["board@v1:ab"] and a["pixel_auroc"] is None
-    assert "offline only" in a["pixel_auroc_note"]
+    assert "no ground-truth masks" in a["pixel_auroc_note"]
     assert a["misses"] == ["d1"] and a["false_alarms"] == ["g2"]
     assert a["operating_point"]["threshold"] == 0.4  # the highest threshold that lets at most 5% of 4 defects pass
 

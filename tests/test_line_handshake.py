@@ -90,3 +90,18 @@ def test_flags_that_drop_are_written_first_and_flags_that_rise_last():
     assert order[0] == "busy" and order[-1] == "result_ready" and set(order[1:-1]) == {"result_ng", "report_id"}
     order = [name for name, _ in write_order(done, Signals())]
     assert order[0] == "result_ready" and order[-1] == "trigger_ready"
+
+
+def test_the_gates_finding_is_written_with_the_result_and_cleared_on_the_next_cycle():
+    hs = Handshake("s", StationLineConfig())
+    finding = {"score": 3.5, "threshold": 2.0, "decided_by": "GATE_AND_VLM", "regions": [[0.1, 0.2, 0.3, 0.4]]}
+    hs.inputs(True, False, 0.0, "c1")
+    hs.outcome(Outcome(1, verdict="DEFECT", report_id="r1", anomaly=finding), 0.1)
+    s = hs.signals
+    assert (s.anomaly_score, s.anomaly_threshold, s.decided_by) == (3.5, 2.0, "GATE_AND_VLM")
+    assert s.region_count == 1 and s.regions == (0.1, 0.2, 0.3, 0.4)
+    hs.inputs(False, True, 0.2)  # ack
+    hs.inputs(True, False, 0.3, "c2")
+    hs.outcome(Outcome(2, verdict="OK", report_id="r2"), 0.4)  # a station without a gate: no stale score
+    s = hs.signals
+    assert (s.anomaly_score, s.decided_by, s.region_count, s.regions) == (-1.0, "", 0, ())

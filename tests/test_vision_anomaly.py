@@ -22,18 +22,12 @@ import pytest
 from PIL import Image
 from vision_images import png_bomb
 
-from edgeinspect.config import (
-    AnomalyExtractor,
-    AnomalySettings,
-    ServerConfig,
-    VisionBackend,
-    VisionSettings,
-    write_yaml,
-)
+from edgeinspect.config import ServerConfig, write_yaml
 from edgeinspect.models.anomaly.bank import BankStore
 from edgeinspect.models.anomaly.features import open_extractor
 from edgeinspect.models.anomaly.teach import teach
 from edgeinspect.services.common.channel import wait_for_serving
+from edgeinspect.services.vision.settings import AnomalyExtractor, AnomalySettings, VisionBackend, VisionSettings
 from edgeinspect.v1 import vision_pb2, vision_pb2_grpc
 
 START_TIMEOUT_S = 180.0

@@ -69,8 +69,11 @@ def teach_command(
     option: list[str] = typer.Option([], "--extractor-option", "-o", help="KEY=VALUE for the extractor, repeatable"),
     banks: Path | None = BANKS,
     coreset: float | None = typer.Option(None, "--coreset", help="coreset ratio in (0, 1] (default: measured)"),
+    stage: bool = typer.Option(
+        False, "--stage", help="hold the new version back (staged) until `banks promote` after its go-live figures"
+    ),
 ) -> None:
-    """Teach a part's bank from good frames and publish it as the part's next version."""
+    """Teach a part's bank from good frames and publish it as the part's next version (or stage it)."""
     from edgeinspect.models.anomaly.bank import check_part
     from edgeinspect.models.anomaly.features import open_extractor
     from edgeinspect.models.anomaly.teach import CORESET_RATIO, load_frames, teach
@@ -86,9 +89,14 @@ def teach_command(
         progress.update(task, description=f"teaching {part} from {len(frames)} frames (features, coreset, threshold)")
         bank, report = teach(frames, features, part, coreset_ratio=CORESET_RATIO if coreset is None else coreset)
         progress.update(task, description=f"publishing to {store.root}")
-        published = store.publish(bank)
+        published = store.publish(bank, stage=stage)
     console.print(report.summary())
-    console.print(f"published {published.bank_id} (version {published.version}) in {store.root}")
+    console.print(
+        f"{'staged' if stage else 'published'} {published.bank_id} (version {published.version}) in {store.root}"
+    )
+    if stage:
+        console.print(f"next: `edgeinspect anomaly eval ROOT --part {part} --version {published.version} --golive`, "
+                      f"then `edgeinspect anomaly banks promote {part} {published.version}`")  # fmt: skip
     console.print(f"threshold {published.threshold:.4g}; outliers refused: {len(report.outliers)}")
 
 
@@ -107,6 +115,13 @@ def eval_command(
         help="publish a new bank version whose OK cut is the operating point for --target-escape on these labelled "
         "frames (the scored version stays for `banks rollback`)",
     ),
+    golive: bool = typer.Option(
+        False,
+        "--golive",
+        help="record the go-live figures of --version (a staged bank) against the current one on these labelled "
+        "frames: what `banks promote` checks",
+    ),
+    tolerance: float = typer.Option(0.0, "--tolerance", help="--golive: allowed rise over the current bank's bounds"),
 ) -> None:
     """Image and pixel AUROC, escape and overkill (Wilson 95% CIs) of a part's bank on labelled frames."""
     from edgeinspect.errors import InvalidInput, NotFound
@@ -119,6 +134,8 @@ def eval_command(
     part_dir = root / part
     if not part_dir.is_dir():
         raise NotFound(f"{part_dir}: no such part folder (expected ROOT/PART/test/...)")
+    if golive:
+        return _golive(banks, part, version, part_dir, tolerance, as_json)
     bank = _store(banks).load(part, version)
     extractor = open_extractor(bank.extractor["name"], **bank.extractor.get("options", {}))
     console = _console(err=as_json)
@@ -137,6 +154,37 @@ def eval_command(
         console.print(f"adopted: {adopted['bank_id']} is current, OK below {adopted['ok_below']:.4g} (operating point "
                       f"for {target_escape:.1%} escape); `edgeinspect anomaly banks rollback {bank.part} "
                       f"{bank.version}` goes back")  # fmt: skip
+
+
+def _golive(banks: Path | None, part: str, version: int | None, part_dir: Path, tolerance: float, as_json: bool):
+    """`eval --golive`: the staged version's figures and the current one's, recorded beside the bank."""
+    from edgeinspect.errors import InvalidInput
+    from edgeinspect.models.anomaly import golive
+    from edgeinspect.models.anomaly.features import open_extractor
+    from edgeinspect.models.anomaly.scoring import Scorer
+
+    if version is None:
+        raise InvalidInput("--golive needs --version: the staged version to judge against the current one")
+
+    def open_scorer(bank):
+        return Scorer(bank, open_extractor(bank.extractor["name"], **bank.extractor.get("options", {})))
+
+    with _stage_progress(_console(err=as_json)) as progress:
+        progress.add_task(f"scoring {part} v{version} and the current version on {part_dir}", total=None)
+        doc = golive.record(_store(banks), part, version, part_dir, open_scorer, tolerance=tolerance)
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    c, b = doc["candidate"], doc["baseline"]
+    line = f"v{version}: escape {c['escape']:.1%}, overkill {c['overkill']:.1%}, image AUROC {c['image_auroc']:.4f}"
+    if b:
+        line += f" (current: escape {b['escape']:.1%}, overkill {b['overkill']:.1%})"
+    typer.echo(line)
+    if doc["passed"]:
+        typer.echo(f"go-live figures pass: `edgeinspect anomaly banks promote {part} {version}` makes it current")
+    else:
+        typer.echo("go-live figures fail: " + "; ".join(doc["failures"]))
+        raise typer.Exit(1)
 
 
 def _adopt(banks: Path | None, bank, result, root: Path) -> dict:
@@ -194,7 +242,8 @@ def banks_list(banks: Path | None = BANKS, as_json: bool = typer.Option(False, "
     for part in store.list_parts():
         bank = store.current(part)
         versions = [b.version for b in store.versions(part)]
-        rows.append({"part": part, "current": bank.version if bank else None, "versions": versions,
+        rows.append({"part": part, "current": bank.version if bank else None, "staged": store.staged_version(part),
+                     "versions": versions,
                      "bank_id": bank.bank_id if bank else "", "extractor": bank.extractor.get("name") if bank else "",
                      "threshold": bank.threshold if bank else None,
                      "patches": int(bank.features.shape[0]) if bank else 0,
@@ -206,11 +255,12 @@ def banks_list(banks: Path | None = BANKS, as_json: bool = typer.Option(False, "
         typer.echo(f"no banks in {store.root}")
         return
     table = Table(title=f"anomaly banks in {store.root}")
-    for column in ("part", "current", "versions", "bank id", "extractor", "threshold", "patches", "created"):
+    for column in ("part", "current", "staged", "versions", "bank id", "extractor", "threshold", "patches", "created"):
         table.add_column(column)
     for r in rows:
         threshold = "-" if r["threshold"] is None else f"{r['threshold']:.4g}"
-        table.add_row(r["part"], str(r["current"]), ",".join(map(str, r["versions"])), r["bank_id"], r["extractor"],
+        table.add_row(r["part"], str(r["current"]), str(r["staged"] or "-"), ",".join(map(str, r["versions"])),
+                      r["bank_id"], r["extractor"],
                       threshold, str(r["patches"]), r["created_at"])  # fmt: skip
     _console().print(table)
 
@@ -222,8 +272,11 @@ def banks_show(
     banks: Path | None = BANKS,
 ) -> None:
     """A bank's metadata as JSON: extractor and fingerprint, threshold, band, teach set, LOO statistics."""
-    bank = _store(banks).load(part, version)
-    typer.echo(json.dumps(bank.metadata(), indent=2, sort_keys=True, default=str))
+    store = _store(banks)
+    bank = store.load(part, version)
+    state = ("current" if bank.version == store.current_version(part)
+             else "staged" if bank.version == store.staged_version(part) else "earlier")  # fmt: skip
+    typer.echo(json.dumps({**bank.metadata(), "state": state}, indent=2, sort_keys=True, default=str))
 
 
 @banks_app.command("rollback")
@@ -234,6 +287,20 @@ def banks_rollback(
 ) -> None:
     """Make an earlier bank version of a part current again."""
     bank = _store(banks).rollback(part, version)
+    typer.echo(f"{part}: current bank is now {bank.bank_id}")
+
+
+@banks_app.command("promote")
+def banks_promote(
+    part: str = typer.Argument(..., help="part name"),
+    version: int = typer.Argument(..., help="the staged version to make current"),
+    force: bool = typer.Option(False, "--force", help="promote even where its go-live figures are missing or fail"),
+    banks: Path | None = BANKS,
+) -> None:
+    """Make a part's staged version current, once its go-live figures (`eval --golive`) pass."""
+    from edgeinspect.models.anomaly import golive
+
+    bank = golive.promote(_store(banks), part, version, force=force)
     typer.echo(f"{part}: current bank is now {bank.bank_id}")
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x64geinspect/v1/common.proto\x12\x0e\x65\x64geinspect.v1\"\xc8\x01\n\x0cPeerIdentity\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x1e\n\x16\x63heckpoint_fingerprint\x18\x02 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x13\n\x0blayer_start\x18\x05 \x01(\x05\x12\x11\n\tlayer_end\x18\x06 \x01(\x05\x12\x12\n\nnum_layers\x18\x07 \x01(\x05\x12\x15\n\rweights_dtype\x18\x08 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x64geinspect/v1/common.proto\x12\x0e\x65\x64geinspect.v1\"\xd8\x01\n\x0cPeerIdentity\x12\x18\n\x10protocol_version\x18\x01 \x01(\t\x12\x1e\n\x16\x63heckpoint_fingerprint\x18\x02 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x13\n\x0blayer_start\x18\x05 \x01(\x05\x12\x11\n\tlayer_end\x18\x06 \x01(\x05\x12\x12\n\nnum_layers\x18\x07 \x01(\x05\x12\x15\n\rweights_dtype\x18\x08 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,5 +32,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'edgeinspect.v1.common_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PEERIDENTITY']._serialized_start=48
-  _globals['_PEERIDENTITY']._serialized_end=248
+  _globals['_PEERIDENTITY']._serialized_end=264
 # @@protoc_insertion_point(module_scope)

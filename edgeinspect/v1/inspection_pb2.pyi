@@ -124,7 +124,7 @@ class Reference(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., section: _Optional[str] = ..., score: _Optional[float] = ..., index_version: _Optional[str] = ..., path: _Optional[str] = ..., page: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("checkpoint", "checkpoint_fingerprint", "tokenizer_fingerprint", "partition", "codec", "plan", "shadow", "prompt_sha256")
+    __slots__ = ("checkpoint", "checkpoint_fingerprint", "tokenizer_fingerprint", "partition", "codec", "plan", "shadow", "prompt_sha256", "served")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class ModelInfo(_message.Message):
     PLAN_FIELD_NUMBER: _ClassVar[int]
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     PROMPT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
     checkpoint: str
     checkpoint_fingerprint: str
     tokenizer_fingerprint: str
@@ -141,7 +142,20 @@ class ModelInfo(_message.Message):
     plan: str
     shadow: bool
     prompt_sha256: str
-    def __init__(self, checkpoint: _Optional[str] = ..., checkpoint_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., partition: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ..., plan: _Optional[str] = ..., shadow: _Optional[bool] = ..., prompt_sha256: _Optional[str] = ...) -> None: ...
+    served: _containers.RepeatedCompositeFieldContainer[StageServed]
+    def __init__(self, checkpoint: _Optional[str] = ..., checkpoint_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., partition: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ..., plan: _Optional[str] = ..., shadow: _Optional[bool] = ..., prompt_sha256: _Optional[str] = ..., served: _Optional[_Iterable[_Union[StageServed, _Mapping]]] = ...) -> None: ...
+
+class StageServed(_message.Message):
+    __slots__ = ("layers", "address", "device", "weights")
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    layers: str
+    address: str
+    device: str
+    weights: str
+    def __init__(self, layers: _Optional[str] = ..., address: _Optional[str] = ..., device: _Optional[str] = ..., weights: _Optional[str] = ...) -> None: ...
 
 class Failover(_message.Message):
     __slots__ = ("stage", "endpoint", "position", "reason", "recovery_ms", "replayed_tokens", "route")
@@ -242,36 +256,52 @@ class AnomalyFinding(_message.Message):
     def __init__(self, score: _Optional[float] = ..., threshold: _Optional[float] = ..., bank_id: _Optional[str] = ..., extractor_fingerprint: _Optional[str] = ..., decided_by: _Optional[_Union[DecidedBy, str]] = ..., regions: _Optional[_Iterable[_Union[BoundingBox, _Mapping]]] = ..., heatmap_stored: _Optional[bool] = ..., policy: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
 
 class AddToGoodSetRequest(_message.Message):
-    __slots__ = ("report_id",)
+    __slots__ = ("report_id", "stage")
     REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     report_id: str
-    def __init__(self, report_id: _Optional[str] = ...) -> None: ...
+    stage: bool
+    def __init__(self, report_id: _Optional[str] = ..., stage: _Optional[bool] = ...) -> None: ...
 
 class TeachFromReportsRequest(_message.Message):
-    __slots__ = ("station", "part", "last_n")
+    __slots__ = ("station", "part", "last_n", "stage")
     STATION_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
     LAST_N_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     station: str
     part: str
     last_n: int
-    def __init__(self, station: _Optional[str] = ..., part: _Optional[str] = ..., last_n: _Optional[int] = ...) -> None: ...
+    stage: bool
+    def __init__(self, station: _Optional[str] = ..., part: _Optional[str] = ..., last_n: _Optional[int] = ..., stage: _Optional[bool] = ...) -> None: ...
+
+class PromoteBankRequest(_message.Message):
+    __slots__ = ("part", "version", "force")
+    PART_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    part: str
+    version: int
+    force: bool
+    def __init__(self, part: _Optional[str] = ..., version: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class AnomalyBankVersion(_message.Message):
-    __slots__ = ("part", "bank_id", "version", "threshold", "frames", "outliers")
+    __slots__ = ("part", "bank_id", "version", "threshold", "frames", "outliers", "staged")
     PART_FIELD_NUMBER: _ClassVar[int]
     BANK_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     OUTLIERS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
     part: str
     bank_id: str
     version: int
     threshold: float
     frames: int
     outliers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, part: _Optional[str] = ..., bank_id: _Optional[str] = ..., version: _Optional[int] = ..., threshold: _Optional[float] = ..., frames: _Optional[int] = ..., outliers: _Optional[_Iterable[str]] = ...) -> None: ...
+    staged: bool
+    def __init__(self, part: _Optional[str] = ..., bank_id: _Optional[str] = ..., version: _Optional[int] = ..., threshold: _Optional[float] = ..., frames: _Optional[int] = ..., outliers: _Optional[_Iterable[str]] = ..., staged: _Optional[bool] = ...) -> None: ...
 
 class Review(_message.Message):
     __slots__ = ("review_id", "report_id", "verdict", "defect_classes", "comment", "reviewer", "reviewer_role", "created_time", "model_verdict", "model_defect_classes", "agrees")

@@ -90,6 +90,11 @@ class InspectionServiceStub:
                 request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.TeachFromReportsRequest.SerializeToString,
                 response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.FromString,
                 _registered_method=True)
+        self.PromoteBank = channel.unary_unary(
+                '/edgeinspect.v1.InspectionService/PromoteBank',
+                request_serializer=edgeinspect_dot_v1_dot_inspection__pb2.PromoteBankRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.FromString,
+                _registered_method=True)
 
 
 class InspectionServiceServicer:
@@ -177,6 +182,14 @@ class InspectionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PromoteBank(self, request, context):
+        """Makes a part's staged bank version (AddToGoodSet / TeachFromReports with stage) current: refused
+        (FAILED_PRECONDITION) when its go-live figures are missing, stale or fail, unless force. Admin only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InspectionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +246,11 @@ def add_InspectionServiceServicer_to_server(servicer, server):
             'TeachFromReports': grpc.unary_unary_rpc_method_handler(
                     servicer.TeachFromReports,
                     request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.TeachFromReportsRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.SerializeToString,
+            ),
+            'PromoteBank': grpc.unary_unary_rpc_method_handler(
+                    servicer.PromoteBank,
+                    request_deserializer=edgeinspect_dot_v1_dot_inspection__pb2.PromoteBankRequest.FromString,
                     response_serializer=edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.SerializeToString,
             ),
     }
@@ -533,6 +551,33 @@ class InspectionService:
             target,
             '/edgeinspect.v1.InspectionService/TeachFromReports',
             edgeinspect_dot_v1_dot_inspection__pb2.TeachFromReportsRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PromoteBank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.InspectionService/PromoteBank',
+            edgeinspect_dot_v1_dot_inspection__pb2.PromoteBankRequest.SerializeToString,
             edgeinspect_dot_v1_dot_inspection__pb2.AnomalyBankVersion.FromString,
             options,
             channel_credentials,

@@ -26,15 +26,15 @@ from edgeinspect.v1 import tensor_pb2 as edgeinspect_dot_v1_dot_tensor__pb2
 from edgeinspect.v1 import common_pb2 as edgeinspect_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x64geinspect/v1/vision.proto\x12\x0e\x65\x64geinspect.v1\x1a\x1b\x65\x64geinspect/v1/tensor.proto\x1a\x1b\x65\x64geinspect/v1/common.proto\"R\n\rEncodeRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12$\n\x05\x63odec\x18\x02 \x01(\x0e\x32\x15.edgeinspect.v1.Codec\x12\x0c\n\x04zstd\x18\x03 \x01(\x08\"\x80\x01\n\x0e\x45ncodeResponse\x12\x32\n\rvisual_tokens\x18\x01 \x01(\x0b\x32\x1b.edgeinspect.v1.TensorFrame\x12\x14\n\x0cimage_sha256\x18\x02 \x01(\t\x12\x11\n\tencode_ms\x18\x03 \x01(\x01\x12\x11\n\tcache_hit\x18\x04 \x01(\x08\"\r\n\x0bInfoRequest\"\x8f\x01\n\nVisionInfo\x12.\n\x08identity\x18\x01 \x01(\x0b\x32\x1c.edgeinspect.v1.PeerIdentity\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x14\n\x0coutput_shape\x18\x03 \x03(\x03\x12*\n\x05\x62\x61nks\x18\x04 \x03(\x0b\x32\x1b.edgeinspect.v1.AnomalyBank\"\x92\x01\n\x0b\x41nomalyBank\x12\x0c\n\x04part\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61nk_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12\x11\n\textractor\x18\x04 \x01(\t\x12\x1d\n\x15\x65xtractor_fingerprint\x18\x05 \x01(\t\x12\x11\n\tthreshold\x18\x06 \x01(\x02\x12\x0e\n\x06\x66rames\x18\x07 \x01(\x05\"R\n\rAnomalyRegion\x12\t\n\x01x\x18\x01 \x01(\x02\x12\t\n\x01y\x18\x02 \x01(\x02\x12\r\n\x05width\x18\x03 \x01(\x02\x12\x0e\n\x06height\x18\x04 \x01(\x02\x12\x0c\n\x04peak\x18\x05 \x01(\x02\"T\n\x0cScoreRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x0c\n\x04part\x18\x02 \x01(\t\x12\x16\n\x0e\x65xpect_bank_id\x18\x03 \x01(\t\x12\x0f\n\x07heatmap\x18\x04 \x01(\x08\"\xa3\x02\n\x0c\x41nomalyScore\x12\r\n\x05score\x18\x01 \x01(\x02\x12\x11\n\tthreshold\x18\x02 \x01(\x02\x12\x10\n\x08\x62\x61nd_low\x18\x03 \x01(\x02\x12\x11\n\tband_high\x18\x04 \x01(\x02\x12/\n\x07verdict\x18\x05 \x01(\x0e\x32\x1e.edgeinspect.v1.AnomalyVerdict\x12.\n\x07regions\x18\x06 \x03(\x0b\x32\x1d.edgeinspect.v1.AnomalyRegion\x12\x13\n\x0bheatmap_png\x18\x07 \x01(\x0c\x12\x0f\n\x07\x62\x61nk_id\x18\x08 \x01(\t\x12\x1d\n\x15\x65xtractor_fingerprint\x18\t \x01(\t\x12\x10\n\x08score_ms\x18\n \x01(\x01\x12\x14\n\x0cimage_sha256\x18\x0b \x01(\t\"W\n\x0cTeachRequest\x12\x0c\n\x04part\x18\x01 \x01(\t\x12\x0e\n\x06\x66rames\x18\x02 \x03(\x0c\x12\x16\n\x0e\x61\x64\x64_to_current\x18\x03 \x01(\x08\x12\x11\n\textractor\x18\x04 \x01(\t\"^\n\rTeachResponse\x12)\n\x04\x62\x61nk\x18\x01 \x01(\x0b\x32\x1b.edgeinspect.v1.AnomalyBank\x12\x10\n\x08outliers\x18\x02 \x03(\t\x12\x10\n\x08teach_ms\x18\x03 \x01(\x01*\x8b\x01\n\x0e\x41nomalyVerdict\x12\x1f\n\x1b\x41NOMALY_VERDICT_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41NOMALY_VERDICT_NORMAL\x10\x01\x12\x1d\n\x19\x41NOMALY_VERDICT_ANOMALOUS\x10\x02\x12\x1d\n\x19\x41NOMALY_VERDICT_UNCERTAIN\x10\x03\x32\xa4\x02\n\rVisionService\x12G\n\x06\x45ncode\x12\x1d.edgeinspect.v1.EncodeRequest\x1a\x1e.edgeinspect.v1.EncodeResponse\x12?\n\x04Info\x12\x1b.edgeinspect.v1.InfoRequest\x1a\x1a.edgeinspect.v1.VisionInfo\x12\x43\n\x05Score\x12\x1c.edgeinspect.v1.ScoreRequest\x1a\x1c.edgeinspect.v1.AnomalyScore\x12\x44\n\x05Teach\x12\x1c.edgeinspect.v1.TeachRequest\x1a\x1d.edgeinspect.v1.TeachResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x64geinspect/v1/vision.proto\x12\x0e\x65\x64geinspect.v1\x1a\x1b\x65\x64geinspect/v1/tensor.proto\x1a\x1b\x65\x64geinspect/v1/common.proto\"R\n\rEncodeRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12$\n\x05\x63odec\x18\x02 \x01(\x0e\x32\x15.edgeinspect.v1.Codec\x12\x0c\n\x04zstd\x18\x03 \x01(\x08\"\x80\x01\n\x0e\x45ncodeResponse\x12\x32\n\rvisual_tokens\x18\x01 \x01(\x0b\x32\x1b.edgeinspect.v1.TensorFrame\x12\x14\n\x0cimage_sha256\x18\x02 \x01(\t\x12\x11\n\tencode_ms\x18\x03 \x01(\x01\x12\x11\n\tcache_hit\x18\x04 \x01(\x08\"\r\n\x0bInfoRequest\"\xc2\x01\n\nVisionInfo\x12.\n\x08identity\x18\x01 \x01(\x0b\x32\x1c.edgeinspect.v1.PeerIdentity\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x14\n\x0coutput_shape\x18\x03 \x03(\x03\x12*\n\x05\x62\x61nks\x18\x04 \x03(\x0b\x32\x1b.edgeinspect.v1.AnomalyBank\x12\x31\n\x0cstaged_banks\x18\x05 \x03(\x0b\x32\x1b.edgeinspect.v1.AnomalyBank\"\xa2\x01\n\x0b\x41nomalyBank\x12\x0c\n\x04part\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61nk_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x05\x12\x11\n\textractor\x18\x04 \x01(\t\x12\x1d\n\x15\x65xtractor_fingerprint\x18\x05 \x01(\t\x12\x11\n\tthreshold\x18\x06 \x01(\x02\x12\x0e\n\x06\x66rames\x18\x07 \x01(\x05\x12\x0e\n\x06staged\x18\x08 \x01(\x08\"R\n\rAnomalyRegion\x12\t\n\x01x\x18\x01 \x01(\x02\x12\t\n\x01y\x18\x02 \x01(\x02\x12\r\n\x05width\x18\x03 \x01(\x02\x12\x0e\n\x06height\x18\x04 \x01(\x02\x12\x0c\n\x04peak\x18\x05 \x01(\x02\"T\n\x0cScoreRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\x0c\n\x04part\x18\x02 \x01(\t\x12\x16\n\x0e\x65xpect_bank_id\x18\x03 \x01(\t\x12\x0f\n\x07heatmap\x18\x04 \x01(\x08\"\xa3\x02\n\x0c\x41nomalyScore\x12\r\n\x05score\x18\x01 \x01(\x02\x12\x11\n\tthreshold\x18\x02 \x01(\x02\x12\x10\n\x08\x62\x61nd_low\x18\x03 \x01(\x02\x12\x11\n\tband_high\x18\x04 \x01(\x02\x12/\n\x07verdict\x18\x05 \x01(\x0e\x32\x1e.edgeinspect.v1.AnomalyVerdict\x12.\n\x07regions\x18\x06 \x03(\x0b\x32\x1d.edgeinspect.v1.AnomalyRegion\x12\x13\n\x0bheatmap_png\x18\x07 \x01(\x0c\x12\x0f\n\x07\x62\x61nk_id\x18\x08 \x01(\t\x12\x1d\n\x15\x65xtractor_fingerprint\x18\t \x01(\t\x12\x10\n\x08score_ms\x18\n \x01(\x01\x12\x14\n\x0cimage_sha256\x18\x0b \x01(\t\"f\n\x0cTeachRequest\x12\x0c\n\x04part\x18\x01 \x01(\t\x12\x0e\n\x06\x66rames\x18\x02 \x03(\x0c\x12\x16\n\x0e\x61\x64\x64_to_current\x18\x03 \x01(\x08\x12\x11\n\textractor\x18\x04 \x01(\t\x12\r\n\x05stage\x18\x05 \x01(\x08\">\n\x0ePromoteRequest\x12\x0c\n\x04part\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"^\n\rTeachResponse\x12)\n\x04\x62\x61nk\x18\x01 \x01(\x0b\x32\x1b.edgeinspect.v1.AnomalyBank\x12\x10\n\x08outliers\x18\x02 \x03(\t\x12\x10\n\x08teach_ms\x18\x03 \x01(\x01*\x8b\x01\n\x0e\x41nomalyVerdict\x12\x1f\n\x1b\x41NOMALY_VERDICT_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41NOMALY_VERDICT_NORMAL\x10\x01\x12\x1d\n\x19\x41NOMALY_VERDICT_ANOMALOUS\x10\x02\x12\x1d\n\x19\x41NOMALY_VERDICT_UNCERTAIN\x10\x03\x32\xec\x02\n\rVisionService\x12G\n\x06\x45ncode\x12\x1d.edgeinspect.v1.EncodeRequest\x1a\x1e.edgeinspect.v1.EncodeResponse\x12?\n\x04Info\x12\x1b.edgeinspect.v1.InfoRequest\x1a\x1a.edgeinspect.v1.VisionInfo\x12\x43\n\x05Score\x12\x1c.edgeinspect.v1.ScoreRequest\x1a\x1c.edgeinspect.v1.AnomalyScore\x12\x44\n\x05Teach\x12\x1c.edgeinspect.v1.TeachRequest\x1a\x1d.edgeinspect.v1.TeachResponse\x12\x46\n\x07Promote\x12\x1e.edgeinspect.v1.PromoteRequest\x1a\x1b.edgeinspect.v1.AnomalyBankb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'edgeinspect.v1.vision_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ANOMALYVERDICT']._serialized_start=1280
-  _globals['_ANOMALYVERDICT']._serialized_end=1419
+  _globals['_ANOMALYVERDICT']._serialized_start=1426
+  _globals['_ANOMALYVERDICT']._serialized_end=1565
   _globals['_ENCODEREQUEST']._serialized_start=105
   _globals['_ENCODEREQUEST']._serialized_end=187
   _globals['_ENCODERESPONSE']._serialized_start=190
@@ -42,19 +42,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFOREQUEST']._serialized_start=320
   _globals['_INFOREQUEST']._serialized_end=333
   _globals['_VISIONINFO']._serialized_start=336
-  _globals['_VISIONINFO']._serialized_end=479
-  _globals['_ANOMALYBANK']._serialized_start=482
-  _globals['_ANOMALYBANK']._serialized_end=628
-  _globals['_ANOMALYREGION']._serialized_start=630
-  _globals['_ANOMALYREGION']._serialized_end=712
-  _globals['_SCOREREQUEST']._serialized_start=714
-  _globals['_SCOREREQUEST']._serialized_end=798
-  _globals['_ANOMALYSCORE']._serialized_start=801
-  _globals['_ANOMALYSCORE']._serialized_end=1092
-  _globals['_TEACHREQUEST']._serialized_start=1094
-  _globals['_TEACHREQUEST']._serialized_end=1181
-  _globals['_TEACHRESPONSE']._serialized_start=1183
-  _globals['_TEACHRESPONSE']._serialized_end=1277
-  _globals['_VISIONSERVICE']._serialized_start=1422
-  _globals['_VISIONSERVICE']._serialized_end=1714
+  _globals['_VISIONINFO']._serialized_end=530
+  _globals['_ANOMALYBANK']._serialized_start=533
+  _globals['_ANOMALYBANK']._serialized_end=695
+  _globals['_ANOMALYREGION']._serialized_start=697
+  _globals['_ANOMALYREGION']._serialized_end=779
+  _globals['_SCOREREQUEST']._serialized_start=781
+  _globals['_SCOREREQUEST']._serialized_end=865
+  _globals['_ANOMALYSCORE']._serialized_start=868
+  _globals['_ANOMALYSCORE']._serialized_end=1159
+  _globals['_TEACHREQUEST']._serialized_start=1161
+  _globals['_TEACHREQUEST']._serialized_end=1263
+  _globals['_PROMOTEREQUEST']._serialized_start=1265
+  _globals['_PROMOTEREQUEST']._serialized_end=1327
+  _globals['_TEACHRESPONSE']._serialized_start=1329
+  _globals['_TEACHRESPONSE']._serialized_end=1423
+  _globals['_VISIONSERVICE']._serialized_start=1568
+  _globals['_VISIONSERVICE']._serialized_end=1932
 # @@protoc_insertion_point(module_scope)

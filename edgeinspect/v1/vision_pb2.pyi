@@ -47,19 +47,21 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class VisionInfo(_message.Message):
-    __slots__ = ("identity", "backend", "output_shape", "banks")
+    __slots__ = ("identity", "backend", "output_shape", "banks", "staged_banks")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_SHAPE_FIELD_NUMBER: _ClassVar[int]
     BANKS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_BANKS_FIELD_NUMBER: _ClassVar[int]
     identity: _common_pb2.PeerIdentity
     backend: str
     output_shape: _containers.RepeatedScalarFieldContainer[int]
     banks: _containers.RepeatedCompositeFieldContainer[AnomalyBank]
-    def __init__(self, identity: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., backend: _Optional[str] = ..., output_shape: _Optional[_Iterable[int]] = ..., banks: _Optional[_Iterable[_Union[AnomalyBank, _Mapping]]] = ...) -> None: ...
+    staged_banks: _containers.RepeatedCompositeFieldContainer[AnomalyBank]
+    def __init__(self, identity: _Optional[_Union[_common_pb2.PeerIdentity, _Mapping]] = ..., backend: _Optional[str] = ..., output_shape: _Optional[_Iterable[int]] = ..., banks: _Optional[_Iterable[_Union[AnomalyBank, _Mapping]]] = ..., staged_banks: _Optional[_Iterable[_Union[AnomalyBank, _Mapping]]] = ...) -> None: ...
 
 class AnomalyBank(_message.Message):
-    __slots__ = ("part", "bank_id", "version", "extractor", "extractor_fingerprint", "threshold", "frames")
+    __slots__ = ("part", "bank_id", "version", "extractor", "extractor_fingerprint", "threshold", "frames", "staged")
     PART_FIELD_NUMBER: _ClassVar[int]
     BANK_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +69,7 @@ class AnomalyBank(_message.Message):
     EXTRACTOR_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
     part: str
     bank_id: str
     version: int
@@ -74,7 +77,8 @@ class AnomalyBank(_message.Message):
     extractor_fingerprint: str
     threshold: float
     frames: int
-    def __init__(self, part: _Optional[str] = ..., bank_id: _Optional[str] = ..., version: _Optional[int] = ..., extractor: _Optional[str] = ..., extractor_fingerprint: _Optional[str] = ..., threshold: _Optional[float] = ..., frames: _Optional[int] = ...) -> None: ...
+    staged: bool
+    def __init__(self, part: _Optional[str] = ..., bank_id: _Optional[str] = ..., version: _Optional[int] = ..., extractor: _Optional[str] = ..., extractor_fingerprint: _Optional[str] = ..., threshold: _Optional[float] = ..., frames: _Optional[int] = ..., staged: _Optional[bool] = ...) -> None: ...
 
 class AnomalyRegion(_message.Message):
     __slots__ = ("x", "y", "width", "height", "peak")
@@ -129,16 +133,28 @@ class AnomalyScore(_message.Message):
     def __init__(self, score: _Optional[float] = ..., threshold: _Optional[float] = ..., band_low: _Optional[float] = ..., band_high: _Optional[float] = ..., verdict: _Optional[_Union[AnomalyVerdict, str]] = ..., regions: _Optional[_Iterable[_Union[AnomalyRegion, _Mapping]]] = ..., heatmap_png: _Optional[bytes] = ..., bank_id: _Optional[str] = ..., extractor_fingerprint: _Optional[str] = ..., score_ms: _Optional[float] = ..., image_sha256: _Optional[str] = ...) -> None: ...
 
 class TeachRequest(_message.Message):
-    __slots__ = ("part", "frames", "add_to_current", "extractor")
+    __slots__ = ("part", "frames", "add_to_current", "extractor", "stage")
     PART_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     ADD_TO_CURRENT_FIELD_NUMBER: _ClassVar[int]
     EXTRACTOR_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     part: str
     frames: _containers.RepeatedScalarFieldContainer[bytes]
     add_to_current: bool
     extractor: str
-    def __init__(self, part: _Optional[str] = ..., frames: _Optional[_Iterable[bytes]] = ..., add_to_current: _Optional[bool] = ..., extractor: _Optional[str] = ...) -> None: ...
+    stage: bool
+    def __init__(self, part: _Optional[str] = ..., frames: _Optional[_Iterable[bytes]] = ..., add_to_current: _Optional[bool] = ..., extractor: _Optional[str] = ..., stage: _Optional[bool] = ...) -> None: ...
+
+class PromoteRequest(_message.Message):
+    __slots__ = ("part", "version", "force")
+    PART_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    part: str
+    version: int
+    force: bool
+    def __init__(self, part: _Optional[str] = ..., version: _Optional[int] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class TeachResponse(_message.Message):
     __slots__ = ("bank", "outliers", "teach_ms")

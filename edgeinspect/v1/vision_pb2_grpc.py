@@ -55,6 +55,11 @@ class VisionServiceStub:
                 request_serializer=edgeinspect_dot_v1_dot_vision__pb2.TeachRequest.SerializeToString,
                 response_deserializer=edgeinspect_dot_v1_dot_vision__pb2.TeachResponse.FromString,
                 _registered_method=True)
+        self.Promote = channel.unary_unary(
+                '/edgeinspect.v1.VisionService/Promote',
+                request_serializer=edgeinspect_dot_v1_dot_vision__pb2.PromoteRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_vision__pb2.AnomalyBank.FromString,
+                _registered_method=True)
 
 
 class VisionServiceServicer:
@@ -87,7 +92,17 @@ class VisionServiceServicer:
     def Teach(self, request, context):
         """Teaches a part's bank from good frames (or the current bank's frames plus these) and publishes it as a new
         version, atomically: a refused teach (too few frames, a corrupt or oversized frame, outliers) leaves the
-        current version as it was.
+        current version as it was. With stage set the new version is written the same way but held back: never scored
+        against until Promote makes it current.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Promote(self, request, context):
+        """Makes a part's staged bank version current (the same atomic swap as a teach). FAILED_PRECONDITION when the
+        version is not the staged one (already current, superseded) or its go-live figures are missing, stale or fail
+        and force is unset; NOT_FOUND when there is no such version.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -115,6 +130,11 @@ def add_VisionServiceServicer_to_server(servicer, server):
                     servicer.Teach,
                     request_deserializer=edgeinspect_dot_v1_dot_vision__pb2.TeachRequest.FromString,
                     response_serializer=edgeinspect_dot_v1_dot_vision__pb2.TeachResponse.SerializeToString,
+            ),
+            'Promote': grpc.unary_unary_rpc_method_handler(
+                    servicer.Promote,
+                    request_deserializer=edgeinspect_dot_v1_dot_vision__pb2.PromoteRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_vision__pb2.AnomalyBank.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -226,6 +246,33 @@ class VisionService:
             '/edgeinspect.v1.VisionService/Teach',
             edgeinspect_dot_v1_dot_vision__pb2.TeachRequest.SerializeToString,
             edgeinspect_dot_v1_dot_vision__pb2.TeachResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Promote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.VisionService/Promote',
+            edgeinspect_dot_v1_dot_vision__pb2.PromoteRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_vision__pb2.AnomalyBank.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,9 +3,13 @@
     <root>/<part>/v0001/bank.json        metadata (everything but the features)
     <root>/<part>/v0001/features.npy     [K, C] float32 coreset
     <root>/<part>/CURRENT                "v0003": the version the gate serves
+    <root>/<part>/STAGED                 "v0004": a version written but held back until promoted (optional)
 
 A version folder is written whole under a temporary name, fsynced and renamed into place; CURRENT is swapped by
 temp file + fsync + rename + directory fsync. A crash at any point leaves the previous version current and whole.
+STAGED is swapped the same way. A part has at most one staged version: a newer staged teach supersedes it (it stays
+on disk as an old version). Promote swaps CURRENT first, then drops STAGED: a crash between the two leaves a STAGED
+that names the current version, which reads as nothing staged.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +36,7 @@ from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
 PART_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 VERSION_DIR = re.compile(r"v(\d{4,})")
 FORMAT = 1  # bank.json layout; bump on incompatible change
+CURRENT, STAGED = "CURRENT", "STAGED"  # the part's pointer files: the live version, the held-back one
 
 
 @dataclass
@@ -118,8 +123,14 @@ class BankStore:
             raise NotFound(f"part {part!r} has no anomaly bank in {self.root}: teach one first")
         return self._read(part, number)
 
-    def publish(self, bank: Bank) -> Bank:
-        """Writes the bank as the part's next version and makes it current; returns it with its version."""
+    def staged(self, part: str) -> Bank | None:
+        """The version STAGED names (held back, not scored against), or None where the part has none."""
+        number = self.staged_version(check_part(part))
+        return None if number is None else self._read(part, number)
+
+    def publish(self, bank: Bank, stage: bool = False) -> Bank:
+        """Writes the bank as the part's next version and makes it current (stage: the part's staged version,
+        CURRENT unchanged); returns it with its version."""
         part_dir = self.root / check_part(bank.part)
         part_dir.mkdir(parents=True, exist_ok=True)
         with _locked(part_dir):
@@ -131,21 +142,46 @@ class BankStore:
                 self._write_version(tmp, published)
                 os.rename(tmp, final)  # the version appears whole or not at all
                 fsync_dir(part_dir)
-                self._set_current(part_dir, number)
+                self._set_pointer(part_dir, STAGED if stage else CURRENT, number)
             except BaseException:
                 # Nothing became current: remove what this attempt wrote, the previous version stays current.
                 shutil.rmtree(tmp, ignore_errors=True)
-                if self.current_version(bank.part) != number:
+                if number not in (self.current_version(bank.part), self.staged_version(bank.part)):
                     shutil.rmtree(final, ignore_errors=True)
                 raise
         return published
 
     def rollback(self, part: str, version: int) -> Bank:
-        """Makes an earlier (or later) published version current again."""
+        """Makes an earlier (or later) published version current again; not the staged one (promote it)."""
         bank = self.load(part, version)  # NotFound / unreadable before anything changes
         part_dir = self.root / part
         with _locked(part_dir):
-            self._set_current(part_dir, bank.version)
+            if self.staged_version(part) == bank.version:
+                raise FailedPrecondition(
+                    f"part {part!r}: v{bank.version} is staged, never live: promote it (its go-live figures are "
+                    "checked first) instead of rolling back to it"
+                )
+            self._set_pointer(part_dir, CURRENT, bank.version)
+        return bank
+
+    def promote(self, part: str, version: int, check: Callable[[Bank, Bank | None], None] | None = None) -> Bank:
+        """Makes the part's staged version current; `check(staged, current)` runs under the part's lock first and
+        raises to refuse (golive.promote passes the go-live gate)."""
+        bank = self.load(part, version)  # NotFound / unreadable before anything changes
+        part_dir = self.root / part
+        with _locked(part_dir):
+            staged, current = self.staged_version(part), self.current_version(part)
+            if bank.version == current:
+                raise FailedPrecondition(f"part {part!r}: v{bank.version} is already the current version")
+            if bank.version != staged:
+                now = f"v{staged} is" if staged is not None else "no version is"
+                raise FailedPrecondition(f"part {part!r}: v{bank.version} is not staged ({now} staged); "
+                                         "`banks rollback` makes an earlier live version current again")  # fmt: skip
+            if check is not None:
+                check(bank, None if current is None else self._read(part, current))
+            self._set_pointer(part_dir, CURRENT, bank.version)
+            (part_dir / STAGED).unlink(missing_ok=True)
+            fsync_dir(part_dir)
         return bank
 
     def _numbers(self, part: str) -> list[int]:
@@ -157,13 +193,21 @@ class BankStore:
 
     def current_version(self, part: str) -> int | None:
         """The version number CURRENT names (a few bytes: cheap to poll), or None where the part has none."""
+        return self._pointer(part, CURRENT)
+
+    def staged_version(self, part: str) -> int | None:
+        """The version number STAGED names, or None where nothing is staged (or it is already current)."""
+        number = self._pointer(part, STAGED)
+        return None if number is None or number == self.current_version(part) else number
+
+    def _pointer(self, part: str, name: str) -> int | None:
         try:
-            text = (self.root / part / "CURRENT").read_text().strip()
+            text = (self.root / part / name).read_text().strip()
         except FileNotFoundError:
             return None
         match = VERSION_DIR.fullmatch(text)
         if not match:
-            raise FailedPrecondition(f"{self.root / part / 'CURRENT'} holds {text!r}, not a version like v0003")
+            raise FailedPrecondition(f"{self.root / part / name} holds {text!r}, not a version like v0003")
         return int(match.group(1))
 
     def _read(self, part: str, number: int, mmap: bool = False) -> Bank:
@@ -196,10 +240,11 @@ class BankStore:
         fsync_dir(folder)
 
     @staticmethod
-    def _set_current(part_dir: Path, number: int) -> None:
-        tmp = part_dir / "CURRENT.tmp"
+    def _set_pointer(part_dir: Path, name: str, number: int) -> None:
+        """CURRENT or STAGED := vNNNN, by temp file + fsync + rename + directory fsync."""
+        tmp = part_dir / f"{name}.tmp"
         write_synced(tmp, (_dirname(number) + "\n").encode())
-        os.replace(tmp, part_dir / "CURRENT")
+        os.replace(tmp, part_dir / name)
         fsync_dir(part_dir)
 
 

@@ -196,18 +196,31 @@ def read_mask(path: Path, frame_shape: tuple[int, int], frame_file: str) -> np.n
     return mask > 127
 
 
-def _pixel_grid(heatmap: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Both scaled to at most PIXEL_GRID on the long side: ([n] float32 scores, [n] bool labels)."""
+def grid_size(shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """cv2's (width, height) of a frame [H, W] scaled to at most PIXEL_GRID on the long side; None: no scaling."""
+    h, w = shape[:2]
+    scale = PIXEL_GRID / max(h, w)
+    return (max(1, round(w * scale)), max(1, round(h * scale))) if scale < 1 else None
+
+
+def grid_mask(mask: np.ndarray) -> np.ndarray:
+    """A mask [H, W] bool at the pixel-AUROC grid [h, w]."""
     import cv2
 
-    h, w = mask.shape
-    scale = PIXEL_GRID / max(h, w)
-    if scale < 1:
-        size = (max(1, round(w * scale)), max(1, round(h * scale)))
-        heatmap = cv2.resize(heatmap, size, interpolation=cv2.INTER_AREA)
-        # A cell counts as defective when a quarter of it is: thin cracks must not vanish in the scaling.
-        mask = cv2.resize(mask.astype(np.float32), size, interpolation=cv2.INTER_AREA) >= 0.25
-    return heatmap.ravel(), mask.ravel()
+    size = grid_size(mask.shape)
+    if size is None:
+        return mask
+    # A cell counts as defective when a quarter of it is: thin cracks must not vanish in the scaling.
+    return cv2.resize(mask.astype(np.float32), size, interpolation=cv2.INTER_AREA) >= 0.25
+
+
+def pixel_auroc(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> float | None:
+    """Pixel AUROC over (scores [h, w], labels [h, w] bool) pairs at the pixel grid; None with no pair."""
+    if not pairs:
+        return None
+    scores = np.concatenate([s.ravel() for s, _ in pairs])
+    labels = np.concatenate([m.ravel() for _, m in pairs])
+    return auroc(scores[~labels], scores[labels])
 
 
 def read_frame(path: Path) -> np.ndarray:
@@ -264,18 +277,14 @@ def _figures(part, samples: Sequence[Sample], frames, masks, results, target_esc
     scores = np.array([r.score for r in results], np.float64)  # [N]
     flagged = np.array([r.verdict != "OK" for r in results])  # UNCERTAIN goes to the VLM: not a pass
 
-    pixel_scores, pixel_labels = [], []
+    from edgeinspect.models.anomaly.scoring import pixel_grid
+
+    pairs = []
     if masks:
         for i, s in enumerate(samples):
             if s.kind == "good" or s.file in masks:
                 truth = masks.get(s.file, np.zeros(frames[i].shape[:2], bool))
-                sc, lab = _pixel_grid(np.asarray(results[i].heatmap, np.float32), truth)
-                pixel_scores.append(sc)
-                pixel_labels.append(lab)
-    pixel_auroc = None
-    if pixel_scores:
-        ps, pl = np.concatenate(pixel_scores), np.concatenate(pixel_labels)
-        pixel_auroc = auroc(ps[~pl], ps[pl])
+                pairs.append((pixel_grid(np.asarray(results[i].heatmap, np.float32)), grid_mask(truth)))
 
     by_kind: dict[str, dict[str, int]] = {}
     by_severity: dict[str, dict[str, int]] = {}
@@ -294,7 +303,7 @@ def _figures(part, samples: Sequence[Sample], frames, masks, results, target_esc
         n_good=len(good_idx),
         n_defect=len(bad_idx),
         image_auroc=auroc(scores[good_idx], scores[bad_idx]),
-        pixel_auroc=pixel_auroc,
+        pixel_auroc=pixel_auroc(pairs),
         escape=wilson(int((~flagged[bad_idx]).sum()), len(bad_idx)),
         overkill=wilson(int(flagged[good_idx].sum()), len(good_idx)),
         operating=operating_point(scores[good_idx], scores[bad_idx], target_escape),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import struct
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -19,6 +21,10 @@ OK, ANOMALOUS, UNCERTAIN = "OK", "ANOMALOUS", "UNCERTAIN"
 # and not at the frame's size so the same bank smooths the same way whatever the camera resolution.
 BLUR_SIGMA = 4.0
 MAX_REGIONS = 8
+# The heatmap PNG carries the raw scores beside the picture, in a private ancillary PNG chunk (viewers skip it):
+# ">II" grid height and width, then zlib(float16 little-endian scores [h, w]) at the pixel-AUROC grid
+# (evaluate.pixel_grid). A picture's colours cannot be read back into scores; these are the scores themselves.
+SCORES_CHUNK = b"eiSc"
 
 
 class BankMismatch(FailedPrecondition):
@@ -146,7 +152,8 @@ def find_regions(heatmap: np.ndarray, level: float) -> list[Region]:
 
 
 def heatmap_png(frame_rgb: np.ndarray, heatmap: np.ndarray, threshold: float) -> bytes:
-    """The frame with the heatmap over it (blue cool, red hot; the threshold sits mid-scale) and region boxes."""
+    """The frame with the heatmap over it (blue cool, red hot; the threshold sits mid-scale) and region boxes; the
+    raw scores ride along in SCORES_CHUNK (heatmap_scores reads them) so that pixel AUROC needs no second file."""
     height, width = frame_rgb.shape[:2]
     if heatmap.shape != (height, width):
         heatmap = cv2.resize(heatmap, (width, height), interpolation=cv2.INTER_LINEAR)
@@ -165,4 +172,39 @@ def heatmap_png(frame_rgb: np.ndarray, heatmap: np.ndarray, threshold: float) ->
     ok, png = cv2.imencode(".png", picture)
     if not ok:
         raise InvalidInput(f"could not encode a {width}x{height} heatmap picture as PNG")
-    return png.tobytes()
+    return _with_scores(png.tobytes(), pixel_grid(heatmap))
+
+
+def pixel_grid(heatmap: np.ndarray) -> np.ndarray:
+    """A frame-sized heatmap [H, W] at the grid pixel AUROC ranks ([h, w], at most PIXEL_GRID on the long side)."""
+    from edgeinspect.models.anomaly.evaluate import grid_size
+
+    size = grid_size(heatmap.shape)
+    heatmap = heatmap.astype(np.float32)
+    return heatmap if size is None else cv2.resize(heatmap, size, interpolation=cv2.INTER_AREA)
+
+
+def heatmap_scores(png: bytes) -> np.ndarray | None:
+    """The raw scores [h, w] float32 a heatmap PNG carries (see SCORES_CHUNK), or None where it carries none."""
+    pos = 8  # after the PNG signature
+    while pos + 8 <= len(png):
+        (length,) = struct.unpack(">I", png[pos : pos + 4])
+        kind, data = png[pos + 4 : pos + 8], png[pos + 8 : pos + 8 + length]
+        if kind == SCORES_CHUNK:
+            h, w = struct.unpack(">II", data[:8])
+            values = np.frombuffer(zlib.decompress(data[8:]), dtype="<f2")
+            if values.size != h * w:
+                raise InvalidInput(f"heatmap scores hold {values.size} values for a {h}x{w} grid: corrupted")
+            return values.reshape(h, w).astype(np.float32)
+        pos += 12 + length  # length, type, data, crc
+    return None
+
+
+def _with_scores(png: bytes, scores: np.ndarray) -> bytes:
+    """`png` with SCORES_CHUNK inserted before its closing IEND chunk (the last 12 bytes)."""
+    finite = np.clip(scores, 0.0, float(np.finfo(np.float16).max))  # distances: never negative, never past fp16
+    h, w = finite.shape
+    data = struct.pack(">II", h, w) + zlib.compress(finite.astype("<f2").tobytes(), 6)
+    chunk = struct.pack(">I", len(data)) + SCORES_CHUNK + data
+    chunk += struct.pack(">I", zlib.crc32(SCORES_CHUNK + data) & 0xFFFFFFFF)
+    return png[:-12] + chunk + png[-12:]

@@ -13,13 +13,13 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from edgeinspect.config import VisionSettings
 from edgeinspect.errors import InvalidInput
 from edgeinspect.models.anomaly.bank import Bank, check_part
 from edgeinspect.models.anomaly.coreset import greedy_coreset
 from edgeinspect.models.anomaly.features import FeatureExtractor
 from edgeinspect.models.anomaly.scoring import inspected
 from edgeinspect.models.image_io import decode_image
+from edgeinspect.services.vision.settings import VisionSettings
 
 # Measured 2026-12 on models/anomaly/sample.py's 4 parts (20 good teach frames, 10 good + 18 defective test frames
 # each, efficientnet-lite0): mean image AUROC 0.971 (full bank) / 0.978 (25%) / 0.976 (10%) / 0.975 (5%) / 0.957
@@ -45,7 +45,7 @@ OUTLIER_RATIO = 1.5
 # Frames are squashed to the extractor's square input: one aspect ratio per bank (2%), and none past 4:1.
 ASPECT_TOLERANCE = 0.02
 MAX_ASPECT = 4.0
-# The vision node's limits for an image sent to it (config.VisionSettings), checked before any pixel is decoded.
+# The vision node's limits for an image sent to it (services/vision/settings.py), checked before any pixel is decoded.
 MAX_FRAME_BYTES = VisionSettings.model_fields["max_image_bytes"].default
 MAX_FRAME_PIXELS = VisionSettings.model_fields["max_image_pixels"].default
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")

@@ -39,7 +39,8 @@ METHOD_ROLES: dict[str, frozenset[TokenRole]] = {
     _INSPECTION + "GetCaller": _READ,
     _INSPECTION + "GetClusterStatus": _READ,  # `edgeinspect status`, the console's health line
     # ReviewReport: admin only (not listed); an operator role, when there is one, belongs here.
-    # AddToGoodSet, TeachFromReports: admin only (not listed): a new bank version changes what the gate passes.
+    # AddToGoodSet, TeachFromReports, PromoteBank: admin only (not listed): a new bank version changes what the gate
+    # passes.
 }
 
 

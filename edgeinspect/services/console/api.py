@@ -43,10 +43,18 @@ class GatewayApi:
         request = inspection_pb2.GetReportImageRequest(report_id=report_id, thumbnail=thumbnail, heatmap=heatmap)
         return await self._call("GetReportImage", request, token)
 
-    async def add_to_good_set(self, token: str, report_id: str) -> inspection_pb2.AnomalyBankVersion:
+    async def add_to_good_set(
+        self, token: str, report_id: str, stage: bool = False
+    ) -> inspection_pb2.AnomalyBankVersion:
         # A teach runs features over the part's whole good set: allow it minutes, not the page's usual seconds.
-        request = inspection_pb2.AddToGoodSetRequest(report_id=report_id)
+        request = inspection_pb2.AddToGoodSetRequest(report_id=report_id, stage=stage)
         return await self._call("AddToGoodSet", request, token, timeout_s=600.0)
+
+    async def promote_bank(
+        self, token: str, part: str, version: int, force: bool = False
+    ) -> inspection_pb2.AnomalyBankVersion:
+        request = inspection_pb2.PromoteBankRequest(part=part, version=version, force=force)
+        return await self._call("PromoteBank", request, token, timeout_s=60.0)
 
     async def aggregate(self, token: str, request: inspection_pb2.AggregateReportsRequest):
         return await self._call("AggregateReports", request, token)

@@ -211,14 +211,17 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
         return Response(views.to_csv(rows[: cfg.export_limit]), media_type="text/csv", headers=headers)
 
     @app.get("/reports/{report_id}", response_class=HTMLResponse)
-    async def report_page(request: Request, report_id: str, added: str = "") -> HTMLResponse:
+    async def report_page(
+        request: Request, report_id: str, added: str = "", staged: str = "", promoted: str = ""
+    ) -> HTMLResponse:
         session = session_of(request)
         report, thumb = await asyncio.gather(
             api.report(session.token, report_id), api.image(session.token, report_id, True)
         )
         return page(request, "report.jinja", r=report, frame_state=inspection_pb2.ImageState.Name(thumb.state),
                     boxes=views.defect_boxes(report), csrf=session.csrf, may_review=session.may_review,
-                    is_admin=session.role == "admin", gate=views.gate_facts(report), added=added[:200])  # fmt: skip
+                    is_admin=session.role == "admin", gate=views.gate_facts(report), added=added[:200],
+                    staged=views.staged_version(staged), promoted=promoted[:200])  # fmt: skip
 
     @app.get("/reports/{report_id}/image")
     async def report_image(request: Request, report_id: str, thumb: int = 0, heatmap: int = 0) -> Response:
@@ -260,14 +263,37 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
         return RedirectResponse(f"/reports/{report_id}", status_code=303)
 
     @app.post("/reports/{report_id}/good-set")
-    async def add_to_good_set(request: Request, report_id: str, csrf: Annotated[str, Form()] = "") -> Response:
-        """An admin's "this frame is good": the part's next bank version learns it (the gateway checks the role)."""
+    async def add_to_good_set(
+        request: Request, report_id: str, csrf: Annotated[str, Form()] = "", stage: Annotated[str, Form()] = ""
+    ) -> Response:
+        """An admin's "this frame is good": the part's next bank version learns it (the gateway checks the role);
+        with stage it is held back until promoted."""
         session = session_of(request)
         if not secrets.compare_digest(csrf, session.csrf):
             return page(request, "error.jinja", 403, code="FORBIDDEN", message="the form is stale: reload the page")
-        version = await api.add_to_good_set(session.token, report_id)
-        added = urlencode({"added": f"{version.bank_id} (version {version.version}, {version.frames} good frames)"})
-        return RedirectResponse(f"/reports/{report_id}?{added}", status_code=303)
+        version = await api.add_to_good_set(session.token, report_id, stage=bool(stage))
+        query = {"added": f"{version.bank_id} (version {version.version}, {version.frames} good frames)"}
+        if version.staged:
+            query["staged"] = f"{version.part}:{version.version}"
+        return RedirectResponse(f"/reports/{report_id}?{urlencode(query)}", status_code=303)
+
+    @app.post("/reports/{report_id}/promote")
+    async def promote_bank(
+        request: Request,
+        report_id: str,
+        part: Annotated[str, Form()],
+        version: Annotated[int, Form()],
+        csrf: Annotated[str, Form()] = "",
+        force: Annotated[str, Form()] = "",
+    ) -> Response:
+        """An admin's "go live": the staged bank version becomes current (refused when its go-live figures fail,
+        unless forced; the error page says why)."""
+        session = session_of(request)
+        if not secrets.compare_digest(csrf, session.csrf):
+            return page(request, "error.jinja", 403, code="FORBIDDEN", message="the form is stale: reload the page")
+        bank = await api.promote_bank(session.token, part, version, force=bool(force))
+        promoted = urlencode({"promoted": f"{bank.bank_id} (version {bank.version}) is live"})
+        return RedirectResponse(f"/reports/{report_id}?{promoted}", status_code=303)
 
     return app
 

@@ -82,6 +82,14 @@ def gate_facts(report: inspection_pb2.DefectReport) -> dict | None:
     }
 
 
+def staged_version(value: str) -> dict | None:
+    """A redirect's `staged=PART:VERSION` as the report page's promote form needs it (None: nothing staged)."""
+    part, _, version = value.rpartition(":")
+    if not part or not version.isdigit() or len(part) > 64:
+        return None
+    return {"part": part, "version": int(version)}
+
+
 def parse_time(value: str) -> Timestamp | None:
     """A filter's datetime-local / ISO value as a Timestamp (naive = UTC); ValueError when it is not one."""
     if not value:

@@ -5,27 +5,39 @@ picture. Same keys and metric functions as the offline `edgeinspect anomaly eval
 The gate's decision per report: decided_by GATE passed the frame, GATE_AND_VLM flagged it (policy `gate`). Under
 policy `vlm` the report carries the score and the threshold but not the UNCERTAIN band, so a frame counts as flagged
 when its score reaches the threshold (the offline eval also flags the band just below it).
+
+Pixel AUROC: each report's stored heatmap PNG carries the vision node's raw scores at the pixel grid
+(scoring.SCORES_CHUNK, float16), ranked against the set's `ground_truth/<kind>/<stem>_mask.png` exactly as the
+offline eval ranks its float32 heatmaps (evaluate.grid_mask, evaluate.pixel_auroc): the two agree to the float16
+rounding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 
-from edgeinspect.models.anomaly.evaluate import RocCurve, auroc, draw_roc, operating_point, roc_curve
-from edgeinspect.services.evaluation.datasets import DEFECT, GOOD
+from edgeinspect.models.anomaly.evaluate import (
+    RocCurve,
+    auroc,
+    draw_roc,
+    grid_mask,
+    operating_point,
+    pixel_auroc,
+    read_mask,
+    roc_curve,
+)
+from edgeinspect.models.anomaly.scoring import heatmap_scores
+from edgeinspect.services.evaluation.datasets import DEFECT, GOOD, Sample
 from edgeinspect.services.evaluation.stats import Rate, rate
 from edgeinspect.v1 import inspection_pb2
 
 ROC_FILE = "anomaly_roc.png"
 _DECIDERS = ("GATE", "GATE_AND_VLM", "VLM")
 TARGET_ESCAPE = 0.05  # the operating point these labelled frames would choose, as `anomaly eval` reports it
-PIXEL_NOTE = (
-    "offline only: `edgeinspect anomaly eval ROOT --part PART` (a report's heatmap is a colour picture, not the raw "
-    "patch scores pixel AUROC ranks)"
-)
+PIXEL_NOTE = "no ground-truth masks (<part>/ground_truth/<kind>/<stem>_mask.png) in this set"
 
 
 def finding_record(report: inspection_pb2.DefectReport) -> dict | None:
@@ -43,6 +55,7 @@ def finding_record(report: inspection_pb2.DefectReport) -> dict | None:
         "policy": a.policy,
         "regions": len(a.regions),
         "note": a.note,
+        "heatmap_stored": a.heatmap_stored,
     }
 
 
@@ -93,6 +106,49 @@ def figures(records: Iterable[dict]) -> dict | None:
         "misses": sorted(r["path"] for r in bad if not gate_flagged(r["anomaly"])),
         "false_alarms": sorted(r["path"] for r in good if gate_flagged(r["anomaly"])),
     }
+
+
+def mask_of(sample: Sample) -> Path | None:
+    """A defective MVTec-layout frame's ground-truth mask (<part>/ground_truth/<kind>/<stem>_mask.png), if any."""
+    kind_dir = sample.path.parent
+    mask = kind_dir.parent.parent / "ground_truth" / kind_dir.name / f"{sample.path.stem}_mask.png"
+    return mask if sample.label == DEFECT and mask.is_file() else None
+
+
+def pixel_figure(
+    records: Iterable[dict], samples: dict[str, Sample], heatmap: Callable[[str], bytes | None]
+) -> tuple[float | None, str]:
+    """(pixel AUROC, note) over the good frames and the defective frames with a mask; `samples` by record key,
+    `heatmap(report_id)` the stored heatmap PNG (None where none is kept). The note says what was left out."""
+    scored = [r for r in records if not r.get("error") and r.get("anomaly") and r["anomaly"]["score"] is not None]
+    masks = {r["key"]: mask_of(samples[r["key"]]) for r in scored if r["key"] in samples}
+    if not any(masks.values()):
+        return None, PIXEL_NOTE
+    pairs, missing = [], 0
+    for r in scored:
+        if r["label"] != GOOD and masks.get(r["key"]) is None:
+            continue  # a defect without a mask: nothing to rank its pixels against (as offline)
+        png = heatmap(r["report_id"]) if r["anomaly"].get("heatmap_stored", True) else None
+        scores = heatmap_scores(png) if png else None
+        if scores is None:
+            missing += 1
+            continue
+        mask = masks.get(r["key"])
+        if mask is None:
+            truth = np.zeros(scores.shape, bool)
+        else:
+            full = read_mask(mask, _frame_shape(samples[r["key"]].path), r["path"])
+            truth = grid_mask(full)
+        pairs.append((scores, truth))
+    note = f"{missing} frame(s) without a stored heatmap with scores left out" if missing else ""
+    return _round(pixel_auroc(pairs)) if pairs else None, note
+
+
+def _frame_shape(path: Path) -> tuple[int, int]:
+    import cv2
+
+    frame = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    return tuple(frame.shape[:2]) if frame is not None else (0, 0)
 
 
 def roc_picture(records: Iterable[dict], block: dict, path: Path) -> Path | None:

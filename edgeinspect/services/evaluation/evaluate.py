@@ -7,11 +7,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from edgeinspect.services.evaluation.anomaly import ROC_FILE, roc_picture
+from edgeinspect.services.client import InspectionClient
+from edgeinspect.services.evaluation.anomaly import ROC_FILE, pixel_figure, roc_picture
 from edgeinspect.services.evaluation.anomaly import figures as anomaly_figures
 from edgeinspect.services.evaluation.datasets import Sample
 from edgeinspect.services.evaluation.runner import EvalOptions, ResultLog, run_samples, sample_key
 from edgeinspect.services.evaluation.scoring import measured, misses, score
+from edgeinspect.v1 import inspection_pb2
 
 RESULT_FILE = "result.json"
 SCHEMA = "edgeinspect.eval/1"
@@ -66,10 +68,24 @@ def evaluate(
     }
     gate = anomaly_figures(records)
     if gate is not None:  # only for a station whose reports carry the anomaly gate's finding
+        by_key = {key: s for key, s, _ in keyed}
+        with InspectionClient(opts.gateway, opts.token, timeout_s=opts.timeout_s, ca=opts.ca) as client:
+            gate["pixel_auroc"], gate["pixel_auroc_note"] = pixel_figure(records, by_key, _heatmaps(client))
         roc = roc_picture(records, gate, out / ROC_FILE)
         result["anomaly"] = {**gate, "roc_png": roc.name if roc else None}
     (out / RESULT_FILE).write_text(dump(result))
     return result
+
+
+def _heatmaps(client: InspectionClient):
+    """report id -> its stored heatmap PNG through GetReportImage(heatmap=true), None where none is kept."""
+
+    def fetch(report_id: str) -> bytes | None:
+        request = inspection_pb2.GetReportImageRequest(report_id=report_id, heatmap=True)
+        answer = client.call("GetReportImage", request)
+        return answer.data if answer.state == inspection_pb2.IMAGE_STATE_STORED else None
+
+    return fetch
 
 
 def dump(result: dict) -> str:

@@ -162,10 +162,18 @@ def anomaly_lines(a: dict) -> list[str]:
         f"{rate(a['overkill'], a['overkill_ci95'], a['flagged_good'], a['n_good'])} |",
         f"| decided by the gate alone | {_pct(alone)} |",
         f"| threshold | {threshold or 'n/a'} |",
-        f"| pixel AUROC | {a['pixel_auroc_note']} |",
+        f"| pixel AUROC | {_pixel(a)} |",
     ]
     if a["n_unscored"]:
         lines.append(f"| frames without a score | {a['n_unscored']} ({'; '.join(a['notes'])}) |")
     if a.get("roc_png"):
         lines += ["", f"![anomaly gate ROC]({a['roc_png']})"]
     return lines
+
+
+def _pixel(a: dict) -> str:
+    """The pixel AUROC cell: the figure (with what was left out), or why there is none."""
+    note = a.get("pixel_auroc_note", "")
+    if a.get("pixel_auroc") is None:
+        return note or "n/a"
+    return f"{a['pixel_auroc']:.3f}" + (f" ({note})" if note else "")

@@ -192,9 +192,19 @@ class VisionClient:
         with client_span("vision teach", {"edgeinspect.part": request.part, "edgeinspect.frames": len(request.frames),
                                           "edgeinspect.endpoint": rep.address}):  # fmt: skip
             reply = await rep.stub.Teach(request, timeout=timeout_s)
-        rep.banks[reply.bank.part] = reply.bank.bank_id
-        self.learned(reply.bank.part, reply.bank.bank_id, reply.bank.version)
+        if not reply.bank.staged:  # a staged version is nobody's newest until promoted
+            rep.banks[reply.bank.part] = reply.bank.bank_id
+            self.learned(reply.bank.part, reply.bank.bank_id, reply.bank.version)
         return reply
+
+    async def promote(self, request: vision_pb2.PromoteRequest, timeout_s: float) -> vision_pb2.AnomalyBank:
+        """Makes a part's staged bank version current on one replica; replicas sharing its banks folder reload it."""
+        rep = self.replicas.pick([])
+        with client_span("vision promote", {"edgeinspect.part": request.part, "edgeinspect.endpoint": rep.address}):
+            bank = await rep.stub.Promote(request, timeout=timeout_s)
+        rep.banks[bank.part] = bank.bank_id
+        self.learned(bank.part, bank.bank_id, bank.version)
+        return bank
 
 
 class RetrievalClient:

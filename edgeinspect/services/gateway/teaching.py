@@ -1,8 +1,10 @@
-"""Teaching the anomaly gate from the gateway's own stored frames (admin RPCs AddToGoodSet, TeachFromReports).
+"""Teaching the anomaly gate from the gateway's own stored frames (admin RPCs AddToGoodSet, TeachFromReports,
+PromoteBank).
 
 The vision node owns the banks and publishes every new version atomically (services/vision/anomaly.py); the gateway
 only picks the frames: a falsely rejected report's frame added to the part's current good set, or the frames of the
-last N reports a person reviewed OK, taught afresh.
+last N reports a person reviewed OK, taught afresh. With stage the new version is held back (the go-live gate runs
+on it first) until PromoteBank makes it current.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from edgeinspect.v1 import inspection_pb2, vision_pb2
 log = logging.getLogger(__name__)
 
 TEACH_TIMEOUT_S = 600.0  # features for every frame of the set: minutes on a small box for a few hundred
+PROMOTE_TIMEOUT_S = 60.0  # reads the version and builds its index; waits for a teach in progress on the node
 SCAN_FACTOR = 10  # TeachFromReports reads at most this many reviewed reports per frame it wants
 _TYPED = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidInput,
@@ -29,10 +32,10 @@ _TYPED = {
 
 
 async def add_to_good_set(
-    store: ReportStore, inspector: Inspector, report_id: str
+    store: ReportStore, inspector: Inspector, report_id: str, stage: bool = False
 ) -> inspection_pb2.AnomalyBankVersion:
     """The report's stored frame joins its part's good set: the vision node teaches the next bank version from the
-    current one's frames plus this one."""
+    current one's frames plus this one (stage: from the staged one's where there is one, and holds it back)."""
     report = await asyncio.to_thread(store.get, report_id)
     if not report.part:
         raise FailedPrecondition(f"report {report_id[:12]} names no part: there is no bank to add its frame to")
@@ -42,14 +45,15 @@ async def add_to_good_set(
             f"report {report_id[:12]}'s frame is not in the frame store (not kept, or pruned by retention): "
             "nothing to add to the good set"
         )
-    request = vision_pb2.TeachRequest(part=report.part, frames=[frame], add_to_current=True)
+    request = vision_pb2.TeachRequest(part=report.part, frames=[frame], add_to_current=True, stage=stage)
     version = await _teach(inspector, request, f"adding report {report_id[:12]}'s frame to part {report.part}")
-    log.info("report %s added to part %s's good set: %s", report_id, report.part, version.bank_id)
+    log.info("report %s added to part %s's good set: %s%s", report_id, report.part, version.bank_id,
+             " (staged)" if version.staged else "")  # fmt: skip
     return version
 
 
 async def teach_from_reports(
-    store: ReportStore, inspector: Inspector, station: str, part: str, last_n: int
+    store: ReportStore, inspector: Inspector, station: str, part: str, last_n: int, stage: bool = False
 ) -> inspection_pb2.AnomalyBankVersion:
     """Teaches `part` afresh from the frames of the station's last `last_n` reports of it that a person reviewed OK."""
     frames: list[bytes] = []
@@ -74,10 +78,23 @@ async def teach_from_reports(
             f"station {station!r}, part {part!r}: {len(frames)} report(s) reviewed OK with their frame still kept "
             f"(of {scanned} reviewed read); a bank needs at least 2: review more good parts first"
         )
-    request = vision_pb2.TeachRequest(part=part, frames=frames)
+    request = vision_pb2.TeachRequest(part=part, frames=frames, stage=stage)
     version = await _teach(inspector, request, f"teaching part {part} from {len(frames)} reviewed frames")
     log.info("part %s taught from %d reports of station %s: %s", part, len(frames), station, version.bank_id)
     return version
+
+
+async def promote_bank(inspector: Inspector, part: str, version: int, force: bool) -> inspection_pb2.AnomalyBankVersion:
+    """The part's staged bank version becomes current on the vision node (its go-live figures checked unless
+    forced); Score expects it from now on."""
+    request = vision_pb2.PromoteRequest(part=part, version=version, force=force)
+    try:
+        bank = await inspector.vision.promote(request, PROMOTE_TIMEOUT_S)
+    except grpc.aio.AioRpcError as exc:
+        raise _typed(exc, f"promoting part {part}'s bank v{version}") from None
+    inspector.gate.learned(bank.part, bank.bank_id)
+    log.info("part %s: staged bank %s promoted to current%s", part, bank.bank_id, " (forced)" if force else "")
+    return _version(bank, [])
 
 
 async def _frame(store: ReportStore, report: inspection_pb2.DefectReport) -> bytes | None:
@@ -93,14 +110,20 @@ async def _teach(
     except grpc.aio.AioRpcError as exc:
         raise _typed(exc, what) from None
     bank = reply.bank
-    inspector.gate.learned(bank.part, bank.bank_id)  # the next Score expects the new version
+    if not bank.staged:
+        inspector.gate.learned(bank.part, bank.bank_id)  # the next Score expects the new version
+    return _version(bank, list(reply.outliers))
+
+
+def _version(bank: vision_pb2.AnomalyBank, outliers: list[str]) -> inspection_pb2.AnomalyBankVersion:
     return inspection_pb2.AnomalyBankVersion(
         part=bank.part,
         bank_id=bank.bank_id,
         version=bank.version,
         threshold=bank.threshold,
         frames=bank.frames,
-        outliers=list(reply.outliers),
+        outliers=outliers,
+        staged=bank.staged,
     )
 
 

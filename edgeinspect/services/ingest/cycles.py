@@ -76,7 +76,7 @@ class LineSide:
         self._frames = frame_store
         self._user_on_report = on_report
         base = settings.frames_dir.parent if settings.frames_dir is not None else Path("var")
-        self.outputs = Outputs(settings.outputs, base / "outbox")
+        self.outputs = Outputs.local(settings.outputs, base / "outbox")
         # Every line cycle (OPC UA and HTTP `?wait=1`) in one journal: the OPC UA server's, else beside the outbox.
         self._journal_path = settings.opcua.journal if settings.opcua is not None else base / "line.sqlite"
         self.server = None
@@ -192,7 +192,11 @@ class LineSide:
         line = {"cycle_id": start.cycle_id, "lot_id": lot_id, "recipe": recipe, "line": line_word(ok, ng, recheck)}
         asyncio.get_running_loop().call_soon(self.on_report, report, line, captured)  # after the PLC's write
         return Outcome(
-            start.cycle, verdict=report.verdict, defect_class=classes[0] if classes else "", report_id=report.report_id
+            start.cycle,
+            verdict=report.verdict,
+            defect_class=classes[0] if classes else "",
+            report_id=report.report_id,
+            anomaly=report.anomaly,
         )
 
     async def http_cycle(self, camera_id: str) -> tuple[int, dict]:
@@ -229,6 +233,8 @@ class LineSide:
             line=line_word(ok, ng, recheck),
             error="none",
         )
+        if report.anomaly:
+            body["anomaly"] = report.anomaly
         self._journal_written(cycle_id, body["line"], ErrorCode.none, t0)
         if self.journal is not None:
             self.journal.resolved(cycle_id, report.report_id, report.verdict, late=False)

@@ -11,7 +11,7 @@ stuck Busy, and a result that arrives after it is reported as `late` (the driver
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import IntEnum, StrEnum
 
 from edgeinspect.services.line.config import Meaning, StationLineConfig
@@ -48,6 +48,12 @@ class Signals:
     report_id: str = ""
     cycle_id: str = ""
     error: int = 0
+    # The anomaly gate's finding, for a PLC or HMI that shows where the part failed (-1: no gate score).
+    anomaly_score: float = -1.0
+    anomaly_threshold: float = -1.0
+    decided_by: str = ""  # GATE / VLM / "" (no gate on this station)
+    region_count: int = 0
+    regions: tuple[float, ...] = ()  # flattened [x, y, w, h] per region, fractions of the frame
 
 
 FLAGS = ("trigger_ready", "busy", "result_ready")  # handshake flags; the rest is data
@@ -71,6 +77,19 @@ class Outcome:
     defect_class: str = ""
     report_id: str = ""
     error: ErrorCode = ErrorCode.none
+    anomaly: dict = field(default_factory=dict)  # outputs/result.py's anomaly_of view ({} without a gate)
+
+
+def anomaly_signals(anomaly: dict) -> dict:
+    """The gate's finding as the station's anomaly nodes (their defaults when the cycle had no gate score)."""
+    regions = [float(v) for box in anomaly.get("regions", ()) for v in box]
+    return {
+        "anomaly_score": float(anomaly.get("score", -1.0)),
+        "anomaly_threshold": float(anomaly.get("threshold", -1.0)),
+        "decided_by": str(anomaly.get("decided_by", "")),
+        "region_count": len(regions) // 4,
+        "regions": tuple(regions),
+    }
 
 
 def line_signals(verdict: str, error: ErrorCode, cfg: StationLineConfig) -> tuple[bool, bool, bool]:
@@ -176,6 +195,7 @@ class Handshake:
             defect_class=outcome.defect_class,
             report_id=outcome.report_id,
             error=int(outcome.error),
+            **anomaly_signals(outcome.anomaly),  # every cycle writes them: a stale score never stands
         )
         self.phase = Phase.result
         self._ack_deadline = now + self.cfg.ack_timeout_ms / 1000.0

@@ -50,6 +50,11 @@ OUTPUTS = {  # Signals field -> (node, type)
     "report_id": ("ReportId", V.String),
     "cycle_id": ("CycleId", V.String),
     "error": ("Error", V.Int32),
+    "anomaly_score": ("AnomalyScore", V.Double),
+    "anomaly_threshold": ("AnomalyThreshold", V.Double),
+    "decided_by": ("DecidedBy", V.String),
+    "region_count": ("RegionCount", V.Int32),
+    "regions": ("Regions", V.Double),  # an array: x, y, w, h per region
 }
 HEARTBEAT = ("Heartbeat", V.UInt32)
 
@@ -63,6 +68,13 @@ class LineStation:
 
 # (station, the cycle to run, recipe, lot id) -> Outcome; must not raise (failures are outcomes with an error)
 CycleRunner = Callable[[LineStation, Start, str, str], Awaitable[Outcome]]
+
+
+def variant(value, vtype: ua.VariantType) -> ua.Variant:
+    """A node value; tuples become OPC UA arrays (Regions), typed even when empty."""
+    if isinstance(value, tuple):
+        return ua.Variant(list(value), vtype, is_array=True)
+    return ua.Variant(value, vtype)
 
 
 def line_word(signals: Signals) -> str:
@@ -145,7 +157,7 @@ class StationDriver:
         new = self.hs.signals
         for field_name, value in write_order(self._shown, new):
             node, vtype = OUTPUTS[field_name]
-            await self.server.write_attribute_value(self.nodes[node], ua.DataValue(ua.Variant(value, vtype)))
+            await self.server.write_attribute_value(self.nodes[node], ua.DataValue(variant(value, vtype)))
         self._shown = new
 
     async def close(self) -> None:
@@ -191,7 +203,7 @@ class LineServer:
             specs.append((HEARTBEAT[0], HEARTBEAT[1], 0, False))
             for name, vtype, default, writable in specs:
                 node = await obj.add_variable(
-                    ua.NodeId(f"{station.name}.{name}", ns), ua.QualifiedName(name, ns), ua.Variant(default, vtype)
+                    ua.NodeId(f"{station.name}.{name}", ns), ua.QualifiedName(name, ns), variant(default, vtype)
                 )
                 if writable:
                     await node.set_writable()

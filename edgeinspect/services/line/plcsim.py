@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncua import Client, ua
@@ -14,6 +14,7 @@ from edgeinspect.errors import Unavailable
 from edgeinspect.services.line.handshake import ErrorCode
 
 RESULT_NODES = ("ResultOK", "ResultNG", "ResultRecheck", "DefectClass", "ReportId", "CycleId", "Error", "Busy")
+ANOMALY_NODES = ("AnomalyScore", "AnomalyThreshold", "DecidedBy", "Regions")
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class PlcCycle:
     trigger_to_result_ms: float  # Trigger written -> ResultReady seen
     ack_to_ready_ms: float | None  # ResultAck written -> TriggerReady seen (None: not acked)
     result_seen_at: float  # unix seconds ResultReady was seen (benches compare it with the report's time)
+    anomaly: dict = field(default_factory=dict)  # the gate's nodes ({} on a server without them)
 
     @property
     def error_name(self) -> str:
@@ -75,6 +77,7 @@ class PlcSim:
             raise Unavailable(f"no OPC UA server at {self.endpoint}: {exc}") from exc
         ns = await self.client.get_namespace_index(self.namespace)
         names = ("Trigger", "ResultAck", "Recipe", "LotId", "TriggerReady", "ResultReady", "Heartbeat", *RESULT_NODES)
+        names += ANOMALY_NODES
         self.nodes = {n: self.client.get_node(f"ns={ns};s={self.station}.{n}") for n in names}
         return self
 
@@ -110,6 +113,7 @@ class PlcSim:
         seen_at = time.time()
         values = await self.client.read_values([self.nodes[n] for n in RESULT_NODES])
         ok, ng, recheck, defect_class, report_id, cycle_id, error, busy = values
+        anomaly = await self._anomaly()
         ack_ms = None
         await self._write("Trigger", False)
         if ack:
@@ -131,4 +135,16 @@ class PlcSim:
             trigger_to_result_ms=(t_result - t0) * 1e3,
             ack_to_ready_ms=ack_ms,
             result_seen_at=seen_at,
+            anomaly=anomaly,
         )
+
+    async def _anomaly(self) -> dict:
+        try:
+            score, threshold, decided_by, regions = await self.client.read_values(
+                [self.nodes[n] for n in ANOMALY_NODES]
+            )
+        except ua.UaError:  # a line server from before the gate's nodes
+            return {}
+        flat = [float(v) for v in regions or []]
+        boxes = [flat[i : i + 4] for i in range(0, len(flat), 4)]
+        return {"score": score, "threshold": threshold, "decided_by": decided_by, "regions": boxes}

@@ -1,9 +1,10 @@
-"""The vision node's anomaly gate: every part's current bank with its extractor; Score, Teach, and reloads.
+"""The vision node's anomaly gate: every part's current bank with its extractor; Score, Teach, Promote, and reloads.
 
 Banks come from the bank store (models/anomaly/bank.py) and are reloaded when a part's CURRENT changes on disk
-(another node or `edgeinspect anomaly` published or rolled back). Extractors are built once and shared by
-fingerprint; `siglip` uses this node's own tower when the Encode backend is torch with the same weights. Scoring
-and teaching run in worker threads, one extraction at a time per extractor.
+(another node or `edgeinspect anomaly` published, promoted or rolled back). A staged version (a Teach with stage) is
+read for Info only and never scored against until Promote makes it current (models/anomaly/golive.py). Extractors
+are built once and shared by fingerprint; `siglip` uses this node's own tower when the Encode backend is torch with
+the same weights. Scoring and teaching run in worker threads, one extraction at a time per extractor.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import numpy as np
 import torch
 from prometheus_client import Counter, Gauge, Histogram, Info
 
-from edgeinspect.config import AnomalyExtractor, VisionSettings
 from edgeinspect.errors import EdgeInspectError, FailedPrecondition, InvalidInput, NotFound
+from edgeinspect.models.anomaly import golive
 from edgeinspect.models.anomaly.bank import Bank, BankStore
 from edgeinspect.models.anomaly.features import FeatureExtractor, open_extractor
 from edgeinspect.models.anomaly.scoring import AnomalyResult, Scorer, heatmap_png
@@ -31,6 +32,7 @@ from edgeinspect.models.image_io import decode_image
 from edgeinspect.services.common.metrics import LATENCY_BUCKETS
 from edgeinspect.services.vision import teach_frames
 from edgeinspect.services.vision.backends import Backend, TorchBackend
+from edgeinspect.services.vision.settings import AnomalyExtractor, VisionSettings
 from edgeinspect.services.vision.teach_frames import TeachFrames
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,7 @@ class TeachCall:
     frames: list[bytes]
     add_to_current: bool
     extractor: str  # "": the node's default (a fresh teach) or the current bank's (add_to_current)
+    stage: bool = False  # publish as the part's staged version (held back until promoted)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class TeachOutcome:
     outliers: list[Outlier]
     frames: int  # good frames the bank was taught from
     teach_ms: float
+    staged: bool
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,7 @@ class AnomalyGate:
         self.store = BankStore(self.settings.banks_dir)
         self.extractors = Extractors(checkpoint, backend)
         self._held: dict[str, HeldBank] = {}
+        self._staged: dict[str, Bank] = {}  # part -> its staged version (Info only: never scored against)
         self._held_lock = threading.Lock()
         self._teach_lock = threading.Lock()  # one teach at a time: each holds its frames decoded
         self._stop = threading.Event()
@@ -202,11 +207,17 @@ class AnomalyGate:
         with self._held_lock:
             return [h for _, h in sorted(self._held.items()) if h.scorer is not None]
 
+    def staged(self) -> list[Bank]:
+        """Each part's staged version, by part name."""
+        with self._held_lock:
+            return [b for _, b in sorted(self._staged.items())]
+
     def refresh(self) -> list[str]:
         """Loads each part whose CURRENT names another version than the one held; returns the parts it loaded."""
         changed = []
         parts = self.store.list_parts()
         for part in parts:
+            self._follow_staged(part)
             version = self._current_version(part)
             with self._held_lock:
                 held = self._held.get(part)
@@ -216,9 +227,26 @@ class AnomalyGate:
             changed.append(part)
         with self._held_lock:
             gone = [p for p in self._held if p not in parts]
+            for part in [p for p in self._staged if p not in parts]:
+                del self._staged[part]
         for part in gone:
             self._forget(part)
         return changed
+
+    def _follow_staged(self, part: str) -> None:
+        try:
+            number = self.store.staged_version(part)
+            with self._held_lock:
+                held = self._staged.get(part)
+            if number is not None and (held is None or held.version != number):
+                bank = self.store.load(part, number)
+                with self._held_lock:
+                    self._staged[part] = bank
+            elif number is None and held is not None:
+                with self._held_lock:
+                    self._staged.pop(part, None)
+        except (EdgeInspectError, OSError) as exc:  # a STAGED being written: look again at the next poll
+            log.warning("part %s: staged anomaly bank not readable yet: %s", part, exc)
 
     def _current_version(self, part: str) -> int | None:
         try:
@@ -315,8 +343,20 @@ class AnomalyGate:
         except EdgeInspectError:
             TEACHES.labels("refused").inc()
             raise
-        TEACHES.labels("published").inc()
-        return TeachOutcome(bank, outliers, kept, 1e3 * (time.perf_counter() - start))
+        TEACHES.labels("staged" if call.stage else "published").inc()
+        return TeachOutcome(bank, outliers, kept, 1e3 * (time.perf_counter() - start), call.stage)
+
+    def promote(self, part: str, version: int, force: bool) -> Bank:
+        """Makes the part's staged `version` current when its go-live figures pass, or by force (blocking)."""
+        with self._teach_lock:  # a teach building on the staged version finishes first
+            candidate = self.store.load(part, version)  # NotFound before anything changes
+            held = self._hold(candidate)  # a bank this node cannot score is refused before CURRENT moves
+            bank = golive.promote(self.store, part, version, force)
+            self._install(held)
+            with self._held_lock:
+                self._staged.pop(part, None)
+        log.info("promoted %s to current%s", bank.bank_id, " (forced)" if force else "")
+        return bank
 
     def _teach(self, call: TeachCall) -> tuple[Bank, list[Outlier], int]:
         limit = self.settings.max_teach_frames
@@ -325,7 +365,9 @@ class AnomalyGate:
         if call.add_to_current:
             if not call.frames:
                 raise TeachError(f"adding to part {call.part!r}'s good set needs at least one frame, got 0")
-            current = self.store.load(call.part)  # NotFound: nothing to add to
+            # A staged add builds on what is already staged: several frames collect in one version to promote.
+            staged = self.store.staged(call.part) if call.stage else None
+            current = staged or self.store.load(call.part)  # NotFound: nothing to add to
             name = current.extractor["name"]
             if call.extractor and call.extractor != name:
                 raise InvalidInput(f"part {call.part!r}'s current bank uses {name} features; add_to_current cannot "
@@ -350,11 +392,15 @@ class AnomalyGate:
             bank, report = teach(list(zip(frames.names, frames.frames, strict=True)), extractor, call.part)
         written = teach_frames.save(self.store.root, bank, teach_frames.keep_named(frames, report.kept))
         try:
-            published = self.store.publish(bank)
+            published = self.store.publish(bank, stage=call.stage)
         except BaseException:
             teach_frames.remove(written)
             raise
-        self._install(self._hold(published))
+        if call.stage:
+            with self._held_lock:
+                self._staged[published.part] = published
+        else:
+            self._install(self._hold(published))
         log.info("taught %s from %d frames (%d outliers left out) in %.1f s", published.bank_id, len(report.kept),
                  len(report.outliers), sum(report.timings.values()))  # fmt: skip
         return published, report.outliers, len(report.kept)

@@ -9,7 +9,7 @@ import grpc
 
 import edgeinspect
 from edgeinspect.codec import Codec, codec_from_proto, encode_frame, wire_nbytes
-from edgeinspect.errors import FailedPrecondition, Unavailable
+from edgeinspect.errors import FailedPrecondition, InvalidInput, Unavailable
 from edgeinspect.models.anomaly.bank import Bank, check_part
 from edgeinspect.services.common.metrics import WIRE_BYTES
 from edgeinspect.services.vision.anomaly import AnomalyGate, ScoreCall, TeachCall
@@ -84,6 +84,7 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
             backend=encoder.backend.name,
             output_shape=list(encoder.output_shape),
             banks=[_bank_proto(h.bank, h.frames) for h in (self.gate.banks() if self.gate is not None else ())],
+            staged_banks=[_bank_proto(b, _frames(b), staged=True) for b in (self.gate.staged() if self.gate else ())],
         )
 
     async def Score(
@@ -125,15 +126,27 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
     ) -> vision_pb2.TeachResponse:
         """Teaches the part's next bank version from good frames and publishes it; a refusal changes nothing."""
         gate = self._gate()
-        call = TeachCall(check_part(request.part), list(request.frames), request.add_to_current, request.extractor)
+        call = TeachCall(
+            check_part(request.part), list(request.frames), request.add_to_current, request.extractor, request.stage
+        )
         outcome = await asyncio.to_thread(gate.teach, call)
         return vision_pb2.TeachResponse(
-            bank=_bank_proto(outcome.bank, outcome.frames),
+            bank=_bank_proto(outcome.bank, outcome.frames, staged=outcome.staged),
             outliers=[
                 f"{o.name}: score {o.score:.4g}, {o.robust_z:.1f} MADs above the set's median" for o in outcome.outliers
             ],
             teach_ms=outcome.teach_ms,
         )
+
+    async def Promote(
+        self, request: vision_pb2.PromoteRequest, context: grpc.aio.ServicerContext
+    ) -> vision_pb2.AnomalyBank:
+        """Makes the part's staged bank version current (its go-live figures checked unless forced)."""
+        gate = self._gate()
+        if request.version <= 0:
+            raise InvalidInput(f"version must be a published bank version (1 or more), got {request.version}")
+        bank = await asyncio.to_thread(gate.promote, check_part(request.part), request.version, request.force)
+        return _bank_proto(bank, _frames(bank))
 
 
 VERDICTS = {
@@ -143,8 +156,13 @@ VERDICTS = {
 }
 
 
-def _bank_proto(bank: Bank, frames: int) -> vision_pb2.AnomalyBank:
+def _frames(bank: Bank) -> int:
+    return int(bank.stats.get("n_kept", len(bank.teach_hashes)))
+
+
+def _bank_proto(bank: Bank, frames: int, staged: bool = False) -> vision_pb2.AnomalyBank:
     return vision_pb2.AnomalyBank(
+        staged=staged,
         part=bank.part,
         bank_id=bank.bank_id,
         version=bank.version,

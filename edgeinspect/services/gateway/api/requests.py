@@ -6,6 +6,7 @@ Each check raises InvalidInput naming the field and the limit, which the error i
 from __future__ import annotations
 
 from edgeinspect.errors import InvalidInput
+from edgeinspect.models.anomaly.bank import check_part
 from edgeinspect.v1 import inspection_pb2
 
 MAX_PROMPT_CHARS = 2000
@@ -38,6 +39,14 @@ def check_teach_from_reports(req: inspection_pb2.TeachFromReportsRequest) -> ins
             raise InvalidInput(f"{name} is required and at most {MAX_FIELD_CHARS} characters")
     if not 2 <= req.last_n <= MAX_TEACH_REPORTS:
         raise InvalidInput(f"last_n must lie in [2, {MAX_TEACH_REPORTS}]: a bank needs at least 2 good frames")
+    return req
+
+
+def check_promote_bank(req: inspection_pb2.PromoteBankRequest) -> inspection_pb2.PromoteBankRequest:
+    """A valid part name and a version number (1 or more); InvalidInput naming the field otherwise."""
+    check_part(req.part)
+    if req.version <= 0:
+        raise InvalidInput(f"version must be a published bank version (1 or more), got {req.version}")
     return req
 
 

@@ -11,8 +11,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from edgeinspect.errors import PermissionDenied, Unavailable
 from edgeinspect.services.gateway import teaching
 from edgeinspect.services.gateway.api.callers import caller_of, may_review
-from edgeinspect.services.gateway.api.requests import check_inspect, check_teach_from_reports, time_arg
+from edgeinspect.services.gateway.api.requests import (
+    check_inspect,
+    check_promote_bank,
+    check_teach_from_reports,
+    time_arg,
+)
 from edgeinspect.services.gateway.api.status import cluster_status
+from edgeinspect.services.gateway.backlog import BacklogGuard
 from edgeinspect.services.gateway.decode.step_spans import annotate_report, annotate_request
 from edgeinspect.services.gateway.disk import DiskGuard
 from edgeinspect.services.gateway.reports.store import ReportStore
@@ -27,9 +33,10 @@ def _timestamp(us: int) -> Timestamp:
 
 
 class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
-    def __init__(self, store: ReportStore, disk: DiskGuard | None = None):
+    def __init__(self, store: ReportStore, disk: DiskGuard | None = None, backlog: BacklogGuard | None = None):
         self.store = store
         self.disk = disk  # free-space floors: below one, new inspections are refused and reads go on
+        self.backlog = backlog  # the line's outbox per station: full, that station's inspections are refused
         self.versions: VersionRouter | None = None  # set once the live version's Inspector is connected
 
     def _ready(self) -> VersionRouter:
@@ -38,10 +45,13 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
         return self.versions
 
     async def _run(self, request: inspection_pb2.InspectRequest):
-        """The inspection's events, once the request is valid and every disk is above its floor."""
+        """The inspection's events, once the request is valid, every disk is above its floor and the line's outputs
+        have room for the station's result."""
         versions, req = self._ready(), check_inspect(request)
         if self.disk is not None:
             await self.disk.admit()
+        if self.backlog is not None:
+            await self.backlog.admit(req.station)
         return versions.run(req)
 
     async def Inspect(self, request, context) -> inspection_pb2.DefectReport:
@@ -147,13 +157,22 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
         status = await cluster_status(self._ready().live())
         if self.disk is not None:  # readiness stays SERVING for reads; the notes say why inspections are refused
             status.notes.extend(await asyncio.to_thread(self.disk.notes))
+        if self.backlog is not None:  # likewise for a station whose results the line's outputs cannot take now
+            status.notes.extend(await asyncio.to_thread(self.backlog.notes))
         return status
 
     async def AddToGoodSet(self, request, context) -> inspection_pb2.AnomalyBankVersion:
         """A report's frame joins its part's good set (a new bank version). Admin only (METHOD_ROLES)."""
-        return await teaching.add_to_good_set(self.store, self._ready().live(), request.report_id)
+        return await teaching.add_to_good_set(self.store, self._ready().live(), request.report_id, request.stage)
 
     async def TeachFromReports(self, request, context) -> inspection_pb2.AnomalyBankVersion:
         """Teaches a part afresh from a station's last N reports reviewed OK. Admin only (METHOD_ROLES)."""
         req = check_teach_from_reports(request)
-        return await teaching.teach_from_reports(self.store, self._ready().live(), req.station, req.part, req.last_n)
+        return await teaching.teach_from_reports(
+            self.store, self._ready().live(), req.station, req.part, req.last_n, req.stage
+        )
+
+    async def PromoteBank(self, request, context) -> inspection_pb2.AnomalyBankVersion:
+        """A part's staged bank version becomes current (go-live figures checked unless forced). Admin only."""
+        req = check_promote_bank(request)
+        return await teaching.promote_bank(self._ready().live(), req.part, req.version, req.force)
