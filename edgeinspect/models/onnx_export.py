@@ -3,6 +3,10 @@
 `edgeinspect model export-vision CKPT OUT [--opset N] [--int8]`. The file carries the checkpoint fingerprint in
 its metadata_props; loading it against another checkpoint is refused, because a vision node serving tokens from a
 different SigLIP than the decoder expects produces fluent garbage.
+
+Two int8 copies: dynamic (weights int8, activations quantised per call; the CPU's) and static QDQ
+(QuantizeLinear/DequantizeLinear pairs with scales calibrated on sample frames), the one int8 a GPU runs: the CUDA
+provider sends dynamic quantisation's nodes back to the host and TensorRT cannot parse them (DESIGN §9).
 """
 
 from __future__ import annotations
@@ -10,9 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
-import typer
+import numpy as np
 
 from edgeinspect.errors import CheckpointError
 
@@ -24,6 +29,11 @@ META_FINGERPRINT = "edgeinspect.checkpoint_fingerprint"
 META_QUANT = "edgeinspect.quantization"
 META_IMAGE_SIZE = "edgeinspect.image_size"
 DEFAULT_OPSET = 18
+QUANT_QDQ = "int8-qdq"  # META_QUANT of the static copy ("int8-dynamic": the dynamic one, "none": fp32)
+# The linears carry SigLIP's weight bytes and FLOPs; attention's score MatMuls are MatMul too. Norms, GELU and
+# softmax stay fp32 between DequantizeLinear and QuantizeLinear.
+QDQ_OPS = ["MatMul", "Gemm", "Conv"]
+CALIBRATION_PER_PART = 4  # good + defective frames of each of the sample set's 4 parts: 32 frames
 
 
 def export_vision_onnx(ckpt_path: Path, out: Path, opset: int = DEFAULT_OPSET, int8: bool = False) -> Path:
@@ -75,6 +85,68 @@ def quantize_vision_onnx(src: Path, out: Path) -> Path:
     return out
 
 
+def quantize_vision_qdq(src: Path, out: Path, calibration: Iterable[np.ndarray]) -> Path:
+    """Static QDQ int8 copy of an fp32 export, keeping its checkpoint stamp. `calibration`: pixel_values batches
+    ([B, 3, S, S] float32, the checkpoint's preprocessing) whose activation ranges set the scales."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    meta = onnx_metadata(src)
+    if META_FINGERPRINT not in meta:
+        raise CheckpointError(f"{src} carries no {META_FINGERPRINT} metadata: not one of our exports")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".quantize-") as tmp:
+        prepared = Path(tmp) / "vision-prep.onnx"
+        quant_pre_process(str(src), str(prepared), skip_symbolic_shape=True)
+        quantized = Path(tmp) / "vision-qdq.onnx"
+        quantize_static(
+            str(prepared),
+            str(quantized),
+            _Frames(calibration),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=QDQ_OPS,
+            per_channel=True,  # one scale per output channel of a weight: SigLIP's rows differ widely in range
+            activation_type=QuantType.QInt8,  # symmetric int8 activations: what TensorRT's int8 kernels take
+            weight_type=QuantType.QInt8,
+            calibrate_method=CalibrationMethod.MinMax,
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+        )
+        _write_stamped(quantized, out, meta[META_FINGERPRINT], int(meta[META_IMAGE_SIZE]), QUANT_QDQ)
+    return out
+
+
+def sample_calibration(ckpt_path: Path, per_part: int = CALIBRATION_PER_PART, seed: int = 0) -> list[np.ndarray]:
+    """Calibration batches: good and defective frames of every part of the drawn sample set
+    (models/anomaly/sample.py), through the checkpoint's own preprocessing; one [1, 3, S, S] batch each."""
+    from PIL import Image
+
+    from edgeinspect.models.anomaly.sample import PARTS, defect_frame, good_frame
+    from edgeinspect.models.checkpoint import open_checkpoint
+    from edgeinspect.models.vision import ImagePreprocessor
+
+    pre = ImagePreprocessor(open_checkpoint(ckpt_path))
+    rng = np.random.default_rng(seed)
+    frames = []
+    for part, (_, kinds) in PARTS.items():
+        for k in range(per_part):
+            frames.append(good_frame(part, rng))
+            kind = list(kinds)[k % len(kinds)]
+            frames.append(defect_frame(part, kind, 1 + k % 3, rng)[0])
+    return [pre(Image.fromarray(f)).numpy() for f in frames]
+
+
+class _Frames:
+    """onnxruntime's CalibrationDataReader over pixel_values batches."""
+
+    def __init__(self, batches: Iterable[np.ndarray]) -> None:
+        self._it = iter(batches)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        batch = next(self._it, None)
+        return None if batch is None else {INPUT_NAME: np.ascontiguousarray(batch, dtype=np.float32)}
+
+
 def _quantize(src: Path, dst: Path) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -121,22 +193,3 @@ def check_onnx_matches(metadata: dict[str, str], path: Path, fingerprint: str) -
             f"{path} was exported from checkpoint {stamped}, but this node serves checkpoint {fingerprint}: "
             "re-export it with `edgeinspect model export-vision`"
         )
-
-
-def export_vision_command(
-    checkpoint: Path = typer.Argument(..., help="DeepSeek-VL checkpoint folder (Hugging Face format)"),
-    out: Path = typer.Argument(..., help="ONNX file to write (e.g. var/onnx/vision.onnx)"),
-    opset: int = typer.Option(DEFAULT_OPSET, "--opset", help="ONNX opset version"),
-    int8: bool = typer.Option(
-        False, "--int8", help="dynamic int8 quantisation of the weights (onnxruntime.quantization)"
-    ),
-) -> None:
-    """Export the vision tower (pixels -> visual tokens, before the aligner) to ONNX for the onnxruntime backend."""
-    from rich.console import Console
-
-    path = export_vision_onnx(checkpoint, out, opset=opset, int8=int8)
-    meta = onnx_metadata(path)
-    Console().print(
-        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, checkpoint {meta[META_FINGERPRINT]}, "
-        f"quantization {meta[META_QUANT]})"
-    )

@@ -10,6 +10,9 @@ Cost model (decode, one token):
 Packed formats (int8, int6, int4; models/quant.py, models/int4.py) hold more than a step reads: int6 and int4
 linears keep an int8 copy for prompt chunks beside the 6- or 4-bit weights decode streams, so each layer has
 held bytes (memory) and read bytes (time); their norms and embeddings stay fp32.
+A node with a GPU holds its layers in the GPU's memory and reads them at the GPU's bandwidth (GPU_READ_EFFICIENCY of
+its peak, until measured); on a Jetson (`unified`) that memory is the box's own RAM, shared with the OS and the
+CPU, so its budget is the lesser of the two figures, never their sum (node_budget).
 Every node gets at least one layer: the nodes are an explicit inventory, and a node with no layers would be a
 pointless network hop (drop it from the list instead). The search is exact: a dynamic programme over
 (node, layers covered) minimises the bottleneck, then a second one minimises the total time per token among the
@@ -25,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from edgeinspect.errors import CheckpointError, InvalidInput, PlanInfeasible
 
 # Weight bytes a speed-1.0 node reads per second while decoding. Measured on the reference dev box:
@@ -33,6 +38,9 @@ REF_BYTES_PER_S = 7.5e9
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 PACKED = ("int8", "int6", "int4")  # formats the stage quantizes after reading fp32 (see _linear_bytes)
 BLOCK = 64  # int4/int6 kernels' block width: a linear whose input width is not a multiple stays int8
+# Share of a GPU's peak memory bandwidth a batch-1 decode step is planned to reach. An assumption, not a measurement
+# of ours (no Jetson in CI): give the node `measured:` timings from bench/stage_split.py run on it to replace it.
+GPU_READ_EFFICIENCY = 0.6
 
 
 @dataclass(frozen=True)
@@ -69,15 +77,42 @@ class LayerCosts:
 
 
 @dataclass(frozen=True)
+class Gpu:
+    """The GPU a decoder node's stage runs on: its layers live in the GPU's memory and decode reads them there."""
+
+    memory_bytes: int  # what the stage may spend on weights in the GPU's memory (KV cache, CUDA context left out)
+    bytes_per_s: float  # peak memory bandwidth; GPU_READ_EFFICIENCY of it is planned
+    unified: bool = False  # Jetson: the GPU's memory is the box's RAM, shared with the OS and the CPU
+
+
+@dataclass(frozen=True)
 class Node:
     """One decoder box, in pipeline order."""
 
     name: str
     address: str
     memory_bytes: int  # what the stage may spend on weights (leave room for the KV cache and runtime)
-    speed: float = 1.0  # relative decode speed (1.0 = the reference rate REF_BYTES_PER_S)
+    speed: float = 1.0  # relative decode speed (1.0 = the reference rate REF_BYTES_PER_S); CPU nodes only
     link_bytes_per_s: float = math.inf  # link to the next node
     link_latency_s: float = 0.0  # one message to the next node
+    gpu: Gpu | None = None  # the stage runs on this GPU (device cuda) instead of the CPU
+
+
+def node_budget(node: Node) -> int:
+    """Weight bytes the node's stage may hold: its RAM budget on the CPU, the GPU's on a discrete card, and on a
+    unified-memory GPU (Jetson) the lesser of both, as they are the same memory."""
+    if node.gpu is None:
+        return node.memory_bytes
+    if node.gpu.unified:
+        return min(node.memory_bytes, node.gpu.memory_bytes)
+    return node.gpu.memory_bytes
+
+
+def node_rate(node: Node, ref_bytes_per_s: float = REF_BYTES_PER_S) -> float:
+    """Weight bytes per second the node's stage is planned to read while decoding (when not measured)."""
+    if node.gpu is None:
+        return ref_bytes_per_s * node.speed
+    return node.gpu.bytes_per_s * GPU_READ_EFFICIENCY
 
 
 @dataclass(frozen=True)
@@ -105,6 +140,24 @@ class Plan:
         return sum(s.est_seconds for s in self.stages)
 
 
+class GpuSpec(BaseModel):
+    """A box's `gpu:` entry in a nodes file or a plant inventory. memory_gb reads like the box's own memory_gb there:
+    in a nodes file the decimal GB the stage may spend on weights, in an inventory the card's GiB (the renderer takes
+    the CUDA context and the KV cache off)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory_gb: float = Field(..., gt=0, description="GPU memory (Jetson: the box's memory again: one pool)")
+    bandwidth_gb_s: float = Field(
+        ..., gt=0, description="peak memory bandwidth, GB/s (Orin NX ~102, AGX Orin ~205, L4 ~300)"
+    )
+    unified: bool = Field(False, description="Jetson: the GPU shares the box's RAM with the OS and the CPU")
+
+    def to_gpu(self, unit_bytes: float, reserve_bytes: int = 0) -> Gpu:
+        """The planner's Gpu: memory_gb in units of `unit_bytes`, less `reserve_bytes` (KV cache, CUDA context)."""
+        return Gpu(max(int(self.memory_gb * unit_bytes) - reserve_bytes, 0), self.bandwidth_gb_s * 1e9, self.unified)
+
+
 def fmt_bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= size:
@@ -121,6 +174,7 @@ class _Stages:
     def __init__(self, costs: LayerCosts, nodes: Sequence[Node], wire_bytes_per_value: float, ref_rate: float):
         self.costs, self.nodes = costs, nodes
         self.k_last = len(nodes) - 1
+        self.budgets = [node_budget(n) for n in nodes]
         self.bytes_prefix = _prefix(costs.layer_bytes)
         self.time_prefix: list[list[float]] = []
         self.head_s: list[float] = []
@@ -133,7 +187,7 @@ class _Stages:
                 self.head_s.append(m.head_seconds)
                 self.tail_s.append(m.tail_seconds)
             else:
-                rate = ref_rate * node.speed
+                rate = node_rate(node, ref_rate)
                 read = costs.layer_bytes if costs.layer_read_bytes is None else costs.layer_read_bytes
                 self.time_prefix.append(_prefix([b / rate for b in read]))
                 self.head_s.append(costs.head_read_bytes / rate)
@@ -156,7 +210,7 @@ class _Stages:
 
     def seconds(self, k: int, i: int, j: int) -> float:
         """Per-token time of node k holding [i, j); inf when it does not fit in memory."""
-        if self.weight_bytes(k, i, j) > self.nodes[k].memory_bytes:
+        if self.weight_bytes(k, i, j) > self.budgets[k]:
             return math.inf
         t = self.time_prefix[k][j] - self.time_prefix[k][i] + self.transfer[k]
         if k == 0:
@@ -187,6 +241,8 @@ def _validate(costs: LayerCosts, nodes: Sequence[Node]) -> None:
     for n in nodes:
         if not n.speed > 0 or not n.link_bytes_per_s > 0 or n.memory_bytes < 0 or n.link_latency_s < 0:
             raise InvalidInput(f"node {n.name}: speed and link rate must be > 0, memory and latency >= 0")
+        if n.gpu is not None and (not n.gpu.bytes_per_s > 0 or n.gpu.memory_bytes < 0):
+            raise InvalidInput(f"node {n.name}: GPU bandwidth must be > 0 and its memory >= 0")
     for name, m in costs.measured.items():
         if len(m.layer_seconds) != costs.num_layers:
             raise InvalidInput(
@@ -203,7 +259,7 @@ def _infeasible(costs: LayerCosts, nodes: Sequence[Node]) -> PlanInfeasible:
             f"{len(nodes)} nodes but only {costs.num_layers} layers: every node needs at least one layer, drop a node"
         )
     need = costs.total_bytes
-    offer = sum(n.memory_bytes for n in nodes)
+    offer = sum(node_budget(n) for n in nodes)
     if need > offer:
         lines.append(
             f"needs {fmt_bytes(need)} of weights, the nodes offer {fmt_bytes(offer)}: {fmt_bytes(need - offer)} short"
@@ -219,15 +275,15 @@ def _infeasible(costs: LayerCosts, nodes: Sequence[Node]) -> PlanInfeasible:
         if k == k_last:
             share += costs.tail_bytes
             parts.append("lm_head")
-        if share > n.memory_bytes:
+        if share > node_budget(n):
             lines.append(
-                f"node {n.name} ({fmt_bytes(n.memory_bytes)}) cannot hold even its minimal share: "
+                f"node {n.name} ({fmt_bytes(node_budget(n))}) cannot hold even its minimal share: "
                 f"{' + '.join(parts)} = {fmt_bytes(share)}"
             )
     if not lines:
         lines.append(
             f"no contiguous split of {costs.num_layers} layers fits the budgets "
-            f"({', '.join(f'{n.name} {fmt_bytes(n.memory_bytes)}' for n in nodes)}; layers of "
+            f"({', '.join(f'{n.name} {fmt_bytes(node_budget(n))}' for n in nodes)}; layers of "
             f"{fmt_bytes(smallest)}-{fmt_bytes(max(costs.layer_bytes))}, embeddings {fmt_bytes(costs.head_bytes)}, "
             f"lm_head {fmt_bytes(costs.tail_bytes)})"
         )

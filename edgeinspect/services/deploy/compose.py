@@ -96,7 +96,18 @@ def config_file(inst: Instance) -> str:
 
 
 def image_for(inv: Inventory, box: Box, role: Role) -> str:
-    return inv.plant.hailo_image if box.hailo and role is Role.vision else inv.plant.image
+    if box.hailo and role is Role.vision:
+        return inv.plant.hailo_image
+    return inv.plant.gpu_image if box.uses_gpu(role) else inv.plant.image
+
+
+def gpu_access(box: Box) -> dict[str, Any]:
+    """What gives a compose service the box's GPU: on a Jetson the NVIDIA container runtime (L4T mounts the GPU
+    and its libraries through it; it has no device requests), elsewhere a device reservation for one NVIDIA GPU."""
+    if box.gpu is not None and box.gpu.unified:
+        return {"runtime": "nvidia"}
+    gpu = {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+    return {"deploy": {"resources": {"reservations": {"devices": [gpu]}}}}
 
 
 def _bind(source: str, target: str, read_only: bool) -> dict[str, Any]:
@@ -159,6 +170,8 @@ def _service(
     if inst.role is Role.ingest and video_devices(cameras):
         svc["devices"] = [f"{d}:{d}" for d in video_devices(cameras)]
         svc["group_add"] = [str(VIDEO_GID)]  # the image's user reads /dev/video* through the video group
+    if inst.box.uses_gpu(inst.role):
+        svc |= gpu_access(inst.box)
     health_tls = tls.healthcheck_args() if inv.plant.tls else []
     if inst.port:
         test = ["CMD", "edgeinspect", "healthcheck", *health_tls, f"127.0.0.1:{inst.port}"]

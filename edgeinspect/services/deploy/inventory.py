@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edgeinspect.config import WeightsDtype, WireCodec
+from edgeinspect.models.planner import GpuSpec
 from edgeinspect.services.outputs.config import OutputsConfig
 
 GIB = 1024**3
@@ -22,6 +23,11 @@ OS_RESERVE_GIB = 1.0
 ROLE_CPUS = {"vision": 1.0, "retrieval": 0.5, "gateway": 1.0, "ingest": 1.0}
 # A Python process with torch loaded holds this much beyond its weights and KV cache.
 STAGE_RUNTIME_GIB = 0.75
+# What the CUDA context, cuBLAS workspaces and torch's allocator slack take of a GPU's memory (on a Jetson: of the
+# box's RAM, the same pool). A planning margin, not measured on a Jetson here.
+CUDA_CONTEXT_GIB = 1.0
+# Roles that run on a box's GPU when it has one (device cuda); the others stay on the CPU.
+GPU_ROLES = ("vision", "stage")
 
 
 class Role(StrEnum):
@@ -67,6 +73,11 @@ class Box(BaseModel):
         default_factory=list,
         description="stage boxes that each run a copy of this box's layer range (the gateway fails over to them)",
     )
+    gpu: GpuSpec | None = Field(
+        None,
+        description="an NVIDIA GPU its stage and vision run on (device cuda): memory_gb in GiB, bandwidth_gb_s; "
+        "unified: true on a Jetson, whose GPU shares memory_gb with the OS",
+    )
 
     @field_validator("roles")
     @classmethod
@@ -74,6 +85,10 @@ class Box(BaseModel):
         if len(set(roles)) != len(roles):
             raise ValueError(f"a role is listed twice: {[r.value for r in roles]}")
         return roles
+
+    def uses_gpu(self, role: Role) -> bool:
+        """`role` runs on this box's GPU (vision on a Hailo box stays on the Hailo)."""
+        return self.gpu is not None and role.value in GPU_ROLES and not (role is Role.vision and self.hailo)
 
     def reserve_gib(self, role: Role) -> float:
         """Memory kept for `role` on this box (stage: whatever the OS and the other roles leave)."""
@@ -134,6 +149,11 @@ class Plant(BaseModel):
     image: str = Field("edgeinspect:0.1.0", description="container image every role runs")
     hailo_image: str = Field(
         "edgeinspect:0.1.0-hailo", description="image built with --build-arg HAILO=1, for vision on Hailo boxes"
+    )
+    gpu_image: str = Field(
+        "edgeinspect:0.1.0-gpu",
+        description="image with CUDA torch (and onnxruntime-gpu) for the roles on a `gpu` box: on a Jetson built FROM "
+        "an L4T PyTorch base (compose/DEPLOY.md, Jetson)",
     )
     data_dir: Path = Field(
         Path("/var/lib/edgeinspect"),

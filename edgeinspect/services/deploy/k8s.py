@@ -27,6 +27,8 @@ from edgeinspect.services.deploy.topology import Instance
 CONFIGMAP = "edgeinspect-config"  # kustomize appends the hash of its files: a config change rolls the pods
 CONFIG_FOLDER = "config"  # k8s/config/: the files the ConfigMap is generated from
 BOX_TYPE_LABEL = "edgeinspect.io/box-type"
+GPU_RESOURCE = "nvidia.com/gpu"  # NVIDIA's device plugin advertises it (Jetson included)
+GPU_RUNTIME_CLASS = "nvidia"  # k3s registers it when it finds the NVIDIA container runtime on the node
 UID = 10001
 
 
@@ -85,9 +87,11 @@ def tls_secret(inv: Inventory, box: Box) -> str:
 
 def _resources(inv: Inventory, inst: Instance) -> dict[str, Any]:
     """Requests that fit the node (what the role needs; a stage's planned weights, KV and runtime, within what the
-    OS and the co-located roles leave) and limits where the kernel stops it."""
+    OS and the co-located roles leave) and limits where the kernel stops it; one GPU for a role on a GPU box."""
     requests = {"memory": mebibytes(memory_request_bytes(inv, inst)), "cpu": _cores(inst.box.role_cpus(inst.role))}
     limits = {"memory": mebibytes(memory_limit_bytes(inv, inst)), "cpu": _cores(cpu_limit(inst))}
+    if inst.box.uses_gpu(inst.role):
+        limits[GPU_RESOURCE] = "1"  # extended resources are limits only (the request follows)
     return {"requests": requests, "limits": limits}
 
 
@@ -179,6 +183,8 @@ def deployment(
         "volumes": volumes + [{"name": "tmp", "emptyDir": {}}],
     }
     pod["containers"][0]["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
+    if inst.box.uses_gpu(inst.role):
+        pod["runtimeClassName"] = GPU_RUNTIME_CLASS
     if inst.role is Role.ingest and video_devices(cameras):
         pod["securityContext"]["supplementalGroups"] = [VIDEO_GID]
     annotations = {}

@@ -5,11 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgeinspect.config import WireCodec
-from edgeinspect.services.deploy.inventory import Inventory, Role
+from edgeinspect.services.deploy.inventory import CUDA_CONTEXT_GIB, GIB, Box, Inventory, Role
 from edgeinspect.services.deploy.topology import StagePlacement
 
 # Bytes per hidden-state value on the wire, per codec (block-int8: one fp16 scale per 32 int8 values).
 WIRE_BYTES = {WireCodec.fp32: 4.0, WireCodec.fp16: 2.0, WireCodec.int8: 34 / 32}
+
+
+def stage_node(box: Box, kv_bytes: int):
+    """The planner's view of `box`'s stage. The planner budgets weights only: the KV cache comes off the box's share
+    (off the GPU's on a GPU box, where the cache lives), and so does the CUDA context; on a Jetson (unified) both
+    come off the one RAM pool the OS and the co-located roles already took their share of."""
+    from edgeinspect.models import planner
+
+    host = box.stage_budget_bytes() - kv_bytes
+    if box.gpu is None:
+        return planner.Node(box.name, box.address, max(host, 0), box.speed)
+    cuda = int(CUDA_CONTEXT_GIB * GIB)
+    if box.gpu.unified:
+        host -= cuda
+    return planner.Node(box.name, box.address, max(host, 0), box.speed, gpu=box.gpu.to_gpu(GIB, cuda + kv_bytes))
 
 
 def plan_stages(inv: Inventory, checkpoint: Path | None = None) -> list[StagePlacement]:
@@ -35,15 +50,16 @@ def plan_stages(inv: Inventory, checkpoint: Path | None = None) -> list[StagePla
             text_config, plant.weights.value, aligner_in_features=m.vision_hidden_size, tie_word_embeddings=False
         )
     nodes = []
+    kv = plant.kv_budget_mb * 2**20
     for k, box in enumerate(boxes):
-        # The planner budgets weights only: the KV cache this stage is allowed comes off the box's share.
-        # A replica must hold the same range: plan against the smallest and slowest copy.
-        copies = [box, *inv.replicas_of(box)]
-        weights_budget = min(b.stage_budget_bytes() for b in copies) - plant.kv_budget_mb * 2**20
+        # A replica must hold the same range: plan against the smallest and slowest copy (a CPU copy of a GPU box's
+        # range, mixed failover, plans the range at the CPU's pace).
+        copies = [stage_node(b, kv) for b in [box, *inv.replicas_of(box)]]
+        budget = min(planner.node_budget(n) for n in copies)
+        speed = min(planner.node_rate(n) for n in copies) / planner.REF_BYTES_PER_S
         nxt = boxes[k + 1] if k + 1 < len(boxes) else inv.only(Role.gateway)
-        link = min(min(b.link_gbps for b in copies), nxt.link_gbps) * 1e9 / 8
-        speed = min(b.speed for b in copies)
-        nodes.append(planner.Node(box.name, box.address, max(weights_budget, 0), speed, link))
+        link = min(min(b.link_gbps for b in [box, *inv.replicas_of(box)]), nxt.link_gbps) * 1e9 / 8
+        nodes.append(planner.Node(box.name, box.address, budget, speed, link))
     plan = planner.plan_partition(costs, nodes, wire_bytes_per_value=WIRE_BYTES[plant.codec])
     by_name = {b.name: b for b in boxes}
     return [

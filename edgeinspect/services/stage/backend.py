@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import torch
 
 from edgeinspect import PROTOCOL_VERSION
-from edgeinspect.config import StageSettings
 from edgeinspect.errors import PeerMismatch, PrefixCacheMiss, ResourceExhausted, Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, open_checkpoint
 from edgeinspect.models.device import free_bytes, resolve_device
@@ -38,6 +37,7 @@ from edgeinspect.services.stage.admission import RETRY_AFTER_MS, kv_budget_bytes
 from edgeinspect.services.stage.batching import Job
 from edgeinspect.services.stage.eviction import SessionUsage, choose_evictions
 from edgeinspect.services.stage.scheduler import BatchLimits, Pending, plan_step
+from edgeinspect.services.stage.settings import StageSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class Identity:
     layer_end: int
     num_layers: int
     weights_dtype: str
+    device: str = "cpu"  # where the layers run ("cuda:0"): reported in the handshake, never checked
 
 
 @dataclass
@@ -105,6 +106,7 @@ class StageBackend:
             self.range.end,
             self.range.total,
             self.executor.module.weights,  # what runs: `auto` is resolved by measurement at load
+            str(self.device),
         )
         self._generators: dict[str, torch.Generator | None] = {}
         self.prefixes = PrefixCache(cfg.prefix_cache_mb << 20)

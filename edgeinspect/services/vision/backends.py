@@ -14,9 +14,10 @@ from typing import Protocol
 
 import torch
 
-from edgeinspect.config import VisionBackend, VisionSettings, WeightsDtype
+from edgeinspect.config import WeightsDtype
 from edgeinspect.errors import CheckpointError
 from edgeinspect.models.checkpoint import Checkpoint
+from edgeinspect.services.vision.settings import VisionBackend, VisionSettings
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +108,17 @@ def _load_torch(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
 
 
 def _load_onnx(ckpt: Checkpoint, cfg: VisionSettings, provider: str | None = None) -> Backend:
-    """The export under ONNX Runtime: CPU, or with a device the TensorRT provider where installed, else CUDA's."""
+    """The export under ONNX Runtime: CPU, or with a device the TensorRT provider where installed, else CUDA's.
+    weights int8: the static QDQ copy (calibrated on first use), which runs int8 on the CPU and the GPU alike."""
     path = Path(cfg.onnx_path) if cfg.onnx_path else default_onnx_path(ckpt)
     if not path.is_file():
         from edgeinspect.models.onnx_export import export_vision_onnx
 
         log.info("no ONNX export at %s: exporting the vision tower of %s there (first start)", path, ckpt.path)
         export_vision_onnx(ckpt.path, path)
+    int8 = cfg.weights is WeightsDtype.int8
+    if int8:
+        path = _qdq_copy(ckpt, path)
     device = _device(cfg) if provider is None else torch.device("cuda", torch.cuda.current_device())
     providers = None
     if device.type == "cuda":
@@ -121,9 +126,20 @@ def _load_onnx(ckpt: Checkpoint, cfg: VisionSettings, provider: str | None = Non
 
         if provider is None:
             provider = "tensorrt" if PROVIDERS["tensorrt"] in available_providers() else "cuda"
-        providers = provider_list(provider, device, path, ckpt.fingerprint)
+        providers = provider_list(provider, device, path, ckpt.fingerprint, int8=int8)
     log.info("onnxruntime backend: %s (%s)", path, provider or "cpu")
     return OnnxBackend(path, ckpt.fingerprint, cfg.threads, providers)
+
+
+def _qdq_copy(ckpt: Checkpoint, fp32: Path) -> Path:
+    """The static QDQ int8 copy of the export beside it, calibrated on the drawn sample set when missing."""
+    from edgeinspect.models.onnx_export import quantize_vision_qdq, sample_calibration
+
+    path = fp32.with_name(fp32.stem + "-qdq.onnx")
+    if not path.is_file():
+        log.info("no QDQ int8 copy at %s: calibrating %s on the sample set there (first start)", path, fp32)
+        quantize_vision_qdq(fp32, path, sample_calibration(ckpt.path))
+    return path
 
 
 def _load_hailo(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
@@ -138,11 +154,11 @@ def _load_hailo(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
 
 
 def _load_onnx_int8(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
-    """The dynamic-int8 copy of the export (made from the fp32 one on first use, beside it)."""
+    """The dynamic-int8 copy of the export (made from the fp32 one on first use, beside it): `auto`'s CPU candidate."""
     if _device(cfg).type != "cpu":
         raise CheckpointError(
-            "onnxruntime int8 is dynamic quantization, whose nodes run on the host under the CUDA provider (and "
-            "TensorRT cannot parse them); on a GPU use fp16 (tensorrt/cuda) until static QDQ int8 is built"
+            "onnxruntime dynamic int8 runs its nodes on the host under the CUDA provider (and TensorRT cannot parse "
+            "them); on a GPU, weights int8 with backend onnxruntime is the static QDQ copy"
         )
     fp32 = Path(cfg.onnx_path) if cfg.onnx_path else default_onnx_path(ckpt)
     path = fp32.with_name(fp32.stem + "-int8.onnx")
@@ -172,8 +188,10 @@ def auto_loaders(ckpt: Checkpoint, cfg: VisionSettings) -> dict[str, Callable[[]
     gpu = cfg.model_copy(update={"device": "cuda"})
     for w in ("fp16", "bf16"):
         loaders[f"torch-cuda-{w}"] = functools.partial(TorchBackend, ckpt, w, torch.device("cuda"))
+    gpu_int8 = gpu.model_copy(update={"weights": WeightsDtype.int8})
     for kind in ("cuda", "tensorrt"):
         loaders[f"onnxruntime-{kind}"] = functools.partial(_load_onnx, ckpt, gpu, kind)
+        loaders[f"onnxruntime-{kind}-int8"] = functools.partial(_load_onnx, ckpt, gpu_int8, kind)
     return {name: loaders[name] for name in candidates(cfg)}
 
 

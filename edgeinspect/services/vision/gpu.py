@@ -4,9 +4,9 @@ providers over the same export.
 A provider is offered only when onnxruntime.get_available_providers() lists it (the onnxruntime-gpu wheel, or
 JetPack's); otherwise the backend is refused with the reason. TensorRT builds an engine per GPU and TensorRT version
 on the first run (minutes at ViT-L size), so engines are cached in a folder keyed by the checkpoint fingerprint and
-the TensorRT version: a new checkpoint or TensorRT never loads a stale engine. fp16 only: int8 on a GPU needs static
-QDQ calibration (quantize_dynamic's DynamicQuantizeLinear/MatMulInteger nodes go back to the host under the CUDA
-EP and TensorRT cannot parse them, DESIGN §9), which is not built yet, so onnxruntime-int8 is refused on a GPU.
+the TensorRT version: a new checkpoint or TensorRT never loads a stale engine. int8 on a GPU is the static QDQ copy
+of the export (models/onnx_export.quantize_vision_qdq): quantize_dynamic's DynamicQuantizeLinear/MatMulInteger nodes
+go back to the host under the CUDA EP and TensorRT cannot parse them (DESIGN §9), so the dynamic copy is refused here.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ def engine_cache_dir(onnx_path: Path, fingerprint: str) -> Path:
     return onnx_path.parent / "trt-engines" / f"{fingerprint}-trt{tensorrt_version()}"
 
 
-def provider_list(kind: str, device: torch.device, onnx_path: Path, fingerprint: str) -> list:
-    """ONNX Runtime providers for `kind` (cuda | tensorrt) on `device`, CPU last for the few nodes they lack."""
+def provider_list(kind: str, device: torch.device, onnx_path: Path, fingerprint: str, int8: bool = False) -> list:
+    """ONNX Runtime providers for `kind` (cuda | tensorrt) on `device`, CPU last for the few nodes they lack.
+    int8: the model is the QDQ copy; TensorRT then builds int8 kernels from its Q/DQ scales (no calibration table)."""
     wanted = PROVIDERS[kind]
     have = available_providers()
     if wanted not in have:
@@ -68,6 +69,7 @@ def provider_list(kind: str, device: torch.device, onnx_path: Path, fingerprint:
         {
             "device_id": index,
             "trt_fp16_enable": True,
+            "trt_int8_enable": int8,
             "trt_engine_cache_enable": True,
             "trt_engine_cache_path": str(cache),
             "trt_timing_cache_enable": True,
@@ -84,8 +86,8 @@ def check_tower_weights(weights: str, device: torch.device) -> torch.dtype:
         return torch.float32 if weights == "int8" else GPU_DTYPES[weights]
     if weights not in GPU_DTYPES:
         raise CheckpointError(
-            f"the torch vision tower on {device} runs fp16, bf16 or fp32, not {weights!r} (int8 there is static QDQ "
-            f"through ONNX Runtime, not built yet)"
+            f"the torch vision tower on {device} runs fp16, bf16 or fp32, not {weights!r} (int8 on a GPU: backend "
+            f"onnxruntime with weights int8, the static QDQ copy)"
         )
     if weights == "bf16" and not torch.cuda.is_bf16_supported():
         raise CheckpointError(f"{device} has no bf16: use fp16 vision weights")
@@ -100,5 +102,7 @@ def gpu_candidates() -> list[str]:
     if torch.cuda.is_bf16_supported():
         out.append("torch-cuda-bf16")
     have = available_providers()
-    out += [f"onnxruntime-{kind}" for kind, name in PROVIDERS.items() if name in have]
+    for kind, name in PROVIDERS.items():
+        if name in have:
+            out += [f"onnxruntime-{kind}", f"onnxruntime-{kind}-int8"]  # fp16/fp32 export and its QDQ int8 copy
     return out

@@ -144,6 +144,15 @@ class InferenceSession:
         """The route that served the latest step (kept after the session closed, for the report)."""
         return [f"stage{k}={ep.address}{ep.name}" for k, ep in enumerate(self._route)]
 
+    @property
+    def served(self) -> list[inspection_pb2.StageServed]:
+        """route_names' stages with the device and weight format each ran (formats differ after a GPU-to-CPU
+        failover)."""
+        return [
+            inspection_pb2.StageServed(layers=ep.name, address=ep.address, device=ep.device, weights=ep.weights)
+            for ep in self._route
+        ]
+
     # -- the two operations --------------------------------------------------------------------------------------
 
     async def prefill(self) -> StepResult:

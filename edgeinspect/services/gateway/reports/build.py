@@ -71,6 +71,7 @@ def vlm_report(
             tokenizer_fingerprint=inspector.ckpt.tokenizer_fingerprint,
             codec=inspector.codec.value,
             partition=session.route_names,
+            served=session.served,
             plan=inspector.router.plan_text(),
             prompt_sha256=prompt_digest(journal.prompt_ids, prompt.grammar.grammar_id if prompt.grammar else ""),
         ),
