@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from common import load_average, machine_info, require_checkpoint, target, write_json
 
-from edgeinspect.config import StageSettings
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.stage import StepInput
 from edgeinspect.services.stage.backend import SessionWork, StageBackend
+from edgeinspect.services.stage.settings import StageSettings
 
 DEFAULT_CKPT = Path(__file__).resolve().parents[1] / "var" / "checkpoints" / "deepseek-vl-1.3b"
 TARGET = 3.0  # aggregate tokens/s of 4 concurrent inspections over one

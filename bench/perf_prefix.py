@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 from common import inspection_prompt, load_average, machine_info, require_checkpoint, target, write_json
 
-from edgeinspect.config import StageSettings
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.stage import StepInput
 from edgeinspect.services.gateway.decode.pipeline import prefix_key
 from edgeinspect.services.stage.backend import SessionWork, StageBackend
+from edgeinspect.services.stage.settings import StageSettings
 
 DEFAULT_CKPT = Path(__file__).resolve().parents[1] / "var" / "checkpoints" / "deepseek-vl-1.3b"
 # Skipping the prefix must at least pay for its copy: the cached frame's TTFT over the whole prompt's.

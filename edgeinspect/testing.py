@@ -59,10 +59,10 @@ async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | 
     """Real DecoderStage servers in this process (one per even layer slice) and the gateway's StageCluster over them
     (fp32 on the wire, handshaken); yields (cluster, backends). `per_stage` adds settings to each stage;
     `chained` has each stage forward to the next (the gateway then talks to stage 0 only)."""
-    from edgeinspect.config import StageSettings
     from edgeinspect.models.checkpoint import open_checkpoint
     from edgeinspect.services.gateway.decode.stages import StageCluster, fp32_wire
     from edgeinspect.services.stage.server import start
+    from edgeinspect.services.stage.settings import StageSettings
 
     ckpt = open_checkpoint(checkpoint)
     bounds = [round(k * ckpt.num_layers / n_stages) for k in range(n_stages + 1)]

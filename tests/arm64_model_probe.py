@@ -20,7 +20,6 @@ import sys
 import torch
 
 from edgeinspect.assets import asset_path
-from edgeinspect.config import VisionSettings
 from edgeinspect.models import cpu, quant
 from edgeinspect.models.checkpoint import load_processor, load_reference_model, open_checkpoint
 from edgeinspect.models.kernels import bindings
@@ -29,6 +28,7 @@ from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
 from edgeinspect.services.vision.backends import auto_loaders
+from edgeinspect.services.vision.settings import VisionSettings
 
 NEW_TOKENS = 12
 STEPS = (17, 230, 4, 99)  # the same decode tokens into every format's stage

@@ -11,7 +11,7 @@ from pathlib import Path
 
 def test_clients_look_for_the_token_in_the_workdir_the_environment_names(tmp_path):
     env = {**os.environ, "EDGEINSPECT_WORKDIR": str(tmp_path / "line7")}
-    code = "from edgeinspect.services import client_options as o; print(o.WORKDIR); print(o.TOKEN_FILE)"
+    code = "from edgeinspect.cli import options as o; print(o.WORKDIR); print(o.TOKEN_FILE)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(tmp_path / "line7"), str(tmp_path / "line7" / "api_token")]
     # The user's view of the same thing: the default shown by --help (wide enough that rich prints it whole).
@@ -25,7 +25,7 @@ def test_clients_look_for_the_token_in_the_workdir_the_environment_names(tmp_pat
 
 
 def test_up_prints_only_the_options_a_client_needs_beyond_its_defaults():
-    from edgeinspect.services.client_options import DEFAULT_GATEWAY, TOKEN_FILE, client_command
+    from edgeinspect.cli.options import DEFAULT_GATEWAY, TOKEN_FILE, client_command
 
     assert client_command(DEFAULT_GATEWAY, TOKEN_FILE, None) == "edgeinspect inspect IMAGE"
     other = Path("/srv/stack/api_token")

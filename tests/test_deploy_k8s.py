@@ -9,11 +9,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from edgeinspect.config import StageSettings
 from edgeinspect.services.deploy import render
 from edgeinspect.services.deploy.inventory import load_inventory
 from edgeinspect.services.deploy.planning import plan_stages
 from edgeinspect.services.gateway.settings import GatewaySettings
+from edgeinspect.services.stage.settings import StageSettings
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "compose" / "plant.example.yaml"

@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgeinspect.config import RetrievalSettings, StageSettings, VisionSettings
 from edgeinspect.services.deploy import render
 from edgeinspect.services.deploy import tls as deploy_tls
 from edgeinspect.services.deploy.inventory import Inventory, Role, load_inventory
 from edgeinspect.services.deploy.topology import StagePlacement
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.ingest.config import IngestSettings
+from edgeinspect.services.retrieval.settings import RetrievalSettings
+from edgeinspect.services.stage.settings import StageSettings
+from edgeinspect.services.vision.settings import VisionSettings
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "compose" / "plant.example.yaml"

@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from edgeinspect import certs
-from edgeinspect.config import StageSettings
 from edgeinspect.services.deploy import render
 from edgeinspect.services.deploy.inventory import GIB, OS_RESERVE_GIB, Inventory
 from edgeinspect.services.deploy.planning import plan_stages
 from edgeinspect.services.gateway.settings import GatewaySettings
+from edgeinspect.services.stage.settings import StageSettings
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "compose" / "plant.example.yaml"

@@ -24,9 +24,10 @@ from fuzz_protos import EXCEPTION_NAME, messages, raw_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgeinspect.config import RetrievalSettings, ServerConfig, write_yaml
+from edgeinspect.config import ServerConfig, write_yaml
 from edgeinspect.services.common.channel import wait_for_serving
 from edgeinspect.services.common.errors import RETRY_PUSHBACK_KEY
+from edgeinspect.services.retrieval.settings import RetrievalSettings
 from edgeinspect.v1 import (
     inspection_pb2,
     retrieval_pb2,

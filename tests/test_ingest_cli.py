@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from edgeinspect.assets import asset_path
 from edgeinspect.cli import app
-from edgeinspect.services.ingest.cli import failure_lines
+from edgeinspect.cli.ingest import failure_lines
 from edgeinspect.services.ingest.config import IngestSettings
 
 

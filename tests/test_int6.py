@@ -11,7 +11,7 @@ import torch
 from test_perf_int4 import _int4_in_the_kernels_order
 from torch import nn
 
-from edgeinspect.config import StageSettings, WeightsDtype
+from edgeinspect.config import WeightsDtype
 from edgeinspect.models import autoformat, int4, quant
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.int4 import (
@@ -27,6 +27,7 @@ from edgeinspect.models.int4 import (
 from edgeinspect.models.kernels import bindings, ops
 from edgeinspect.models.quant import Int8Linear
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
+from edgeinspect.services.stage.settings import StageSettings
 from edgeinspect.services.verify import UNIT_ERROR
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped

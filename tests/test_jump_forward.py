@@ -114,8 +114,8 @@ EOS_OF_TINY = 1  # models/tiny.py's eos_token_id
 def test_a_real_stage_returns_forced_tokens_and_the_report_is_unchanged(tiny_checkpoint):
     import asyncio
 
-    from edgeinspect.config import StageSettings
     from edgeinspect.services.stage.server import start
+    from edgeinspect.services.stage.settings import StageSettings
 
     ckpt = open_checkpoint(tiny_checkpoint)
     assert ckpt.text_config.eos_token_id == EOS_OF_TINY

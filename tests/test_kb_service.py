@@ -15,12 +15,13 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from edgeinspect.config import RetrievalSettings, ServerConfig
+from edgeinspect.config import ServerConfig
 from edgeinspect.rag import sample_kb_dir
 from edgeinspect.rag.embed import Embedder
 from edgeinspect.rag.indexer import build_index
 from edgeinspect.services.common.channel import wait_for_serving
 from edgeinspect.services.retrieval.server import build
+from edgeinspect.services.retrieval.settings import RetrievalSettings
 from edgeinspect.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 DOCS = ["HSG-210-burrs-flash-edges.md", "GSK-610-seals-gaskets.md", "QS-002-sampling-plans.md"]

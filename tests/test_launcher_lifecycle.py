@@ -207,6 +207,48 @@ def test_the_parent_watch_alone_ends_a_role_whose_launcher_was_sigkilled():
             os.kill(role_pid, signal.SIGKILL)
 
 
+# A launcher forking a "role" from a thread that ends before the role arms PR_SET_PDEATHSIG (a stack stopped while
+# the role still imports): the signal would never come, and the launcher lives on, so the role must not start.
+LATE_ROLE = textwrap.dedent(
+    """
+    import time
+    time.sleep(0.5)  # the role's imports: the thread that forked it ends meanwhile
+    from edgeinspect.services.common.lifecycle import die_with_launcher
+    die_with_launcher()
+    print("serving", flush=True)
+    time.sleep(120)
+    """
+)
+THREAD_LAUNCHER = textwrap.dedent(
+    """
+    import os, subprocess, sys, threading
+    env, forked = {**os.environ, "EDGEINSPECT_PARENT_PID": str(os.getpid())}, []
+    def fork():
+        env["EDGEINSPECT_PARENT_TID"] = str(threading.get_native_id())
+        forked.append(subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=env, stdout=subprocess.PIPE, text=True))
+    thread = threading.Thread(target=fork)
+    thread.start()
+    thread.join()
+    print(forked[0].pid, flush=True)
+    print(forked[0].wait(60), forked[0].stdout.read().strip() or "-", flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_role_whose_forking_thread_ended_before_it_armed_does_not_start():
+    launcher = subprocess.Popen([sys.executable, "-c", THREAD_LAUNCHER, LATE_ROLE], stdout=subprocess.PIPE, text=True)
+    role_pid = int(launcher.stdout.readline())
+    try:
+        code, said = launcher.stdout.readline().split(maxsplit=1)
+        assert (int(code), said.strip()) == (1, "-")  # exited before serving, its launcher still alive
+        assert launcher.wait(30) == 0
+    finally:
+        for pid in (role_pid, launcher.pid):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_up_with_a_kb_folder_that_holds_no_index_says_so_before_starting_anything(tmp_path):
     empty = tmp_path / "kb"
     empty.mkdir()

@@ -7,10 +7,10 @@ import asyncio
 
 import torch
 
-from edgeinspect.config import StageSettings
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.stage import StepInput
 from edgeinspect.services.stage.backend import SessionWork, StageBackend
+from edgeinspect.services.stage.settings import StageSettings
 from edgeinspect.testing import decode_concurrently
 
 SESSIONS = 4

@@ -7,12 +7,12 @@ import asyncio
 import pytest
 import torch
 
-from edgeinspect.config import StageSettings
 from edgeinspect.models.checkpoint import load_processor, load_reference_model, open_checkpoint
 from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
 from edgeinspect.models.stage import StepInput
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
 from edgeinspect.services.stage.backend import SessionWork, StageBackend
+from edgeinspect.services.stage.settings import StageSettings
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
 

@@ -8,7 +8,7 @@ import torch
 from test_perf_int8 import MID, NEW_TOKENS, _case
 from torch import nn
 
-from edgeinspect.config import StageSettings, WeightsDtype
+from edgeinspect.config import WeightsDtype
 from edgeinspect.models.accuracy import compare
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.int4 import (
@@ -24,6 +24,7 @@ from edgeinspect.models.int4 import (
 from edgeinspect.models.kernels import bindings, ops
 from edgeinspect.models.quant import Int8Linear
 from edgeinspect.models.stage import LayerRange, load_stage
+from edgeinspect.services.stage.settings import StageSettings
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
 

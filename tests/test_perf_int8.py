@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from edgeinspect.config import StageSettings, WeightsDtype
+from edgeinspect.config import WeightsDtype
 from edgeinspect.models.accuracy import compare
 from edgeinspect.models.checkpoint import load_processor, open_checkpoint
 from edgeinspect.models.prompt import build_messages, prompt_ids, prompt_text
@@ -23,6 +23,7 @@ from edgeinspect.models.quant import (
 from edgeinspect.models.stage import LayerRange, load_stage
 from edgeinspect.models.tiny import TinySpec
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
+from edgeinspect.services.stage.settings import StageSettings
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from edgeinspect.assets import sample_image
-from edgeinspect.services.cli import Role
+from edgeinspect.cli.stack import Role
 from edgeinspect.services.line.testing import free_port
 
 REPO = Path(__file__).resolve().parents[1]

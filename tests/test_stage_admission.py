@@ -10,11 +10,12 @@ import re
 import grpc
 import pytest
 
-from edgeinspect.config import ServerConfig, StageSettings
+from edgeinspect.config import ServerConfig
 from edgeinspect.services.common.channel import make_channel
 from edgeinspect.services.common.errors import RETRY_PUSHBACK_KEY
 from edgeinspect.services.stage.admission import human_bytes, refusal, reservation_bytes
 from edgeinspect.services.stage.server import start
+from edgeinspect.services.stage.settings import StageSettings
 from edgeinspect.v1 import stage_pb2, stage_pb2_grpc
 
 PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]

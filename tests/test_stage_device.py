@@ -165,7 +165,8 @@ def test_kv_budget_takes_the_smaller_of_the_setting_and_the_free_device_memory()
 def test_stage_settings_take_a_device():
     from pydantic import ValidationError
 
-    from edgeinspect.config import StageSettings, VisionSettings
+    from edgeinspect.services.stage.settings import StageSettings
+    from edgeinspect.services.vision.settings import VisionSettings
 
     s = StageSettings(checkpoint="x", layer_start=0, layer_end=1, device="cuda:1")
     assert s.device == "cuda:1" and VisionSettings(checkpoint="x", device="auto").device == "auto"

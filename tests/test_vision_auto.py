@@ -8,10 +8,10 @@ import json
 import pytest
 
 from edgeinspect.assets import sample_image
-from edgeinspect.config import VisionSettings
 from edgeinspect.models.kernels import bindings
 from edgeinspect.services.vision.autobackend import MIN_TOKEN_COSINE, decide
 from edgeinspect.services.vision.encoder import VisionEncoder
+from edgeinspect.services.vision.settings import VisionSettings
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
 

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from edgeinspect.config import ServerConfig, VisionBackend, VisionSettings, write_yaml
+from edgeinspect.config import ServerConfig, write_yaml
 from edgeinspect.services.common.channel import wait_for_serving
+from edgeinspect.services.vision.settings import VisionBackend, VisionSettings
 from edgeinspect.v1 import tensor_pb2, vision_pb2, vision_pb2_grpc
 
 START_TIMEOUT_S = 180.0

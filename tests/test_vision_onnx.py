@@ -12,7 +12,7 @@ from vision_images import varied_png
 
 from edgeinspect.cli import app
 from edgeinspect.codec import decode_frame
-from edgeinspect.config import ServerConfig, VisionBackend, VisionSettings
+from edgeinspect.config import ServerConfig
 from edgeinspect.errors import CheckpointError
 from edgeinspect.models.checkpoint import load_processor, open_checkpoint
 from edgeinspect.models.image_io import decode_image
@@ -25,6 +25,7 @@ from edgeinspect.models.onnx_export import (
 from edgeinspect.models.vision import ImagePreprocessor
 from edgeinspect.services.vision.backends import OnnxBackend, TorchBackend, default_onnx_path
 from edgeinspect.services.vision.encoder import VisionEncoder
+from edgeinspect.services.vision.settings import VisionBackend, VisionSettings
 
 # (width, height): square, landscape, portrait, tiny, odd and extreme aspects.
 SIZES = [(64, 64), (320, 240), (240, 320), (17, 9), (1000, 37), (37, 1000), (101, 99), (640, 480), (3, 3), (500, 1)]

@@ -23,12 +23,13 @@ from PIL import Image
 from vision_images import jpeg, png_bomb, varied_png
 
 from edgeinspect.codec import decode_frame
-from edgeinspect.config import ServerConfig, VisionBackend, VisionSettings, write_yaml
+from edgeinspect.config import ServerConfig, write_yaml
 from edgeinspect.errors import CheckpointError
 from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
 from edgeinspect.services.common.channel import wait_for_serving
 from edgeinspect.services.vision.backends import load_backend
+from edgeinspect.services.vision.settings import VisionBackend, VisionSettings
 from edgeinspect.testing import grpcurl
 from edgeinspect.v1 import tensor_pb2, vision_pb2, vision_pb2_grpc
 

@@ -1,4 +1,7 @@
-"""The `edgeinspect` command: one entry point, one sub-command group per concern.
+"""The `edgeinspect` command: one entry point, one sub-command group per concern, each in its own module here
+(stack: serve/up/demo, inspect, reports, status, eval, rollout, deploy, healthcheck, ingest, line, kb, model, plan,
+bench, security: certs/token, verify, anomaly; options: how every client command reaches the gateway). The logic
+they call lives with its role (services/, models/, rag/).
 
 Sub-command modules import their heavy dependencies (torch, faiss, cv2) inside the commands, so `--help` is fast.
 A user error (a missing file, a refused token, an unreachable gateway, a bad checkpoint folder) ends as one line on
@@ -12,22 +15,23 @@ import sys
 import typer
 
 from edgeinspect import PROTOCOL_VERSION, __version__
-from edgeinspect.bench_cli import bench_command
 from edgeinspect.cli.anomaly import app as anomaly_app
-from edgeinspect.models.cli import app as model_app
-from edgeinspect.models.planner_cli import plan_command
-from edgeinspect.rag.cli import app as kb_app
-from edgeinspect.security_cli import certs_app, token_app
-from edgeinspect.services.cli import demo_command, inspect_command, serve_command, up_command
-from edgeinspect.services.deploy.cli import app as deploy_app
-from edgeinspect.services.deploy.healthcheck import healthcheck_command
-from edgeinspect.services.evaluation.cli import eval_command
-from edgeinspect.services.evaluation.rollout_cli import app as rollout_app
-from edgeinspect.services.ingest.cli import ingest_command
-from edgeinspect.services.line.cli import app as line_app
-from edgeinspect.services.reports_cli import app as reports_app
-from edgeinspect.services.status_cli import status_command
-from edgeinspect.services.verify import verify_command
+from edgeinspect.cli.bench import bench_command
+from edgeinspect.cli.deploy import app as deploy_app
+from edgeinspect.cli.eval import eval_command
+from edgeinspect.cli.healthcheck import healthcheck_command
+from edgeinspect.cli.ingest import ingest_command
+from edgeinspect.cli.inspect import inspect_command
+from edgeinspect.cli.kb import app as kb_app
+from edgeinspect.cli.line import app as line_app
+from edgeinspect.cli.model import app as model_app
+from edgeinspect.cli.plan import plan_command
+from edgeinspect.cli.reports import app as reports_app
+from edgeinspect.cli.rollout import app as rollout_app
+from edgeinspect.cli.security import certs_app, token_app
+from edgeinspect.cli.stack import demo_command, serve_command, up_command
+from edgeinspect.cli.status import status_command
+from edgeinspect.cli.verify import verify_command
 
 app = typer.Typer(
     name="edgeinspect",

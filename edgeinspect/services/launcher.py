@@ -19,23 +19,18 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from edgeinspect.config import (
-    AnomalySettings,
-    RetrievalSettings,
-    RoleSettings,
-    ServerConfig,
-    StageSettings,
-    VisionSettings,
-)
+from edgeinspect.config import RoleSettings, ServerConfig
 from edgeinspect.errors import InvalidInput, Unavailable
 from edgeinspect.services.common.lifecycle import (
     PARENT_PID_ENV,
+    PARENT_TID_ENV,
     RoleProcess,
     supervise_step,
     terminate,
 )
 from edgeinspect.services.console.settings import ConsoleSettings
 from edgeinspect.services.gateway.settings import GatewaySettings
+from edgeinspect.services.retrieval.settings import RetrievalSettings
 from edgeinspect.services.stack_roles import (
     ROLES,
     STACK_FILE,
@@ -49,6 +44,8 @@ from edgeinspect.services.stack_roles import (
     write_private_yaml,
 )
 from edgeinspect.services.stack_security import StackCredentials, stack_credentials
+from edgeinspect.services.stage.settings import StageSettings
+from edgeinspect.services.vision.settings import AnomalySettings, VisionSettings
 
 __all__ = ["LocalStack", "RoleProcess", "StackOptions", "free_ports", "stage_name", "stage_ranges"]
 
@@ -75,6 +72,7 @@ class LocalStack:
         self._changed = threading.Condition(self._lock)  # notified on every (re)start and give-up
         self._stopping = threading.Event()
         self._spawner: ThreadPoolExecutor | None = None
+        self._spawner_tid = 0  # its native thread id, passed to the roles (lifecycle.die_with_launcher)
         self._supervisor: threading.Thread | None = None
         self._killed: dict[str, int] = {}  # name -> the pid kill() ended last (wait_restarted's default)
         self.metrics_ports: dict[str, int] = {}  # name -> its /metrics port (kept across restarts)
@@ -142,6 +140,7 @@ class LocalStack:
         self.creds = stack_credentials(o.workdir, o.tls, o.host, o.api_token)
         self._stopping.clear()
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="edgeinspect-roles")
+        self._spawner_tid = self._spawner.submit(threading.get_native_id).result()
         self.checkpoint = ckpt = o.checkpoint or ensure_tiny_checkpoint(o.workdir)
         from edgeinspect.models.checkpoint import open_checkpoint
 
@@ -258,6 +257,7 @@ class LocalStack:
             "EDGEINSPECT_LOG_FILE": str(log_path),
             **self.opts.extra_env,
             PARENT_PID_ENV: str(os.getpid()),
+            PARENT_TID_ENV: str(self._spawner_tid),
         }
         with log_path.open("ab") as logf:
             argv = [sys.executable, "-m", ROLES[role].module, "--config", str(config_path)]

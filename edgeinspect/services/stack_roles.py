@@ -10,10 +10,13 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from edgeinspect.config import RetrievalSettings, RoleSettings, StageSettings, VisionSettings, write_yaml
+from edgeinspect.config import RoleSettings, write_yaml
 from edgeinspect.services.common.lifecycle import RestartPolicy
 from edgeinspect.services.console.settings import ConsoleSettings
 from edgeinspect.services.gateway.settings import AnomalyPolicy, GatewayAnomalySettings, GatewaySettings, StationGate
+from edgeinspect.services.retrieval.settings import RetrievalSettings
+from edgeinspect.services.stage.settings import StageSettings
+from edgeinspect.services.vision.settings import VisionSettings
 
 log = logging.getLogger(__name__)
 

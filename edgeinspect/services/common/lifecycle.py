@@ -9,7 +9,9 @@ run_role when the launcher set EDGEINSPECT_PARENT_PID:
   exec, which can deadlock when the parent has other threads (the launcher has a supervisor thread). The gap
   before the role arms it (interpreter start, imports) is closed by comparing getppid() with the pid the
   launcher passed: if the launcher already died, the role exits at once. Because the signal follows the forking
-  thread, the launcher forks every role from one thread that lives exactly as long as its stack (launcher.py).
+  thread, the launcher forks every role from one thread that lives exactly as long as its stack (launcher.py),
+  and passes that thread's id too: a role whose forking thread ended before it armed (a stack stopped while the
+  role was still importing) would never get the signal, so it exits as well.
 - a parent-pid watch thread, the fallback where prctl is missing: getppid() changes once the parent process is
   gone (the role is reparented). It also ends a role whose graceful stop hangs.
 """
@@ -34,6 +36,7 @@ from edgeinspect.services.common.retry import backoff_delays
 log = logging.getLogger(__name__)
 
 PARENT_PID_ENV = "EDGEINSPECT_PARENT_PID"
+PARENT_TID_ENV = "EDGEINSPECT_PARENT_TID"  # the launcher thread that forked the role (its native id)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -69,14 +72,18 @@ def watch_parent(parent_pid: int, interval_s: float = 0.5, kill_after_s: float =
 def die_with_launcher() -> None:
     """Called first thing in a role process: when a launcher started it, end it when the launcher ends."""
     # Popped: a process this role starts in turn must not take the launcher for its own parent and exit.
-    value = os.environ.pop(PARENT_PID_ENV, "")
+    value, thread = os.environ.pop(PARENT_PID_ENV, ""), os.environ.pop(PARENT_TID_ENV, "")
     if not value.isdigit():
         return  # started by hand, systemd or a container runtime: its lifetime is theirs to manage
     parent_pid = int(value)
-    set_parent_death_signal(signal.SIGTERM)
+    armed = set_parent_death_signal(signal.SIGTERM)
     # Checked after arming: a launcher that died before prctl left us reparented already.
     if os.getppid() != parent_pid:
         log.error("the launcher (pid %d) exited before this role started; not starting", parent_pid)
+        raise SystemExit(1)
+    # The same for the forking thread alone: ended before prctl, its exit signal will never come.
+    if armed and thread.isdigit() and not Path(f"/proc/{parent_pid}/task/{thread}").exists():
+        log.error("the launcher (pid %d) stopped its stack before this role started; not starting", parent_pid)
         raise SystemExit(1)
     watch_parent(parent_pid)
 

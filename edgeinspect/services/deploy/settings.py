@@ -7,11 +7,14 @@ from typing import Any
 
 from pydantic_settings import BaseSettings
 
-from edgeinspect.config import RetrievalSettings, RoleSettings, StageSettings, VisionBackend, VisionSettings
+from edgeinspect.config import RoleSettings
 from edgeinspect.services.deploy import tls
 from edgeinspect.services.deploy.inventory import Inventory, Role
 from edgeinspect.services.deploy.topology import Addressing, Instance
 from edgeinspect.services.gateway.settings import GatewaySettings
+from edgeinspect.services.retrieval.settings import RetrievalSettings
+from edgeinspect.services.stage.settings import StageSettings
+from edgeinspect.services.vision.settings import VisionBackend, VisionSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,8 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
                 "backend": VisionBackend.onnxruntime,
                 "onnx_path": plant.cache_dir / f"{plant.checkpoint}-vision.onnx",
             }
+        if inst.box.uses_gpu(Role.vision):
+            data["device"] = "cuda"  # the torch tower there, or ONNX Runtime's TensorRT / CUDA providers
         return _isolated(VisionSettings, data)
     if inst.role is Role.stage:
         st = inst.stage
@@ -61,6 +66,8 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             "weights": plant.weights,
             "kv_budget_mb": plant.kv_budget_mb,
         }
+        if inst.box.uses_gpu(Role.stage):
+            data["device"] = "cuda"
         # chained: forward to the next range's planned box (replicas of it take over through the gateway's routing)
         primaries = [s for s in stages if s.stage.replica == 0]
         if plant.chained and st.index + 1 < len(primaries):

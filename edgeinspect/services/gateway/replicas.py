@@ -11,7 +11,6 @@ probe) are the decoder stages' own (services/gateway/decode/routing.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -25,6 +24,7 @@ from edgeinspect.errors import Unavailable
 from edgeinspect.services.common import metrics
 from edgeinspect.services.common.channel import make_channel
 from edgeinspect.services.common.retry import retry_async
+from edgeinspect.services.common.tasks import BackgroundTasks
 from edgeinspect.services.gateway.decode.routing import ban, follow_health, probe_until_serving
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class ReplicaSet(Generic[S]):
         if not self.replicas:
             raise ValueError(f"no {role} endpoint configured")
         self.last: Replica[S] | None = None  # the replica that answered the latest call
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = BackgroundTasks(f"{role} replicas")
 
     @property
     def addresses(self) -> list[str]:
@@ -101,21 +101,12 @@ class ReplicaSet(Generic[S]):
 
     def start(self) -> None:
         for rep in self.replicas:
-            self._spawn(self._watch(rep))
+            self._tasks.spawn(self._watch(rep), name=f"watch {rep.address}")
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._tasks.close()
         for rep in self.replicas:
             await rep.channel.close()
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- health and handshakes ----------------------------------------------------------------------------------
 
@@ -140,7 +131,7 @@ class ReplicaSet(Generic[S]):
         except grpc.aio.AioRpcError as exc:
             # Serving but not answering Info yet: look again shortly (the Watch sends nothing until a change).
             log.warning("%s %s: handshake failed (%s); retrying", self.role, rep.address, exc.code().name)
-            self._spawn(self._handshake_later(rep))
+            self._tasks.spawn(self._handshake_later(rep), name=f"handshake {rep.address}")
             return
         if rep.mismatch:
             log.error("%s %s refused: %s; not used until it restarts", self.role, rep.address, rep.mismatch)
@@ -216,7 +207,7 @@ class ReplicaSet(Generic[S]):
         self._publish(rep)
         if not rep.probing:
             rep.probing = True  # before the task runs: a second failure now must not start another probe
-            self._spawn(self._readmit(rep))
+            self._tasks.spawn(self._readmit(rep), name=f"readmit {rep.address}")
 
     async def _readmit(self, rep: Replica[S]) -> None:
         try:

@@ -11,13 +11,13 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
-from edgeinspect.config import RetrievalSettings
 from edgeinspect.errors import EdgeInspectError
 from edgeinspect.rag.embed import Embedder
 from edgeinspect.rag.live import LiveIndex
 from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.services.retrieval.servicer import RetrievalServicer
+from edgeinspect.services.retrieval.settings import RetrievalSettings
 from edgeinspect.v1 import retrieval_pb2, retrieval_pb2_grpc
 
 log = logging.getLogger(__name__)

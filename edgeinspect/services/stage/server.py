@@ -7,11 +7,11 @@ import contextlib
 import logging
 from pathlib import Path
 
-from edgeinspect.config import StageSettings
 from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.services.stage.backend import StageBackend
 from edgeinspect.services.stage.servicer import DecoderStageServicer
+from edgeinspect.services.stage.settings import StageSettings
 from edgeinspect.v1 import stage_pb2, stage_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ from edgeinspect.models.sampling import SamplingParams
 from edgeinspect.models.stage import StepInput, ids_tensor
 from edgeinspect.services.common import metrics
 from edgeinspect.services.common.stage_wire import next_stage_step
+from edgeinspect.services.common.tasks import BackgroundTasks
 from edgeinspect.services.stage import chained, reload
 from edgeinspect.services.stage.backend import Identity, SessionOutcome, SessionWork, StageBackend
 from edgeinspect.services.stage.step_spans import StreamTally, traced_run
@@ -37,6 +38,7 @@ def identity_to_proto(ident: Identity) -> common_pb2.PeerIdentity:
         layer_end=ident.layer_end,
         num_layers=ident.num_layers,
         weights_dtype=ident.weights_dtype,
+        device=ident.device,
     )
 
 
@@ -49,6 +51,7 @@ def identity_from_proto(p: common_pb2.PeerIdentity) -> Identity:
         p.layer_end,
         p.num_layers,
         p.weights_dtype,
+        p.device or "cpu",
     )
 
 
@@ -57,7 +60,7 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         self._backend = backend
         self.next_stage = next_stage
         self.max_message_mb = max_message_mb
-        self._cleanup_tasks: set[asyncio.Task] = set()  # keeps release tasks referenced until they finish
+        self._cleanup = BackgroundTasks("decoder stage")  # releases of ended streams
         self.home = (-1, -1)
         self._reloading = asyncio.Lock()
 
@@ -128,11 +131,9 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         return compute
 
     def _cleanup_later(self, opened: set[str], downstream: chained.Downstream | None) -> None:
-        task = asyncio.get_running_loop().create_task(self._cleanup(sorted(opened), downstream))
-        self._cleanup_tasks.add(task)
-        task.add_done_callback(self._cleanup_tasks.discard)
+        self._cleanup.spawn(self._release_ended(sorted(opened), downstream), name="release ended stream")
 
-    async def _cleanup(self, session_ids: list[str], downstream: chained.Downstream | None) -> None:
+    async def _release_ended(self, session_ids: list[str], downstream: chained.Downstream | None) -> None:
         """The stream is over: end the chained stream (the next stage releases in turn) and drop our sessions."""
         if downstream is not None:
             await downstream.close()

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from edgeinspect.config import VisionSettings
 from edgeinspect.models.autoformat import cache_dir, fastest_within, read_cached, write_cached
 from edgeinspect.models.checkpoint import Checkpoint
 from edgeinspect.models.cpu import cpu_flags, cpu_model
+from edgeinspect.services.vision.settings import VisionSettings
 
 log = logging.getLogger(__name__)
 

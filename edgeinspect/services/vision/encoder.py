@@ -23,13 +23,13 @@ import torch
 from PIL import Image
 from prometheus_client import Counter, Histogram
 
-from edgeinspect.config import VisionSettings
 from edgeinspect.errors import FailedPrecondition
 from edgeinspect.models.checkpoint import Checkpoint, open_checkpoint
 from edgeinspect.models.image_io import decode_image
 from edgeinspect.models.vision import ImagePreprocessor
 from edgeinspect.services.common.metrics import LATENCY_BUCKETS
 from edgeinspect.services.vision.backends import Backend, load_backend
+from edgeinspect.services.vision.settings import VisionSettings
 
 log = logging.getLogger(__name__)
 

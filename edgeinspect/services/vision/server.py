@@ -6,12 +6,12 @@ import asyncio
 import logging
 from pathlib import Path
 
-from edgeinspect.config import VisionSettings
 from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.services.vision.anomaly import AnomalyGate
 from edgeinspect.services.vision.encoder import VisionEncoder
 from edgeinspect.services.vision.servicer import ROLE, VisionServicer
+from edgeinspect.services.vision.settings import VisionSettings
 from edgeinspect.v1 import vision_pb2, vision_pb2_grpc
 
 log = logging.getLogger(__name__)

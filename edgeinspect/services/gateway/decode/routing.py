@@ -25,6 +25,7 @@ from edgeinspect import codec
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.channel import make_channel
 from edgeinspect.services.common.retry import backoff_delays
+from edgeinspect.services.common.tasks import BackgroundTasks
 from edgeinspect.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Endpoint:
     layer_end: int = -1
     home: tuple[int, int] | None = None  # the range of its own config: its place in the normal plan
     weights: str = ""
+    device: str = ""  # where it runs its layers ("cpu", "cuda:0"), from its handshake
     max_batch: int = 8  # sessions one of its forward passes holds (admission is sized from it)
     serving: bool = False  # its health watch says SERVING
     verified: bool = False  # handshaken since it last came up
@@ -127,28 +129,19 @@ class StageRouter:
         self.events = RouterEvents()
         # Measured prefill speed (EWMA over sessions, ms per prompt token): stall bounds for prefills derive from it.
         self.prefill_ms_per_token = 0.0
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = BackgroundTasks("decoder stage router")
         self._changed = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
         for ep in self.endpoints:
-            self._spawn(self._watch(ep))
+            self._tasks.spawn(self._watch(ep), name=f"watch {ep.address}")
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._tasks.close()
         for ep in self.endpoints:
             await ep.channel.close()
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -222,12 +215,13 @@ class StageRouter:
             return
         ep.layer_start, ep.layer_end = ident.layer_start, ident.layer_end
         ep.weights = ident.weights_dtype
+        ep.device = ident.device or "cpu"  # a stage from before the field runs on the CPU
         ep.max_batch = stats.max_batch_sessions or ep.max_batch
         home = (stats.home_layer_start, stats.home_layer_end)
         ep.home = home if home[1] > home[0] else ep.home or ep.range
         ep.mismatch = ""
         ep.verified = True
-        log.info("stage %s handshaken: layers %s, weights %s", ep.address, ep.name, ep.weights)
+        log.info("stage %s handshaken: layers %s, weights %s on %s", ep.address, ep.name, ep.weights, ep.device)
         self._notify()
 
     async def rehandshake(self, ep: Endpoint) -> None:
@@ -248,7 +242,7 @@ class StageRouter:
         )
         if not ep.probing:
             ep.probing = True  # before the task runs: a second failure now must not start another probe
-            self._spawn(self._readmit(ep))
+            self._tasks.spawn(self._readmit(ep), name=f"readmit {ep.address}")
         self._notify()
 
     def observe_prefill(self, tokens: int, ms: float) -> None:

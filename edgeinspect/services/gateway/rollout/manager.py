@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
+from edgeinspect.services.common.tasks import BackgroundTasks
 from edgeinspect.services.gateway.api.requests import check_prompt
 from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
 from edgeinspect.services.gateway.reports.store import ReportStore
@@ -56,12 +57,17 @@ class RoutingStore(ReportWriter):
         return report_id, existing
 
     def complete(
-        self, report: inspection_pb2.DefectReport, *, image: bytes | None = None, heatmap: bytes | None = None
+        self,
+        report: inspection_pb2.DefectReport,
+        *,
+        image: bytes | None = None,
+        heatmap: bytes | None = None,
+        to_line: bool = False,
     ) -> None:
         if not report.idempotency_key.startswith(v.SHADOW_KEY):
-            return self.live.complete(report, image=image, heatmap=heatmap)
+            return self.live.complete(report, image=image, heatmap=heatmap, to_line=to_line)
         self._shadow_ids.discard(report.report_id)
-        report.model.shadow = True  # before the Inspector publishes it: outputs drop shadow reports
+        report.model.shadow = True  # stored for comparison only: never queued for the line (is_shadow)
         return self.shadow.complete(report)  # the frame is the live report's, kept by the live store
 
     def fail(self, report_id: str, reason: str) -> None:
@@ -92,7 +98,7 @@ class RolloutManager:
         self.workers: list[asyncio.Task] = []
         self.skipped = self.failed = 0
         self.primary: Inspector | None = None  # the one server.connect built at start (Readiness closes it)
-        self._retiring: set[asyncio.Task] = set()
+        self._retiring = BackgroundTasks("rollout")  # versions closing once idle
         self._lock = asyncio.Lock()
 
     # -- wiring -------------------------------------------------------------------------------------------------
@@ -267,8 +273,7 @@ class RolloutManager:
                 await asyncio.sleep(0.5)
             await _close(inspector)
 
-        self._retiring.add(task := asyncio.get_running_loop().create_task(close_when_idle()))
-        task.add_done_callback(self._retiring.discard)
+        self._retiring.spawn(close_when_idle(), name=f"retire {name}")
 
     async def status(self, max_disagreements: int) -> rollout_pb2.RolloutStatus:
         out = self.record.to_proto()
@@ -299,9 +304,7 @@ class RolloutManager:
         """At gateway stop: the shadow's runs end (failed in the shadow database), the versions other than the one
         the gateway started with are disconnected (Readiness closes that one), the shadow database closed."""
         await self.stop_shadow()
-        for task in list(self._retiring):
-            task.cancel()
-        await asyncio.gather(*self._retiring, return_exceptions=True)
+        await self._retiring.close()
         for inspector in self.inspectors.values():
             if inspector is not self.primary:
                 await _close(inspector)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -16,7 +17,7 @@ console = Console()
 KB_HELP = "knowledge-base folder (env EDGEINSPECT_KB)"
 
 
-def _kb_option(*names: str) -> typer.Option:
+def _kb_option(*names: str) -> Any:
     return typer.Option(Path("var/kb"), *names, envvar="EDGEINSPECT_KB", help=KB_HELP)
 
 

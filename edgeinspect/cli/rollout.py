@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import typer
 
-from edgeinspect.services.client_options import CA, GATEWAY, TOKEN_FILE_OPTION
+from edgeinspect.cli.options import CA, GATEWAY, TOKEN_FILE_OPTION
 
 app = typer.Typer(no_args_is_help=True, help="Model versions: shadow a candidate, promote it, roll it back.")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import typer
 
-from edgeinspect.services.client_options import CA, GATEWAY, TOKEN
-from edgeinspect.services.client_options import TOKEN_FILE_OPTION as TOKEN_FILE
+from edgeinspect.cli.options import CA, GATEWAY, TOKEN
+from edgeinspect.cli.options import TOKEN_FILE_OPTION as TOKEN_FILE
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_show_locals=False)
 
@@ -43,7 +43,7 @@ class _Api:
 
     def call(self, method: str, request, timeout_s: float = 60.0):
         try:
-            return getattr(self.client.stub, method)(request, metadata=self.client.metadata, timeout=timeout_s)
+            return self.client.call(method, request, timeout_s=timeout_s)
         except grpc.RpcError as exc:
             typer.echo(f"error: {exc.code().name}: {exc.details()}", err=True)
             raise typer.Exit(1) from None
@@ -52,7 +52,7 @@ class _Api:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.client.channel.close()
+        self.client.__exit__()
 
 
 def _params(station, part, camera, verdict, defect_class, review, since, until) -> dict[str, str]:

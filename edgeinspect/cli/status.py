@@ -9,7 +9,7 @@ import grpc
 import typer
 from google.protobuf.json_format import MessageToDict
 
-from edgeinspect.services.client_options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION, WORKDIR
+from edgeinspect.cli.options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION, WORKDIR
 
 STACK_FILE = Path("run") / "stack.json"  # written by `up` under its workdir
 
@@ -44,9 +44,7 @@ def status_command(
     console = Console()
     try:
         with InspectionClient(gateway, resolve_token(token, token_file), ca=ca) as client:
-            status = client.stub.GetClusterStatus(
-                inspection_pb2.ClusterStatusRequest(), metadata=client.metadata, timeout=10
-            )
+            status = client.call("GetClusterStatus", inspection_pb2.ClusterStatusRequest(), timeout_s=10)
     except grpc.RpcError as err:
         typer.echo(f"cannot read the cluster status from {gateway}: {err.code().name}: {err.details()}", err=True)
         raise typer.Exit(2) from None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def bench_command(

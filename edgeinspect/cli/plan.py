@@ -4,23 +4,20 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 import typer
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from edgeinspect.config import WeightsDtype, WireCodec
 from edgeinspect.errors import EdgeInspectError
+from edgeinspect.models.nodes import MeasuredSpec, preset_costs, read_nodes, with_measurements
 from edgeinspect.models.planner import (
     REF_BYTES_PER_S,
-    LayerCosts,
     Node,
-    NodeTimings,
     Plan,
     fmt_bytes,
     layer_costs_from_checkpoint,
-    layer_costs_from_config,
     plan_partition,
 )
 
@@ -32,78 +29,12 @@ class Preset(StrEnum):
     deepseek_vl_1_3b = "deepseek-vl-1.3b"
 
 
-class MeasuredSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    layer_ms: float | list[float] = Field(..., description="ms per token per layer: one value or one per layer")
-    head_ms: float = Field(0.0, ge=0, description="embedding lookup (+ aligner) on the first stage")
-    tail_ms: float = Field(0.0, ge=0, description="final norm + lm_head + sampling on the last stage")
-
-
-class NodeSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    address: str
-    memory_gb: float = Field(..., gt=0, description="decimal GB (1e9 bytes) this stage may spend on weights")
-    speed: float = Field(1.0, gt=0, description="relative decode speed (1.0 = 7.5 GB/s of weight reads)")
-    link_gbps: float = Field(1.0, gt=0, description="link to the next node, Gbit/s")
-    link_latency_ms: float = Field(0.3, ge=0, description="one message to the next node (gRPC stream ~0.2 ms)")
-    measured: MeasuredSpec | None = None
-
-
-class NodesFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    nodes: list[NodeSpec] = Field(..., min_length=1)
-
-
 def load_nodes(path: Path) -> tuple[list[Node], dict[str, MeasuredSpec]]:
     """Nodes in pipeline order and any per-node measurements, from a nodes YAML file."""
     try:
-        spec = NodesFile.model_validate(yaml.safe_load(path.read_text()))
+        return read_nodes(path)
     except (yaml.YAMLError, ValidationError) as err:
         raise typer.BadParameter(f"{path}: {err}", param_hint="--nodes") from None
-    nodes = [
-        Node(
-            name=n.name,
-            address=n.address,
-            memory_bytes=int(n.memory_gb * 1e9),
-            speed=n.speed,
-            link_bytes_per_s=n.link_gbps * 1e9 / 8,
-            link_latency_s=n.link_latency_ms / 1e3,
-        )
-        for n in spec.nodes
-    ]
-    return nodes, {n.name: n.measured for n in spec.nodes if n.measured is not None}
-
-
-def _with_measurements(costs: LayerCosts, measured: dict[str, MeasuredSpec]) -> LayerCosts:
-    timings = {}
-    for name, m in measured.items():
-        per_layer = m.layer_ms if isinstance(m.layer_ms, list) else [m.layer_ms] * costs.num_layers
-        timings[name] = NodeTimings(
-            layer_seconds=tuple(v / 1e3 for v in per_layer),
-            head_seconds=m.head_ms / 1e3,
-            tail_seconds=m.tail_ms / 1e3,
-        )
-    return LayerCosts(**{**costs.__dict__, "measured": timings})
-
-
-def _preset_costs(preset: Preset, weights: WeightsDtype) -> LayerCosts:
-    from edgeinspect.models.tiny import PRESETS  # the one definition of the real dimensions (imports torch)
-
-    s = PRESETS[preset.value]
-    text: dict[str, Any] = {
-        "hidden_size": s.hidden,
-        "intermediate_size": s.intermediate,
-        "num_hidden_layers": s.layers,
-        "num_attention_heads": s.heads,
-        "num_key_value_heads": s.kv_heads,
-        "vocab_size": s.vocab_size,
-        "tie_word_embeddings": False,
-    }
-    return layer_costs_from_config(text, weights.value, aligner_in_features=s.vision_hidden)
 
 
 def render_plan(plan: Plan, title: str):
@@ -179,8 +110,8 @@ def plan_command(
             costs, model = layer_costs_from_checkpoint(checkpoint, weights.value), str(checkpoint)
         else:
             preset = preset or Preset.deepseek_vl_1_3b
-            costs, model = _preset_costs(preset, weights), preset.value
-        costs = _with_measurements(costs, measured)
+            costs, model = preset_costs(preset.value, weights.value), preset.value
+        costs = with_measurements(costs, measured)
         plan = plan_partition(
             costs, node_list, wire_bytes_per_value=WIRE_BYTES[codec], ref_bytes_per_s=ref_gbytes_per_s * 1e9
         )

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import typer
 
-from edgeinspect.services.client_options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION
+from edgeinspect.cli.options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION
 
 EXIT_GATE_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -204,5 +204,6 @@ def _print_anomaly(a: dict) -> None:
         table.add_row("decided by the gate alone", f"{alone['value']:.1%}", f"{alone['k']}/{alone['n']}", "")
     threshold = a["threshold"] if a["threshold"] is not None else "several: " + ", ".join(map(str, a["thresholds"]))
     table.add_row("threshold", str(threshold), "", "")
-    table.add_row("pixel AUROC", "offline only", "", "edgeinspect anomaly eval")
+    pixel = a.get("pixel_auroc")
+    table.add_row("pixel AUROC", "-" if pixel is None else f"{pixel:.4f}", "", a.get("pixel_auroc_note") or "")
     Console().print(table)

@@ -1,4 +1,4 @@
-"""`edgeinspect model ...`."""
+"""`edgeinspect model make-tiny | info | export-vision`: checkpoints from the terminal."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from edgeinspect.models.planner_cli import Preset
+from edgeinspect.cli.plan import Preset
+from edgeinspect.models.onnx_export import DEFAULT_OPSET
 
 
 class DiskDtype(StrEnum):
@@ -100,6 +101,23 @@ def info_command(checkpoint: Path = typer.Argument(..., help="checkpoint folder"
     Console().print(table)
 
 
-from edgeinspect.models.onnx_export import export_vision_command  # noqa: E402  (vision owner's command)
+@app.command("export-vision")
+def export_vision_command(
+    checkpoint: Path = typer.Argument(..., help="DeepSeek-VL checkpoint folder (Hugging Face format)"),
+    out: Path = typer.Argument(..., help="ONNX file to write (e.g. var/onnx/vision.onnx)"),
+    opset: int = typer.Option(DEFAULT_OPSET, "--opset", help="ONNX opset version"),
+    int8: bool = typer.Option(
+        False, "--int8", help="dynamic int8 quantisation of the weights (onnxruntime.quantization)"
+    ),
+) -> None:
+    """Export the vision tower (pixels -> visual tokens, before the aligner) to ONNX for the onnxruntime backend."""
+    from rich.console import Console
 
-app.command("export-vision")(export_vision_command)
+    from edgeinspect.models.onnx_export import META_FINGERPRINT, META_QUANT, export_vision_onnx, onnx_metadata
+
+    path = export_vision_onnx(checkpoint, out, opset=opset, int8=int8)
+    meta = onnx_metadata(path)
+    Console().print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, checkpoint {meta[META_FINGERPRINT]}, "
+        f"quantization {meta[META_QUANT]})"
+    )
