@@ -85,6 +85,15 @@ def up_command(
         1, min=1, help="vision processes (each its own port; the gateway uses a healthy one, retries on another)"
     ),
     retrieval_replicas: int = typer.Option(1, min=1, help="retrieval processes over the same knowledge base"),
+    gateways: int = typer.Option(
+        1, min=1, help="gateway processes serving the public API (> 1: a pair; needs --store-dsn, PostgreSQL)"
+    ),
+    store_dsn: str = typer.Option(
+        "",
+        "--store-dsn",
+        envvar="EDGEINSPECT_STORE_DSN",
+        help="PostgreSQL the gateways share (postgresql://USER:PASS@HOST/DB); default: SQLite in the workdir",
+    ),
     codec: WireCodec = typer.Option(WireCodec.fp16, help="tensor codec between nodes"),
     chained: bool = typer.Option(False, help="stages forward to each other instead of through the gateway"),
     port: int = typer.Option(50051, help="gateway port"),
@@ -139,6 +148,8 @@ def up_command(
             replicas=replicas,
             vision_replicas=vision_replicas,
             retrieval_replicas=retrieval_replicas,
+            gateways=gateways,
+            store_dsn=store_dsn,
             supervise=restart,
             tls=tls,
             allow_unauthenticated=allow_unauthenticated,
@@ -203,7 +214,7 @@ def _print_banner(console, stack) -> None:
             console.print(f"  {'':<10} metrics {stack.metrics_url(role.name)}", highlight=False)
     restarts = "crashed roles restart" if stack.opts.supervise else "any role exiting stops all"
     console.print(
-        f"[green]edgeinspect is up[/green]: gateway {stack.gateway_address}; "
+        f"[green]edgeinspect is up[/green]: gateway {','.join(stack.gateway_addresses)}; "
         f"pids in {stack.stack_file}. Ctrl-C stops it; {restarts}."
     )
     _print_security(console, stack)
@@ -223,7 +234,9 @@ def _print_security(console, stack) -> None:
     if o.allow_unauthenticated:
         console.print("  [yellow]allow_unauthenticated set[/yellow]: the gateway serves callers without a token")
     else:
-        command = client_command(stack.gateway_address, stack.creds.token_file, stack.client_ca if o.tls else None)
+        command = client_command(
+            ",".join(stack.gateway_addresses), stack.creds.token_file, stack.client_ca if o.tls else None
+        )
         console.print(f"  token in {stack.creds.token_file} (0600); a client from here: `{command}`", highlight=False)
 
 

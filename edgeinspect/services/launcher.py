@@ -29,7 +29,7 @@ from edgeinspect.services.common.lifecycle import (
     terminate,
 )
 from edgeinspect.services.console.settings import ConsoleSettings
-from edgeinspect.services.gateway.settings import GatewaySettings
+from edgeinspect.services.gateway.settings import GatewaySettings, StoreBackend, StoreSettings
 from edgeinspect.services.retrieval.settings import RetrievalSettings
 from edgeinspect.services.stack_roles import (
     ROLES,
@@ -65,7 +65,8 @@ class LocalStack:
         self.roles: list[RoleProcess] = []
         self.run_dir = opts.workdir / "run"
         self.banks_dir = opts.banks_dir or opts.workdir / "banks"
-        self.gateway_address = ""
+        self.gateway_address = ""  # the first gateway (tests and tools that talk to one)
+        self.gateway_addresses: list[str] = []  # every gateway: what a client of a pair holds
         self.checkpoint: Path | None = None
         self.creds: StackCredentials | None = None  # the token and TLS files, known once start() ran
         self._lock = threading.RLock()
@@ -130,7 +131,11 @@ class LocalStack:
 
     def start(self) -> None:
         o = self.opts
-        if min(o.stages, o.replicas, o.vision_replicas, o.retrieval_replicas) < 1:
+        if o.gateways > 1 and not o.store_dsn:
+            raise InvalidInput(
+                f"{o.gateways} gateways need a shared PostgreSQL report store (--store-dsn): SQLite is one gateway's"
+            )
+        if min(o.stages, o.replicas, o.vision_replicas, o.retrieval_replicas, o.gateways) < 1:
             raise InvalidInput(
                 f"stages and replicas must be >= 1, got {o.stages}, {o.replicas}, {o.vision_replicas} (vision) and "
                 f"{o.retrieval_replicas} (retrieval)"
@@ -149,7 +154,9 @@ class LocalStack:
         retrievals = [replica_name("retrieval", r) for r in range(o.retrieval_replicas)] if o.kb_dir else []
         upstreams = len(visions) + len(ranges) * o.replicas + len(retrievals)
         metrics = (upstreams + 1) if o.metrics else 0  # one more port per role, the gateway's included
-        ports = iter(free_ports(upstreams + (o.gateway_port == 0) + metrics, o.host, avoid=(o.gateway_port,)))
+        metrics += o.gateways - 1 if o.metrics else 0
+        gateway_ports = (o.gateway_port == 0) + o.gateways - 1
+        ports = iter(free_ports(upstreams + gateway_ports + metrics, o.host, avoid=(o.gateway_port,)))
         self._ports = ports
         addr = {}  # name -> port, known before anything starts: chained stages and the gateway need them
 
@@ -194,18 +201,30 @@ class LocalStack:
             upstream_timeout_s=o.start_timeout_s,
             anomaly=gate_policy(o.anomaly, o.gate_stations),
         )
-        self._spawn("gateway", "gateway", gateway)
+        gateway_names = [replica_name("gateway", g) for g in range(o.gateways)]
+        gateway_at = []  # host:port of each gateway: what the console (a client of the public API) holds
+        for g, name in enumerate(gateway_names):
+            cfg = gateway
+            if o.store_dsn:  # a pair: one database, a name per gateway, frames per gateway (each box its own)
+                store = StoreSettings(backend=StoreBackend.postgres, dsn=o.store_dsn, instance=name,
+                                      owner_lease_s=o.owner_lease_s)  # fmt: skip
+                server = gateway.server if g == 0 else self._server(name, next(ports))
+                cfg = gateway.model_copy(update={"store": store, "server": server,
+                                                 "db_path": o.workdir / name / "reports.sqlite"})  # fmt: skip
+            self._spawn(name, "gateway", cfg)
+            gateway_at.append(f"{o.host}:{cfg.server.port}")
         if o.console_port is not None:  # a client of the public API (TLS: it verifies the gateway with the CA)
             taken = (*(r.port for r in self.roles), *self.metrics_ports.values())
             port = o.console_port or free_ports(1, o.host, avoid=taken)[0]
             server = ServerConfig(host=o.host, port=port, port_file=self.run_dir / "console.port", grace_s=2.0)
-            gateway_at = f"{o.host}:{gateway.server.port}"
-            console = ConsoleSettings(gateway=gateway_at, server=server, client_tls=self.creds.public_tls())
+            console = ConsoleSettings(gateway=",".join(gateway_at), server=server, client_tls=self.creds.public_tls())
             self._spawn("console", "console", console)
-        self.gateway_address = self.address_of("gateway")
+        self.gateway_addresses = [self.address_of(n) for n in gateway_names]
+        self.gateway_address = self.gateway_addresses[0]
         for role in self.roles:
             self._wait_bound(role)
-        self._wait_serving(self.gateway_address)
+        for address in self.gateway_addresses:
+            self._wait_serving(address)
         # The gateway serves once one complete route exists; with replicas another may still be loading its
         # weights. `up` reports a stack whose every stage serves (seen: stage0r1 still loading when stack.json
         # appeared, its Stats answered UNAVAILABLE).
@@ -414,7 +433,8 @@ class LocalStack:
                 }
                 for r in self.roles
             ]
-            data = {"launcher_pid": os.getpid(), "gateway": self.gateway_address, "roles": roles}
+            # "gateway": what a client holds (a pair: both addresses, comma-separated, services/common/gateways.py)
+            data = {"launcher_pid": os.getpid(), "gateway": ",".join(self.gateway_addresses), "roles": roles}
             tmp = self.stack_file.with_suffix(".json.tmp")
             tmp.write_text(json.dumps(data, indent=2) + "\n")
             os.replace(tmp, self.stack_file)

@@ -64,6 +64,9 @@ class StackOptions:
     banks_dir: Path | None = None  # the vision node's anomaly banks (None: WORKDIR/banks, where `anomaly teach` goes)
     anomaly: str = ""  # every station's gate policy, gate | vlm | off ("": the gateway's default, gate)
     gate_stations: tuple[str, ...] = ()  # these stations use `gate` whatever the default says
+    gateways: int = 1  # gateway processes serving the whole public API (> 1: a pair on store_dsn, PostgreSQL)
+    store_dsn: str = ""  # the PostgreSQL database a gateway pair shares ("": SQLite under workdir, one gateway)
+    owner_lease_s: float = 10.0  # a pair's gateway silent this long is gone: its running keys may be taken over
 
 
 def ensure_tiny_checkpoint(workdir: Path) -> Path:

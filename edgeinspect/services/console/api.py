@@ -1,4 +1,5 @@
-"""The console's side of the public gRPC API: one async channel, the logged-in user's token on every call."""
+"""The console's side of the public gRPC API: the logged-in user's token on every call, on a gateway that answers
+(a pair: the other one when the first is gone, services/common/gateways.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgeinspect.services.common.channel import make_channel
+from edgeinspect.services.common.gateways import AsyncGatewayFailover, gateway_addresses
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 SERVICE = "edgeinspect.v1.InspectionService"
@@ -17,16 +19,24 @@ class GatewayApi:
     def __init__(self, address: str, timeout_s: float = 10.0) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = make_channel(address)
-        self.stub = inspection_pb2_grpc.InspectionServiceStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.channels: list[grpc.aio.Channel] = []
+
+        def connect(target: str) -> grpc.aio.Channel:
+            self.channels.append(make_channel(target))
+            return self.channels[-1]
+
+        self.gateways = AsyncGatewayFailover(gateway_addresses(address), connect)
 
     @staticmethod
     def _md(token: str) -> list[tuple[str, str]]:
         return [("authorization", f"Bearer {token}")]
 
     async def _call(self, method: str, request, token: str, timeout_s: float | None = None):
-        return await getattr(self.stub, method)(request, metadata=self._md(token), timeout=timeout_s or self.timeout_s)
+        def call(channel: grpc.aio.Channel, left: float):
+            stub = inspection_pb2_grpc.InspectionServiceStub(channel)
+            return getattr(stub, method)(request, metadata=self._md(token), timeout=left)
+
+        return await self.gateways.call(call, timeout_s or self.timeout_s)
 
     async def caller(self, token: str) -> inspection_pb2.Caller:
         return await self._call("GetCaller", inspection_pb2.GetCallerRequest(), token)
@@ -64,28 +74,33 @@ class GatewayApi:
 
     async def cluster_line(self, token: str) -> str:
         """One line on the cluster: the gateway's GetClusterStatus where it has one, else its health."""
-        if hasattr(self.stub, "GetClusterStatus"):
-            try:
-                status = await self._call("GetClusterStatus", inspection_pb2.ClusterStatusRequest(), token, 3.0)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED):
-                    return f"gateway: {exc.code().name.lower()}"
-            else:
-                state = "serving" if status.serving else "not serving"
-                if status.serving and status.degraded:
-                    state = "degraded"
-                parts = [state, f"plan {status.plan or 'normal'}", f"{status.inflight} in flight"]
-                if status.queued:
-                    parts.append(f"{status.queued} queued")
-                down = [s.address for s in status.stages if s.state not in ("healthy", "")]
-                if down:
-                    parts.append("stages not healthy: " + ", ".join(down))
-                return " · ".join(parts)
         try:
-            health = await self.health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=3.0)
+            status = await self._call("GetClusterStatus", inspection_pb2.ClusterStatusRequest(), token, 3.0)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED):
+                return f"gateway: {exc.code().name.lower()}"
+        else:
+            state = "serving" if status.serving else "not serving"
+            if status.serving and status.degraded:
+                state = "degraded"
+            parts = [state, f"plan {status.plan or 'normal'}", f"{status.inflight} in flight"]
+            if status.queued:
+                parts.append(f"{status.queued} queued")
+            down = [s.address for s in status.stages if s.state not in ("healthy", "")]
+            if down:
+                parts.append("stages not healthy: " + ", ".join(down))
+            return " · ".join(parts)
+        try:
+            health = await self.gateways.call(
+                lambda channel, left: health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=SERVICE), timeout=left
+                ),
+                3.0,
+            )
         except grpc.aio.AioRpcError as exc:
             return f"gateway unreachable ({exc.code().name.lower()})"
         return "gateway " + health_pb2.HealthCheckResponse.ServingStatus.Name(health.status).lower().replace("_", " ")
 
     async def close(self) -> None:
-        await self.channel.close()
+        for channel in self.channels:
+            await channel.close()

@@ -9,7 +9,9 @@ from edgeinspect.config import RoleSettings, TLSConfig
 
 class ConsoleSettings(RoleSettings):
     # server.host / server.port / server.port_file are the HTTP listener (port 0 picks a free one).
-    gateway: str = Field("127.0.0.1:50051", description="host:port of the gateway's public API")
+    gateway: str = Field(
+        "127.0.0.1:50051", description="host:port of the gateway's public API; a pair as 'a:50051,b:50051'"
+    )
     client_tls: TLSConfig | None = Field(None, description="TLS to the gateway (None: plaintext)")
     rpc_timeout_s: float = Field(10.0, gt=0, description="deadline of each call the console makes to the gateway")
     refresh_s: float = Field(3.0, gt=0, description="how often the stations page polls for new reports")
