@@ -73,3 +73,24 @@ def test_console_on_a_taken_port_fails_naming_the_port():
     finally:
         holder.close()
     bind("127.0.0.1", port).close()  # free again: it binds
+
+
+def test_replica_rows_show_a_vision_replica_behind_on_a_bank_and_which_replica_served_last():
+    from edgeinspect.services.cluster_view import replica_rows
+
+    status = inspection_pb2.ClusterStatus()
+    status.vision_replicas.add(address="v0:1", state="healthy", last=True, banks={"board": "board@v2:aa"})
+    status.vision_replicas.add(address="v1:1", state="healthy", banks={"board": "board@v1:bb"}, behind=["board"])
+    status.stages.add(address="s0:1", state="down", layer_start=0, layer_end=3, reason="UNAVAILABLE: reset")
+    status.retrieval_replicas.add(address="r0:1", state="behind", reason="older", index_version="v000001",
+                                  index_fingerprint="8ceaab2c8b0d")  # fmt: skip
+    rows = {r.address: r for r in replica_rows(status)}
+    assert [r.role for r in rows.values()] == ["vision", "vision", "stage", "retrieval"]
+    assert (rows["v0:1"].state, rows["v0:1"].last) == ("healthy", True)
+    assert rows["v1:1"].state == "behind" and "board" in rows["v1:1"].why  # still encodes; no Score of board
+    assert (rows["s0:1"].state, rows["s0:1"].version, rows["s0:1"].why) == (
+        "down",
+        "layers [0,3)",
+        "UNAVAILABLE: reset",
+    )
+    assert rows["r0:1"].version == "index v000001 (8ceaab2c8b0d)" and rows["r0:1"].why == "older"

@@ -3,11 +3,14 @@
 
 A gateway SIGKILLed mid-inspection loses nothing and duplicates nothing: the client sends the same request (same
 idempotency key) to the other gateway, which takes the key over once the dead one's heartbeat lease has run out,
-and the one stored report carries the tokens an undisturbed run produces. Either gateway answers any key."""
+and the one stored report carries the tokens an undisturbed run produces. Either gateway answers any key, and any
+report's frame: each gateway keeps its own frames folder and reads the other's from it, as the same caller."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import os
 import signal
 import subprocess
@@ -22,8 +25,9 @@ import psycopg
 import pytest
 
 from edgeinspect.assets import asset_path
-from edgeinspect.config import ServerConfig, write_yaml
+from edgeinspect.config import ApiToken, ServerConfig, TokenRole, write_yaml
 from edgeinspect.services.client import InspectionClient
+from edgeinspect.services.common.auth import hash_token
 from edgeinspect.services.gateway.settings import GatewaySettings, StoreBackend, StoreSettings
 from edgeinspect.v1 import inspection_pb2
 
@@ -32,6 +36,7 @@ FRAME = asset_path("part_ok.jpg").read_bytes()
 LEASE_S = 3.0  # the pair's owner lease, short so the test does not wait out the 10 s default
 TOKENS = 48
 START_S = 120
+TOKEN = "ei_gateway-pair-test-token"  # an inspect token both gateways accept
 
 
 class PairGateway:
@@ -43,8 +48,8 @@ class PairGateway:
         self.folder, self.name = folder, instance
         self.cfg = base.model_copy(
             update={
-                "api_tokens": [],
-                "allow_unauthenticated": True,
+                "api_tokens": [ApiToken(name="pair-test", role=TokenRole.inspect, hash=hash_token(TOKEN))],
+                "allow_unauthenticated": False,
                 "db_path": folder / "reports.sqlite",  # frames beside it: each gateway keeps its own
                 "store": StoreSettings(
                     backend=StoreBackend.postgres, dsn=dsn, instance=instance, owner_lease_s=LEASE_S
@@ -66,7 +71,7 @@ class PairGateway:
             assert self.proc.poll() is None, self.log()
             if port_file.is_file() and port_file.read_text().strip():
                 self.address = f"127.0.0.1:{int(port_file.read_text())}"
-                with contextlib.suppress(grpc.RpcError), InspectionClient(self.address, "") as client:
+                with contextlib.suppress(grpc.RpcError), InspectionClient(self.address, TOKEN) as client:
                     client.call("GetClusterStatus", inspection_pb2.ClusterStatusRequest(), timeout_s=2)
                     return self
             time.sleep(0.2)
@@ -111,7 +116,7 @@ def rows(dsn: str, key: str) -> list[tuple[str, str, str, str]]:
 def test_either_gateway_answers_a_key_with_the_one_stored_report(pair):
     (a, b), dsn = pair
     key = uuid.uuid4().hex
-    with InspectionClient(a.address, "") as only_a, InspectionClient(b.address, "") as only_b:
+    with InspectionClient(a.address, TOKEN) as only_a, InspectionClient(b.address, TOKEN) as only_b:
         first = only_a.inspect(FRAME, station="pair", idempotency_key=key, max_new_tokens=8)
         again = only_b.inspect(FRAME, station="pair", idempotency_key=key, max_new_tokens=8)
         assert again.report_id == first.report_id and only_b.get(first.report_id) == first
@@ -120,7 +125,7 @@ def test_either_gateway_answers_a_key_with_the_one_stored_report(pair):
 
 def test_a_gateway_killed_mid_inspection_loses_and_duplicates_nothing(pair):
     (a, b), dsn = pair
-    with InspectionClient(f"{a.address},{b.address}", "", timeout_s=180) as client:
+    with InspectionClient(f"{a.address},{b.address}", TOKEN, timeout_s=180) as client:
         reference = client.inspect(FRAME, station="pair", max_new_tokens=TOKENS)  # undisturbed, same frame
         assert client.gateways.current == 0, "the client starts on the first gateway of its list"
         key, result, errors = uuid.uuid4().hex, [], []
@@ -153,3 +158,40 @@ def test_a_gateway_killed_mid_inspection_loses_and_duplicates_nothing(pair):
     assert failover_s < LEASE_S + 60, f"the survivor answered {failover_s:.1f} s after the kill"
     a.start()  # back as gw-a: its own pending rows are failed at start, gw-b's report stays the one
     assert [(r[1], r[2]) for r in rows(dsn, key)] == [("failed", "gw-a"), ("done", "gw-b")]
+
+
+def _unique_frame() -> bytes:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(FRAME)) as img:
+        img = img.convert("RGB")
+    img.putpixel((0, 0), tuple(uuid.uuid4().bytes[:3]))
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def test_a_frame_kept_by_one_gateway_is_read_through_the_other(pair):
+    (a, b), _ = pair
+    with InspectionClient(a.address, TOKEN) as on_a, InspectionClient(b.address, TOKEN) as on_b:
+        image = _unique_frame()  # a frame gw-b never stored itself
+        report = on_a.inspect(image, station="pair", max_new_tokens=8)
+        frame, thumbnail = (
+            inspection_pb2.GetReportImageRequest(report_id=report.report_id, thumbnail=small) for small in (False, True)
+        )
+        for request in (frame, thumbnail):
+            here, there = on_a.call("GetReportImage", request), on_b.call("GetReportImage", request)
+            assert here.state == inspection_pb2.IMAGE_STATE_STORED and there == here
+        sha = on_b.call("GetReportImage", frame).image_sha256
+        assert here.data and sha == hashlib.sha256(image).hexdigest()
+        assert not list((b.folder / "frames").rglob(f"{sha}*")), "gw-b keeps no copy"
+        with InspectionClient(b.address, "ei_not-a-token") as stranger, pytest.raises(grpc.RpcError) as refused:
+            stranger.call("GetReportImage", thumbnail)
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        a.stop()  # its frames stay on its disk: gw-b says at once which gateway holds them (the module's last test)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as held:
+            on_b.call("GetReportImage", thumbnail, timeout_s=30)
+        assert time.monotonic() - started < 5
+        assert held.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "'gw-a'" in held.value.details() and a.address not in held.value.details()

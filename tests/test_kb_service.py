@@ -16,7 +16,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgeinspect.config import ServerConfig
-from edgeinspect.rag import sample_kb_dir
+from edgeinspect.rag import sample_kb_dir, store
 from edgeinspect.rag.embed import Embedder
 from edgeinspect.rag.indexer import build_index
 from edgeinspect.services.common.channel import wait_for_serving
@@ -96,13 +96,21 @@ async def test_search_returns_ranked_chunks_with_the_index_version(node):
     assert {c.doc_id for c in only.chunks} == {"QS-002-sampling-plans"}
 
 
-async def test_stats_describe_the_served_index(node):
-    address, _, _ = node
+async def test_stats_describe_the_served_index(node, tmp_path, embedder):
+    address, src, kb = node
     async with grpc.aio.insecure_channel(address) as ch:
         stats = await retrieval_pb2_grpc.RetrievalServiceStub(ch).Stats(retrieval_pb2.IndexStatsRequest())
     assert stats.documents >= 3 and stats.chunks > stats.documents
     assert stats.embedding_model.endswith("all-MiniLM-L6-v2") and stats.dimension == 384
     assert stats.index_type == "flat_ip"
+    # What the gateway handshakes on: what the version holds (the same specs give the same fingerprint in any
+    # KB folder) and when it was built; each Search says which one answered.
+    assert stats.fingerprint == store.content_fingerprint(store.read_manifest(store.version_path(kb)))
+    assert stats.created_at.startswith("20")
+    assert (await _search(address, "burr", 1)).index_fingerprint == stats.fingerprint
+    again = tmp_path / "kb-again"
+    build_index(src, again, embedder)
+    assert store.content_fingerprint(store.read_manifest(store.version_path(again))) == stats.fingerprint
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,8 @@ RENDER_HELP = (
     "hand. Every internal hop is mTLS (plant.tls, on by default): one certificate per box is issued from the plant "
     "CA (--ca; made there on first use) into each folder's secrets/tls/ and mounted as compose secrets or a "
     "Kubernetes Secret. API tokens are never written: the gateway reads their hashes from secrets/api_tokens.json "
-    "(compose) or from the Secret made from k8s/secrets.env (Kubernetes). Re-run after any inventory change and "
+    "(compose) or from the Secret made from k8s/secrets.env (Kubernetes). A gateway pair's database DSN and password "
+    "go to secrets/store/ the same way. Re-run after any inventory change and "
     "copy each box's folder to that box (guide: compose/DEPLOY.md)."
 )
 EXAMPLE = "Example: edgeinspect deploy render -i compose/plant.example.yaml -o /tmp/plant --target all"
@@ -84,6 +85,8 @@ def render_command(
         written += render.write_certs(inv, rendering, out, certs.ensure_ca(ca))
         if made:
             typer.echo(f"made the plant CA in {ca} (keep {ca / certs.CA_KEY} off the boxes)", err=True)
+    if issue_certs:  # a gateway pair's database DSN and password (0600), never inside a rendered file
+        written += render.write_store_secrets(inv, rendering, out, inventory.parent)
     console = Console()
     table = Table(title=f"plant {inv.plant.name}: {len(written)} files in {out}")
     for col in ("service", "box", "address", "layers"):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import typer
@@ -11,7 +13,14 @@ from google.protobuf.json_format import MessageToDict
 
 from edgeinspect.cli.options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION, WORKDIR
 
+if TYPE_CHECKING:
+    from edgeinspect.services.client import InspectionClient
+    from edgeinspect.services.cluster_view import GatewayRow
+
 STACK_FILE = Path("run") / "stack.json"  # written by `up` under its workdir
+GATEWAY_SERVICE = "edgeinspect.v1.InspectionService"  # the gateway's health is this service's
+HEALTH_TIMEOUT_S = 2.0
+STATE_COLOURS = {"healthy": "green", "banned": "yellow", "connecting": "yellow", "behind": "yellow"}
 
 
 def local_roles(workdir: Path) -> dict[str, dict]:
@@ -32,19 +41,22 @@ def status_command(
     workdir: Path = typer.Option(WORKDIR, help="the `up` workdir, for local pids"),
     as_json: bool = typer.Option(False, "--json", help="print the status as JSON"),
 ) -> None:
-    """Every decoder-stage endpoint (range, health, ban reason, load), the plan in force, every vision and
-    retrieval replica (health, load, which served last, banks) and the inspections in flight, as the gateway sees
-    them. Exit 1 when the gateway is not serving."""
+    """Every vision, decoder-stage and retrieval replica (health: healthy, down, banned, behind on a bank or the KB
+    index; load; which one served last; what it serves), the plan in force, the inspections in flight, and the
+    gateways this client holds, as the gateway sees them. Exit 1 when the gateway is not serving."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from edgeinspect.services.client import InspectionClient, resolve_token
+    from edgeinspect.services.cluster_view import replica_rows
     from edgeinspect.v1 import inspection_pb2
 
     console = Console()
     try:
         with InspectionClient(gateway, resolve_token(token, token_file), ca=ca) as client:
             status = client.call("GetClusterStatus", inspection_pb2.ClusterStatusRequest(), timeout_s=10)
+            gateways = gateway_rows(client)
     except grpc.RpcError as err:
         typer.echo(f"cannot read the cluster status from {gateway}: {err.code().name}: {err.details()}", err=True)
         raise typer.Exit(2) from None
@@ -53,6 +65,7 @@ def status_command(
         data = MessageToDict(status, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
         for entry in (*data["stages"], *data["vision_replicas"], *data["retrieval_replicas"]):
             entry["pid"] = pids.get(entry["address"], {}).get("pid")
+        data["gateways"] = [asdict(g) for g in gateways]
         print(json.dumps(data, indent=2))
         raise typer.Exit(0 if status.serving else 1)
     state = "[green]SERVING[/green]" if status.serving else "[red]NOT SERVING[/red]"
@@ -60,41 +73,49 @@ def status_command(
         state = "[yellow]SERVING, degraded[/yellow]"
     console.print(f"gateway {gateway}: {state}   plan: {status.plan}   normal: {' '.join(status.normal_plan)}")
     console.print(
-        f"vision {status.vision}   retrieval {status.retrieval or '-'}   inspections {status.inflight} running, "
-        f"{status.queued} queued (limits {status.max_inflight} + {status.max_queued})   failovers {status.failovers}"
+        f"vision {status.vision}   retrieval {status.retrieval or '-'}"
+        + (f" on index {status.retrieval_index}" if status.retrieval_index else "")
+        + f"   inspections {status.inflight} running, {status.queued} queued (limits {status.max_inflight} + "
+        f"{status.max_queued})   failovers {status.failovers}"
     )
-    table = Table("endpoint", "pid", "layers", "home", "state", "sessions", "KV", "last step", "why")
-    for s in status.stages:
-        kv = f"{s.kv_bytes / 2**20:.0f}/{s.kv_budget_bytes / 2**20:.0f} MiB" if s.kv_budget_bytes else "-"
-        colour = {"healthy": "green", "banned": "yellow", "connecting": "yellow"}.get(s.state, "red")
+    table = Table("role", "endpoint", "pid", "state", "last", "load", "serves", "why")
+    for row in replica_rows(status):
+        colour = STATE_COLOURS.get(row.state, "red")
         table.add_row(
-            s.address,
-            str(pids.get(s.address, {}).get("pid", "-")),
-            f"[{s.layer_start},{s.layer_end})" if s.layer_end > 0 else "?",
-            f"[{s.home_start},{s.home_end})" if s.home_end > 0 else "?",
-            f"[{colour}]{s.state}[/{colour}]",
-            f"{s.sessions} ({s.live_sessions} live)",
-            kv,
-            f"{s.last_step_ms:.1f} ms" if s.last_step_ms else "-",
-            s.reason,
+            row.role,
+            row.address,
+            str(pids.get(row.address, {}).get("pid", "-")),
+            f"[{colour}]{row.state}[/{colour}]",
+            "<- last" if row.last else "",
+            row.load,
+            escape(row.version),
+            escape(row.why),
         )
     console.print(table)
-    replicas = Table("vision / retrieval", "pid", "state", "in flight", "served", "last", "banks", "why")
-    for role, reps in (("vision", status.vision_replicas), ("retrieval", status.retrieval_replicas)):
-        for r in reps:
-            colour = {"healthy": "green", "banned": "yellow", "connecting": "yellow"}.get(r.state, "red")
-            behind = f" (behind: {', '.join(r.behind)})" if r.behind else ""
-            replicas.add_row(
-                f"{role} {r.address}",
-                str(pids.get(r.address, {}).get("pid", "-")),
-                f"[{colour}]{r.state}[/{colour}]",
-                str(r.inflight),
-                str(r.served),
-                f"<- {r.last_ms:.0f} ms" if r.last else "",
-                " ".join(sorted(r.banks.values())) + behind,
-                r.reason,
-            )
-    console.print(replicas)
+    held = Table("gateway", "state", "this client's")
+    for g in gateways:
+        colour = "green" if g.state == "serving" else "red"
+        held.add_row(g.address, f"[{colour}]{g.state}[/{colour}]", "<- current" if g.current else "")
+    console.print(held)
     for note in status.notes:
-        console.print(f"  - {note}")
+        console.print(f"  - {escape(note)}")
     raise typer.Exit(0 if status.serving else 1)
+
+
+def gateway_rows(client: InspectionClient) -> list[GatewayRow]:
+    """Each gateway `client` holds: its health, and whether it is the one the client calls now."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from edgeinspect.services.cluster_view import GatewayRow
+
+    current = client.gateways.order()[0]
+    rows = []
+    for i, (address, channel) in enumerate(zip(client.gateways.addresses, client.channels, strict=True)):
+        request = health_pb2.HealthCheckRequest(service=GATEWAY_SERVICE)
+        try:
+            answer = health_pb2_grpc.HealthStub(channel).Check(request, timeout=HEALTH_TIMEOUT_S)
+            state = "serving" if answer.status == health_pb2.HealthCheckResponse.SERVING else "not serving"
+        except grpc.RpcError as exc:
+            state = f"unreachable ({exc.code().name.lower()})"
+        rows.append(GatewayRow(address, state, i == current))
+    return rows

@@ -35,6 +35,7 @@ class SearchResult:
     hits: list[Hit]
     index_version: str
     search_ms: float  # embedding + index search + chunk lookup
+    index_fingerprint: str = ""  # what that version holds (store.content_fingerprint)
 
 
 class Searcher:
@@ -46,6 +47,7 @@ class Searcher:
         self.path = store.version_path(kb, version)
         self.manifest = store.read_manifest(self.path)
         self.version: str = self.manifest["index_version"]
+        self.fingerprint: str = store.content_fingerprint(self.manifest)
         if self.manifest["embedding_model"] != embedder.model_id or self.manifest["dimension"] != embedder.dimension:
             raise FailedPrecondition(
                 f"index {self.version} was built with {self.manifest['embedding_model']} "
@@ -120,7 +122,7 @@ class Searcher:
         t0 = time.perf_counter()
         qvec = self.embedder.encode_query(query)  # [1, D]
         hits = self.search_vector(qvec, k, filters)
-        return SearchResult(hits, self.version, (time.perf_counter() - t0) * 1000.0)
+        return SearchResult(hits, self.version, (time.perf_counter() - t0) * 1000.0, self.fingerprint)
 
 
 def verify_kb(kb: Path, check_sources: bool = True) -> list[str]:

@@ -79,6 +79,14 @@ def read_manifest(path: Path) -> dict:
     return json.loads((path / MANIFEST).read_text())
 
 
+def content_fingerprint(manifest: dict) -> str:
+    """What a version holds, in 12 hex digits: its documents' contents, embedding model, chunker and index type.
+    Two KB folders indexed from the same specs agree on it whatever their version names (which count per folder)."""
+    held = {key: manifest.get(key) for key in ("format", "embedding_model", "dimension", "index_type", "chunker")}
+    held["documents"] = {doc_id: meta["sha256"] for doc_id, meta in manifest["documents"].items()}
+    return hashlib.sha256(json.dumps(held, sort_keys=True).encode()).hexdigest()[:12]
+
+
 @contextmanager
 def writer_lock(kb: Path) -> Iterator[None]:
     """One indexer per KB; a second one fails at once instead of racing for the same version name."""

@@ -496,7 +496,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StageEndpointStatus(_message.Message):
-    __slots__ = ("address", "layer_start", "layer_end", "home_start", "home_end", "state", "reason", "sessions", "last_step_ms", "kv_bytes", "kv_budget_bytes", "live_sessions", "failures", "weights")
+    __slots__ = ("address", "layer_start", "layer_end", "home_start", "home_end", "state", "reason", "sessions", "last_step_ms", "kv_bytes", "kv_budget_bytes", "live_sessions", "failures", "weights", "last")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
@@ -511,6 +511,7 @@ class StageEndpointStatus(_message.Message):
     LIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
     address: str
     layer_start: int
     layer_end: int
@@ -525,10 +526,11 @@ class StageEndpointStatus(_message.Message):
     live_sessions: int
     failures: int
     weights: str
-    def __init__(self, address: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., home_start: _Optional[int] = ..., home_end: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., sessions: _Optional[int] = ..., last_step_ms: _Optional[float] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., live_sessions: _Optional[int] = ..., failures: _Optional[int] = ..., weights: _Optional[str] = ...) -> None: ...
+    last: bool
+    def __init__(self, address: _Optional[str] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., home_start: _Optional[int] = ..., home_end: _Optional[int] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., sessions: _Optional[int] = ..., last_step_ms: _Optional[float] = ..., kv_bytes: _Optional[int] = ..., kv_budget_bytes: _Optional[int] = ..., live_sessions: _Optional[int] = ..., failures: _Optional[int] = ..., weights: _Optional[str] = ..., last: _Optional[bool] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("address", "state", "reason", "inflight", "served", "failures", "last", "last_ms", "banks", "behind")
+    __slots__ = ("address", "state", "reason", "inflight", "served", "failures", "last", "last_ms", "banks", "behind", "index_version", "index_fingerprint")
     class BanksEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -546,6 +548,8 @@ class ReplicaStatus(_message.Message):
     LAST_MS_FIELD_NUMBER: _ClassVar[int]
     BANKS_FIELD_NUMBER: _ClassVar[int]
     BEHIND_FIELD_NUMBER: _ClassVar[int]
+    INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     address: str
     state: str
     reason: str
@@ -556,10 +560,12 @@ class ReplicaStatus(_message.Message):
     last_ms: float
     banks: _containers.ScalarMap[str, str]
     behind: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, address: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., inflight: _Optional[int] = ..., served: _Optional[int] = ..., failures: _Optional[int] = ..., last: _Optional[bool] = ..., last_ms: _Optional[float] = ..., banks: _Optional[_Mapping[str, str]] = ..., behind: _Optional[_Iterable[str]] = ...) -> None: ...
+    index_version: str
+    index_fingerprint: str
+    def __init__(self, address: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., inflight: _Optional[int] = ..., served: _Optional[int] = ..., failures: _Optional[int] = ..., last: _Optional[bool] = ..., last_ms: _Optional[float] = ..., banks: _Optional[_Mapping[str, str]] = ..., behind: _Optional[_Iterable[str]] = ..., index_version: _Optional[str] = ..., index_fingerprint: _Optional[str] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("serving", "degraded", "plan", "normal_plan", "stages", "vision", "retrieval", "inflight", "queued", "max_inflight", "max_queued", "failovers", "notes", "vision_replicas", "retrieval_replicas")
+    __slots__ = ("serving", "degraded", "plan", "normal_plan", "stages", "vision", "retrieval", "inflight", "queued", "max_inflight", "max_queued", "failovers", "notes", "vision_replicas", "retrieval_replicas", "retrieval_index")
     SERVING_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -575,6 +581,7 @@ class ClusterStatus(_message.Message):
     NOTES_FIELD_NUMBER: _ClassVar[int]
     VISION_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RETRIEVAL_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVAL_INDEX_FIELD_NUMBER: _ClassVar[int]
     serving: bool
     degraded: bool
     plan: str
@@ -590,4 +597,5 @@ class ClusterStatus(_message.Message):
     notes: _containers.RepeatedScalarFieldContainer[str]
     vision_replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     retrieval_replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
-    def __init__(self, serving: _Optional[bool] = ..., degraded: _Optional[bool] = ..., plan: _Optional[str] = ..., normal_plan: _Optional[_Iterable[str]] = ..., stages: _Optional[_Iterable[_Union[StageEndpointStatus, _Mapping]]] = ..., vision: _Optional[str] = ..., retrieval: _Optional[str] = ..., inflight: _Optional[int] = ..., queued: _Optional[int] = ..., max_inflight: _Optional[int] = ..., max_queued: _Optional[int] = ..., failovers: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., vision_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+    retrieval_index: str
+    def __init__(self, serving: _Optional[bool] = ..., degraded: _Optional[bool] = ..., plan: _Optional[str] = ..., normal_plan: _Optional[_Iterable[str]] = ..., stages: _Optional[_Iterable[_Union[StageEndpointStatus, _Mapping]]] = ..., vision: _Optional[str] = ..., retrieval: _Optional[str] = ..., inflight: _Optional[int] = ..., queued: _Optional[int] = ..., max_inflight: _Optional[int] = ..., max_queued: _Optional[int] = ..., failovers: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., vision_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_index: _Optional[str] = ...) -> None: ...

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x65\x64geinspect/v1/retrieval.proto\x12\x0e\x65\x64geinspect.v1\"\x96\x01\n\rSearchRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12;\n\x07\x66ilters\x18\x03 \x03(\x0b\x32*.edgeinspect.v1.SearchRequest.FiltersEntry\x1a.\n\x0c\x46iltersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc3\x01\n\tSpecChunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x0f\n\x07section\x18\x05 \x01(\t\x12\x0c\n\x04page\x18\x06 \x01(\x05\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\r\n\x05score\x18\x08 \x01(\x02\x12\x0f\n\x07product\x18\t \x01(\t\x12\x16\n\x0e\x64\x65\x66\x65\x63t_classes\x18\n \x03(\t\x12\x12\n\nseverities\x18\x0b \x03(\t\"e\n\x0eSearchResponse\x12)\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x19.edgeinspect.v1.SpecChunk\x12\x15\n\rindex_version\x18\x02 \x01(\t\x12\x11\n\tsearch_ms\x18\x03 \x01(\x01\"\x13\n\x11IndexStatsRequest\"\x86\x01\n\nIndexStats\x12\x15\n\rindex_version\x18\x01 \x01(\t\x12\x11\n\tdocuments\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x03\x12\x17\n\x0f\x65mbedding_model\x18\x04 \x01(\t\x12\x11\n\tdimension\x18\x05 \x01(\x05\x12\x12\n\nindex_type\x18\x06 \x01(\t2\xa3\x01\n\x10RetrievalService\x12G\n\x06Search\x12\x1d.edgeinspect.v1.SearchRequest\x1a\x1e.edgeinspect.v1.SearchResponse\x12\x46\n\x05Stats\x12!.edgeinspect.v1.IndexStatsRequest\x1a\x1a.edgeinspect.v1.IndexStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x65\x64geinspect/v1/retrieval.proto\x12\x0e\x65\x64geinspect.v1\"\x96\x01\n\rSearchRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\x05\x12;\n\x07\x66ilters\x18\x03 \x03(\x0b\x32*.edgeinspect.v1.SearchRequest.FiltersEntry\x1a.\n\x0c\x46iltersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc3\x01\n\tSpecChunk\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64oc_id\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x0f\n\x07section\x18\x05 \x01(\t\x12\x0c\n\x04page\x18\x06 \x01(\x05\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\r\n\x05score\x18\x08 \x01(\x02\x12\x0f\n\x07product\x18\t \x01(\t\x12\x16\n\x0e\x64\x65\x66\x65\x63t_classes\x18\n \x03(\t\x12\x12\n\nseverities\x18\x0b \x03(\t\"\x80\x01\n\x0eSearchResponse\x12)\n\x06\x63hunks\x18\x01 \x03(\x0b\x32\x19.edgeinspect.v1.SpecChunk\x12\x15\n\rindex_version\x18\x02 \x01(\t\x12\x11\n\tsearch_ms\x18\x03 \x01(\x01\x12\x19\n\x11index_fingerprint\x18\x04 \x01(\t\"\x13\n\x11IndexStatsRequest\"\xaf\x01\n\nIndexStats\x12\x15\n\rindex_version\x18\x01 \x01(\t\x12\x11\n\tdocuments\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x03\x12\x17\n\x0f\x65mbedding_model\x18\x04 \x01(\t\x12\x11\n\tdimension\x18\x05 \x01(\x05\x12\x12\n\nindex_type\x18\x06 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x07 \x01(\t\x12\x12\n\ncreated_at\x18\x08 \x01(\t2\xa3\x01\n\x10RetrievalService\x12G\n\x06Search\x12\x1d.edgeinspect.v1.SearchRequest\x1a\x1e.edgeinspect.v1.SearchResponse\x12\x46\n\x05Stats\x12!.edgeinspect.v1.IndexStatsRequest\x1a\x1a.edgeinspect.v1.IndexStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,12 +39,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEARCHREQUEST_FILTERSENTRY']._serialized_end=201
   _globals['_SPECCHUNK']._serialized_start=204
   _globals['_SPECCHUNK']._serialized_end=399
-  _globals['_SEARCHRESPONSE']._serialized_start=401
-  _globals['_SEARCHRESPONSE']._serialized_end=502
-  _globals['_INDEXSTATSREQUEST']._serialized_start=504
-  _globals['_INDEXSTATSREQUEST']._serialized_end=523
-  _globals['_INDEXSTATS']._serialized_start=526
-  _globals['_INDEXSTATS']._serialized_end=660
-  _globals['_RETRIEVALSERVICE']._serialized_start=663
-  _globals['_RETRIEVALSERVICE']._serialized_end=826
+  _globals['_SEARCHRESPONSE']._serialized_start=402
+  _globals['_SEARCHRESPONSE']._serialized_end=530
+  _globals['_INDEXSTATSREQUEST']._serialized_start=532
+  _globals['_INDEXSTATSREQUEST']._serialized_end=551
+  _globals['_INDEXSTATS']._serialized_start=554
+  _globals['_INDEXSTATS']._serialized_end=729
+  _globals['_RETRIEVALSERVICE']._serialized_start=732
+  _globals['_RETRIEVALSERVICE']._serialized_end=895
 # @@protoc_insertion_point(module_scope)

@@ -50,31 +50,37 @@ class SpecChunk(_message.Message):
     def __init__(self, chunk_id: _Optional[str] = ..., doc_id: _Optional[str] = ..., path: _Optional[str] = ..., title: _Optional[str] = ..., section: _Optional[str] = ..., page: _Optional[int] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., product: _Optional[str] = ..., defect_classes: _Optional[_Iterable[str]] = ..., severities: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SearchResponse(_message.Message):
-    __slots__ = ("chunks", "index_version", "search_ms")
+    __slots__ = ("chunks", "index_version", "search_ms", "index_fingerprint")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     SEARCH_MS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     chunks: _containers.RepeatedCompositeFieldContainer[SpecChunk]
     index_version: str
     search_ms: float
-    def __init__(self, chunks: _Optional[_Iterable[_Union[SpecChunk, _Mapping]]] = ..., index_version: _Optional[str] = ..., search_ms: _Optional[float] = ...) -> None: ...
+    index_fingerprint: str
+    def __init__(self, chunks: _Optional[_Iterable[_Union[SpecChunk, _Mapping]]] = ..., index_version: _Optional[str] = ..., search_ms: _Optional[float] = ..., index_fingerprint: _Optional[str] = ...) -> None: ...
 
 class IndexStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class IndexStats(_message.Message):
-    __slots__ = ("index_version", "documents", "chunks", "embedding_model", "dimension", "index_type")
+    __slots__ = ("index_version", "documents", "chunks", "embedding_model", "dimension", "index_type", "fingerprint", "created_at")
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
     DIMENSION_FIELD_NUMBER: _ClassVar[int]
     INDEX_TYPE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     index_version: str
     documents: int
     chunks: int
     embedding_model: str
     dimension: int
     index_type: str
-    def __init__(self, index_version: _Optional[str] = ..., documents: _Optional[int] = ..., chunks: _Optional[int] = ..., embedding_model: _Optional[str] = ..., dimension: _Optional[int] = ..., index_type: _Optional[str] = ...) -> None: ...
+    fingerprint: str
+    created_at: str
+    def __init__(self, index_version: _Optional[str] = ..., documents: _Optional[int] = ..., chunks: _Optional[int] = ..., embedding_model: _Optional[str] = ..., dimension: _Optional[int] = ..., index_type: _Optional[str] = ..., fingerprint: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...

@@ -59,7 +59,7 @@ class RetrievalServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stats(self, request, context):
-        """The index being served: version, size, embedding model.
+        """The index being served: version, fingerprint, size, embedding model (the gateway's handshake).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

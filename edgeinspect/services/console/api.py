@@ -3,14 +3,41 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from edgeinspect.services.cluster_view import GatewayRow, ReplicaRow, replica_rows
 from edgeinspect.services.common.channel import make_channel
 from edgeinspect.services.common.gateways import AsyncGatewayFailover, gateway_addresses
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 SERVICE = "edgeinspect.v1.InspectionService"
+HEALTH_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    line: str  # serving / degraded / not serving, the plan, inspections in flight
+    replicas: list[ReplicaRow]  # empty when the token may not read the cluster status
+    gateways: list[GatewayRow]
+    retrieval_index: str = ""  # the KB index searched
+
+
+def cluster_line(status: inspection_pb2.ClusterStatus) -> str:
+    """One line on the cluster: state, plan, load, and what is not healthy."""
+    state = "serving" if status.serving else "not serving"
+    if status.serving and status.degraded:
+        state = "degraded"
+    parts = [state, f"plan {status.plan or 'normal'}", f"{status.inflight} in flight"]
+    if status.queued:
+        parts.append(f"{status.queued} queued")
+    down = [s.address for s in status.stages if s.state not in ("healthy", "")]
+    if down:
+        parts.append("stages not healthy: " + ", ".join(down))
+    return " · ".join(parts)
 
 
 class GatewayApi:
@@ -72,24 +99,21 @@ class GatewayApi:
     async def review(self, token: str, request: inspection_pb2.ReviewReportRequest) -> inspection_pb2.Review:
         return await self._call("ReviewReport", request, token)
 
-    async def cluster_line(self, token: str) -> str:
-        """One line on the cluster: the gateway's GetClusterStatus where it has one, else its health."""
+    async def cluster(self, token: str) -> ClusterView:
+        """The cluster for the stations page: a line on it, every replica of every role (the gateway's
+        GetClusterStatus where this token may read it) and the gateways this console holds."""
+        status, gateways = await asyncio.gather(self._status(token), self.gateway_rows())
+        if isinstance(status, str):
+            return ClusterView(status, [], gateways)
+        return ClusterView(cluster_line(status), replica_rows(status), gateways, status.retrieval_index)
+
+    async def _status(self, token: str) -> inspection_pb2.ClusterStatus | str:
+        """The gateway's GetClusterStatus, else a word on its health."""
         try:
-            status = await self._call("GetClusterStatus", inspection_pb2.ClusterStatusRequest(), token, 3.0)
+            return await self._call("GetClusterStatus", inspection_pb2.ClusterStatusRequest(), token, 3.0)
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED):
                 return f"gateway: {exc.code().name.lower()}"
-        else:
-            state = "serving" if status.serving else "not serving"
-            if status.serving and status.degraded:
-                state = "degraded"
-            parts = [state, f"plan {status.plan or 'normal'}", f"{status.inflight} in flight"]
-            if status.queued:
-                parts.append(f"{status.queued} queued")
-            down = [s.address for s in status.stages if s.state not in ("healthy", "")]
-            if down:
-                parts.append("stages not healthy: " + ", ".join(down))
-            return " · ".join(parts)
         try:
             health = await self.gateways.call(
                 lambda channel, left: health_pb2_grpc.HealthStub(channel).Check(
@@ -100,6 +124,22 @@ class GatewayApi:
         except grpc.aio.AioRpcError as exc:
             return f"gateway unreachable ({exc.code().name.lower()})"
         return "gateway " + health_pb2.HealthCheckResponse.ServingStatus.Name(health.status).lower().replace("_", " ")
+
+    async def gateway_rows(self) -> list[GatewayRow]:
+        """Each gateway this console holds: its health, and whether it is the one calls go to now."""
+
+        async def health(channel: grpc.aio.Channel) -> str:
+            request = health_pb2.HealthCheckRequest(service=SERVICE)
+            try:
+                answer = await health_pb2_grpc.HealthStub(channel).Check(request, timeout=HEALTH_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                return f"unreachable ({exc.code().name.lower()})"
+            return "serving" if answer.status == health_pb2.HealthCheckResponse.SERVING else "not serving"
+
+        states = await asyncio.gather(*(health(c) for c in self.gateways.ends))
+        current = self.gateways.order()[0]
+        return [GatewayRow(a, s, i == current) for i, (a, s) in enumerate(zip(self.gateways.addresses, states,
+                                                                                strict=True))]  # fmt: skip
 
     async def close(self) -> None:
         for channel in self.channels:

@@ -139,10 +139,10 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
     async def stations_context(session: Session) -> dict:
         since = Timestamp()
         since.FromDatetime(views.shift_start(datetime.now().astimezone(), cfg.shift_start_hour, cfg.shift_hours))
-        latest, counts, line = await asyncio.gather(
+        latest, counts, cluster = await asyncio.gather(
             api.list_reports(session.token, inspection_pb2.ListReportsRequest(page_size=200)),
             api.aggregate(session.token, inspection_pb2.AggregateReportsRequest(since=since)),
-            api.cluster_line(session.token),
+            api.cluster(session.token),
         )
         stations: dict[str, list] = {}
         for report in latest.reports:
@@ -158,7 +158,8 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
             for st in quiet
         ))  # fmt: skip
         stations.update({st: list(answer.reports) for st, answer in zip(quiet, pages, strict=True)})
-        return {"stations": sorted(stations.items()), "shift": shift, "cluster": line,
+        return {"stations": sorted(stations.items()), "shift": shift, "cluster": cluster.line,
+                "replicas": cluster.replicas, "gateways": cluster.gateways, "retrieval_index": cluster.retrieval_index,
                 "shift_since": views.local_time(since)}  # fmt: skip
 
     @app.get("/stations", response_class=HTMLResponse)
@@ -175,7 +176,8 @@ def create_app(cfg: ConsoleSettings, api: GatewayApi) -> FastAPI:
         except grpc.aio.AioRpcError as exc:
             # The poll swaps this in: say the data is stale rather than keep showing it as if live.
             line = f"gateway {exc.code().name.lower()} since {time.strftime('%H:%M:%S')}: no new reports shown"
-            empty = {"stations": [], "shift": {}, "shift_since": "-", "stale": True}
+            empty = {"stations": [], "shift": {}, "shift_since": "-", "stale": True,
+                     "gateways": await api.gateway_rows()}  # fmt: skip
             return page(request, "station_cards.jinja", cluster=line, **empty)
         return page(request, "station_cards.jinja", **context)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from edgeinspect.services.deploy import tls
+from edgeinspect.services.deploy import database, tls
 from edgeinspect.services.deploy.inventory import GIB, Box, Inventory, Role
 from edgeinspect.services.deploy.topology import Instance
 
@@ -23,6 +23,7 @@ SECRETS = {
 }
 SECRET_OF_ROLE = {Role.gateway: "api_tokens", Role.ingest: "ingest_token"}
 HAILO_DEVICE = "/dev/hailo0"
+USER = 10001  # the image's user; PostgreSQL runs as it too, so one `chown` serves every secret file
 VIDEO_GID = 44  # Debian's `video` group, which owns /dev/video* on the boxes and in the image
 # A Pi's SD card fills with unrotated container logs: three files of 10 MB per service at most.
 LOGGING = {"driver": "json-file", "options": {"max-size": "10m", "max-file": "3"}}
@@ -140,6 +141,8 @@ def _service(
     client_ports: list[int],
     cameras: list[str],
 ) -> dict[str, Any]:
+    if inst.role is Role.database:
+        return _database_service(inv, inst, publish)
     if inst.role is Role.ingest:
         command = ["ingest", "--config", f"{CONFIG_DIR}/{config_file(inst)}"]
     else:
@@ -154,11 +157,17 @@ def _service(
     ports = _published(inst, client_ports) if publish else {inst.port: ""} if inst.role is Role.gateway else {}
     if ports:
         svc["ports"] = [f"{host}:{p}:{p}" if host else f"{p}:{p}" for p, host in ports.items()]
+    gateways = [i for i in local if i.role is Role.gateway]
+    if not publish and inst.role is Role.gateway and gateways.index(inst):
+        # several gateways on one machine (all-in-one): the k-th on the next host port, the first where it always was
+        svc["ports"] = [f"{inst.port + gateways.index(inst)}:{inst.port}"]
     svc["volumes"] = _volumes(inv, inst)
     secrets = []
     if inst.role in SECRET_OF_ROLE:
         name = SECRET_OF_ROLE[inst.role]
         secrets.append({"source": name, "target": SECRETS[name][1]})
+    if inst.role is Role.gateway and inv.shared_store:  # the DSN as a file the settings name, never in a YAML
+        secrets.append({"source": "store_dsn", "target": database.mounted(database.DSN_FILE)})
     if inv.plant.tls:
         # ingest only verifies the gateway: the CA, not the box's key
         wanted = _tls_secrets(inst.box).items() if inst.role is not Role.ingest else [("tls_ca", tls.CA_FILE)]
@@ -203,10 +212,44 @@ def _service(
     return svc
 
 
+def _database_service(inv: Inventory, inst: Instance, publish: bool) -> dict[str, Any]:
+    """PostgreSQL from the official image, as the image's user (10001) like every role, on a named volume; the
+    password from a secret file; published on the box's own address for the gateways on other boxes."""
+    svc: dict[str, Any] = {
+        "image": inv.plant.database.image,
+        "command": database.server_args(inv),
+        "user": f"{USER}:{USER}",
+        "restart": "unless-stopped",
+        "environment": database.environment(inv),
+    }
+    if publish:
+        svc["ports"] = [f"{_ip_or_none(inst.box.address)}:{inst.port}:{inst.port}".lstrip(":")]
+    svc["volumes"] = [{"type": "volume", "source": database.VOLUME, "target": database.DATA_DIR}]
+    secrets = [{"source": "postgres_password", "target": database.mounted(database.PASSWORD_FILE)}]
+    if database.uses_tls(inv):
+        wanted = [(src, t) for src, t in _tls_secrets(inst.box).items() if t != tls.CA_FILE]
+        secrets += [{"source": src, "target": tls.mounted(target)} for src, target in wanted]
+    svc["secrets"] = secrets
+    svc["healthcheck"] = {
+        "test": ["CMD", *database.ready_command(inv)],
+        "interval": "10s",
+        "timeout": "5s",
+        "retries": 5,
+        "start_period": "2m",
+    }
+    svc["mem_limit"] = mebibytes(memory_limit_bytes(inv, inst))
+    svc["mem_reservation"] = mebibytes(memory_request_bytes(inv, inst))
+    svc["cpus"] = cpu_limit(inst)
+    svc["cpu_shares"] = max(int(inst.box.role_cpus(inst.role) * 1024), 2)
+    svc["logging"] = LOGGING
+    svc["stop_grace_period"] = "30s"  # a fast shutdown checkpoints first
+    return svc
+
+
 def _depends_on(inst: Instance, local: list[Instance]) -> list[str]:
     """Services in the same compose project this one needs healthy first (peers on other boxes are retried)."""
     if inst.role is Role.gateway:
-        wanted = {Role.vision, Role.retrieval, Role.stage}
+        wanted = {Role.vision, Role.retrieval, Role.stage, Role.database}
     elif inst.role is Role.ingest:
         wanted = {Role.gateway}
     else:
@@ -231,7 +274,10 @@ def compose_project(
         for i in local
     }
     doc: dict[str, Any] = {"name": name, "services": services}
+    if any(i.role is Role.database for i in local):
+        doc["volumes"] = {database.VOLUME: {}}
     files = {n: file for n, (file, _) in SECRETS.items()}
+    files |= {n: f"./{database.SECRETS_DIR}/{file}" for n, file in database.COMPOSE_SECRETS.items()}
     for box in {i.box.name: i.box for i in local}.values():
         files |= {src: f"./{tls.SECRETS_DIR}/{tls_file(box, target)}" for src, target in _tls_secrets(box).items()}
     used = {s["source"] for svc in services.values() for s in svc.get("secrets", [])}

@@ -15,12 +15,13 @@ from edgeinspect.services.outputs.config import OutputsConfig
 GIB = 1024**3
 # Memory a co-located role (and the OS) keeps away from a decoder stage on the same box, in GiB. Measured
 # magnitudes from the design card: the vision tower is ~1.2 GB fp32 plus ONNX Runtime arenas; MiniLM + FAISS for a
-# plant's specs stays under 1 GB; the gateway is a Python process with SQLite.
-ROLE_RESERVE_GIB = {"vision": 1.5, "retrieval": 1.0, "gateway": 0.5, "ingest": 0.5}
+# plant's specs stays under 1 GB; the gateway is a Python process with SQLite; PostgreSQL for a gateway pair's
+# reports runs in its default shared_buffers (128 MB) plus backends and the page cache it leans on.
+ROLE_RESERVE_GIB = {"vision": 1.5, "retrieval": 1.0, "gateway": 0.5, "ingest": 0.5, "database": 1.0}
 OS_RESERVE_GIB = 1.0
 # CPU cores a co-located role is guaranteed (Kubernetes requests, compose cpu_shares); a decoder stage gets what is
 # left of the box. Vision on a Hailo offloads the tower and needs less.
-ROLE_CPUS = {"vision": 1.0, "retrieval": 0.5, "gateway": 1.0, "ingest": 1.0}
+ROLE_CPUS = {"vision": 1.0, "retrieval": 0.5, "gateway": 1.0, "ingest": 1.0, "database": 0.5}
 # A Python process with torch loaded holds this much beyond its weights and KV cache.
 STAGE_RUNTIME_GIB = 0.75
 # What the CUDA context, cuBLAS workspaces and torch's allocator slack take of a GPU's memory (on a Jetson: of the
@@ -36,6 +37,7 @@ class Role(StrEnum):
     retrieval = "retrieval"
     gateway = "gateway"
     ingest = "ingest"
+    database = "database"  # PostgreSQL (the official image) for the gateways' shared report store
 
 
 class Arch(StrEnum):
@@ -123,6 +125,7 @@ class Ports(BaseModel):
     vision: int = Field(50052, ge=1, le=65535)
     retrieval: int = Field(50053, ge=1, le=65535)
     stage_base: int = Field(50060, ge=1, le=65535, description="decoder stage k listens on stage_base + k")
+    database: int = Field(5432, ge=1, le=65535, description="PostgreSQL, on the box with role database")
     metrics_offset: int = Field(1000, ge=0, description="Prometheus port = gRPC port + this (0: no metrics)")
 
 
@@ -138,6 +141,26 @@ class ModelSizes(BaseModel):
     num_attention_heads: int = Field(16, gt=0)
     num_key_value_heads: int = Field(16, gt=0)
     vision_hidden_size: int = Field(1024, ge=0, description="vision tower width (stage 0 holds the aligner)")
+
+
+class Database(BaseModel):
+    """The report database the gateways share: PostgreSQL run by the renderer on the box with role `database`, or
+    an external one (`external_dsn_file`). Absent, with one gateway: SQLite on the gateway's box."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    external_dsn_file: Path | None = Field(
+        None,
+        description="an external PostgreSQL: a file holding its DSN, relative to the inventory file; copied into "
+        "the gateways' secrets, never into a rendered YAML (no box may then have role database)",
+    )
+    image: str = Field("postgres:16", description="the PostgreSQL image on the database box")
+    storage_gb: int = Field(20, gt=0, description="Kubernetes: size of the database's PersistentVolumeClaim in GiB")
+    user: str = Field("edgeinspect", pattern=r"^[a-z_][a-z0-9_]{0,62}$", description="database role the gateways use")
+    name: str = Field("edgeinspect", pattern=r"^[a-z_][a-z0-9_]{0,62}$", description="database name")
+    owner_lease_s: float = Field(
+        10.0, ge=1.0, le=600.0, description="a gateway silent this long is gone; another takes over its inspections"
+    )
 
 
 class Plant(BaseModel):
@@ -182,6 +205,9 @@ class Plant(BaseModel):
     )
     cert_days: int = Field(825, gt=0, description="validity of the box certificates `deploy render` issues")
     ports: Ports = Field(default_factory=Ports)
+    database: Database | None = Field(
+        None, description="the gateways' shared PostgreSQL; required with more than one gateway (None: SQLite)"
+    )
     model: ModelSizes = Field(default_factory=ModelSizes, description="sizes for planning without a checkpoint")
     log_level: str = Field("INFO")
     outputs: OutputsConfig = Field(
@@ -214,7 +240,8 @@ class Plant(BaseModel):
 
 
 class Inventory(BaseModel):
-    """A plant: its settings and its boxes. Exactly one gateway, one vision, at most one retrieval box."""
+    """A plant: its settings and its boxes. One or more gateway and vision boxes (more than one gateway needs
+    plant.database), any number of retrieval boxes, at most one database box."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -229,7 +256,7 @@ class Inventory(BaseModel):
         addresses = [b.address for b in self.boxes]
         if len(set(addresses)) != len(addresses):
             raise ValueError(f"box addresses must be unique: {addresses}")
-        for role, lo, hi in (("gateway", 1, 1), ("vision", 1, 1), ("retrieval", 0, 1), ("stage", 1, None)):
+        for role, lo, hi in (("gateway", 1, None), ("vision", 1, None), ("stage", 1, None), ("database", 0, 1)):
             n = sum(1 for b in self.boxes if role in b.roles)
             if n < lo or (hi is not None and n > hi):
                 want = f"exactly {lo}" if lo == hi else (f"at least {lo}" if hi is None else f"at most {hi}")
@@ -239,6 +266,7 @@ class Inventory(BaseModel):
                 raise ValueError(f"box {b.name}: `cameras` is required with role ingest, and only with it")
             if Role.vision in b.roles and b.hailo and self.plant.vision_hef is None:
                 raise ValueError(f"box {b.name} runs vision on Hailo: set plant.vision_hef")
+        self._database_declared()
         by_name = {b.name: b for b in self.boxes}
         copied: dict[str, str] = {}
         for b in self.boxes:
@@ -253,6 +281,34 @@ class Inventory(BaseModel):
                     raise ValueError(f"box {r} is a replica of both {copied[r]} and {b.name}")
                 copied[r] = b.name
         return self
+
+    def _database_declared(self) -> None:
+        """A gateway pair shares one PostgreSQL: run here (a box with role database) or external, not both."""
+        db, run_here = self.plant.database, bool(self.boxes_with(Role.database))
+        external = db is not None and db.external_dsn_file is not None
+        if run_here and external:
+            raise ValueError("plant.database.external_dsn_file and a box with role database: choose one")
+        if run_here and db is None:
+            raise ValueError("a box has role database: add a `database:` section to plant (`database: {}` will do)")
+        if db is not None and not (run_here or external):
+            raise ValueError("plant.database: give a box role database, or set external_dsn_file")
+        for b in self.boxes_with(Role.database):
+            if self.plant.tls and b.roles == [Role.database]:
+                raise ValueError(
+                    f"box {b.name}: role database alone gets no plant certificate for PostgreSQL's TLS; put it on "
+                    "a box with another role (a gateway's) or set plant.tls: false"
+                )
+        n = len(self.boxes_with(Role.gateway))
+        if n > 1 and db is None:
+            raise ValueError(
+                f"{n} gateways share one report store: add plant.database (a box with role database, or "
+                "external_dsn_file); SQLite serves one gateway"
+            )
+
+    @property
+    def shared_store(self) -> bool:
+        """The gateways keep their reports in PostgreSQL (plant.database), not in SQLite on their box."""
+        return self.plant.database is not None
 
     def boxes_with(self, role: Role) -> list[Box]:
         return [b for b in self.boxes if role in b.roles]
@@ -269,10 +325,6 @@ class Inventory(BaseModel):
     def replicas_of(self, box: Box) -> list[Box]:
         by_name = {b.name: b for b in self.boxes}
         return [by_name[r] for r in box.replicas]
-
-    def only(self, role: Role) -> Box:
-        (box,) = self.boxes_with(role)
-        return box
 
 
 def is_ip(address: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from edgeinspect.services.deploy import tls
+from edgeinspect.services.deploy import database, tls
 from edgeinspect.services.deploy.compose import (
     CONFIG_DIR,
     HAILO_DEVICE,
@@ -77,7 +77,15 @@ def _storage(inv: Inventory, inst: Instance, cameras: list[str]) -> tuple[list[d
             secret["items"] = [{"key": tls.CA_FILE, "path": tls.CA_FILE}]
         volumes.append({"name": "tls", "secret": secret})
         mounts.append({"name": "tls", "mountPath": tls.MOUNT, "readOnly": True})
+    if inst.role is Role.gateway and inv.shared_store:  # the DSN, a file the settings name
+        volumes.append(_store_secret_volume(database.DSN_FILE))
+        mounts.append({"name": "store", "mountPath": database.MOUNT, "readOnly": True})
     return volumes, mounts
+
+
+def _store_secret_volume(key: str) -> dict[str, Any]:
+    items = [{"key": key, "path": key}]
+    return {"name": "store", "secret": {"secretName": database.K8S_SECRET, "defaultMode": 0o440, "items": items}}
 
 
 def tls_secret(inv: Inventory, box: Box) -> str:
@@ -144,6 +152,9 @@ def _container(
     ports = [{"name": "grpc", "containerPort": inst.port}] if inst.port else []
     if inst.metrics_port:
         ports.append({"name": "metrics", "containerPort": inst.metrics_port})
+    if inst.role is Role.gateway and len(inv.boxes_with(Role.gateway)) > 1:
+        # A pair: each gateway on its own box's address, as compose publishes it (see service()).
+        ports[0]["hostPort"] = inst.port
     for name, port in line_ports:
         # The PLC and the line's trigger reach ingest at its box's address, as with compose's published ports: the
         # pod is pinned to that box, so a host port is the address the line was configured with.
@@ -216,8 +227,12 @@ def service(inv: Inventory, inst: Instance) -> dict[str, Any]:
         "selector": {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")},
         "ports": ports,
     }
-    # The public API leaves the cluster through k3s' built-in ServiceLB; everything else stays inside.
-    spec["type"] = "LoadBalancer" if inst.role is Role.gateway else "ClusterIP"
+    # The public API leaves the cluster through k3s' built-in ServiceLB; everything else stays inside. A gateway
+    # pair is not load-balanced: clients hold both addresses and must reach the one they choose (a retry goes to
+    # the other on purpose), and ServiceLB cannot give two Services one port. Each gateway is published on its
+    # box's address (a host port) and has its own Service for the clients in the cluster.
+    pair = len(inv.boxes_with(Role.gateway)) > 1
+    spec["type"] = "LoadBalancer" if inst.role is Role.gateway and not pair else "ClusterIP"
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": inst.service, "labels": labels}, "spec": spec}
 
 
@@ -231,8 +246,91 @@ def kustomization(inv: Inventory, resources: list[str], config_files: list[str])
         # secrets.env (not rendered, never committed): EDGEINSPECT_API_TOKENS=[{"name": ..., "role": ..., "hash": ...}]
         # (`edgeinspect token create` prints each entry) for the gateway and
         # EDGEINSPECT_API_TOKEN=... for ingest.
-        "secretGenerator": [{"name": inv.plant.api_tokens_secret, "envs": ["secrets.env"]}] + _tls_generators(inv),
+        "secretGenerator": [{"name": inv.plant.api_tokens_secret, "envs": ["secrets.env"]}]
+        + _tls_generators(inv)
+        + _store_generators(inv),
     }
+
+
+def _store_generators(inv: Inventory) -> list[dict[str, Any]]:
+    """The Secret with the gateways' DSN (and PostgreSQL's password) from the files `deploy render` wrote into
+    k8s/secrets/store/."""
+    if not inv.shared_store:
+        return []
+    keys = [database.DSN_FILE] + ([database.PASSWORD_FILE] if inv.boxes_with(Role.database) else [])
+    return [{"name": database.K8S_SECRET, "files": [f"{k}={database.SECRETS_DIR}/{k}" for k in keys]}]
+
+
+def statefulset(inv: Inventory, inst: Instance) -> dict[str, Any]:
+    """PostgreSQL for the gateway pair: one pod (postgres-0) pinned to the database box, its data on a
+    PersistentVolumeClaim (k3s: local-path on that box), the password from the store Secret, TLS with the box's
+    certificate."""
+    labels = _labels(inv, inst)
+    selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
+    check = {"exec": {"command": database.ready_command(inv)}}
+    mounts = [
+        {"name": "data", "mountPath": database.DATA_DIR},
+        {"name": "store", "mountPath": database.MOUNT, "readOnly": True},
+        {"name": "run", "mountPath": "/var/run/postgresql"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes = [_store_secret_volume(database.PASSWORD_FILE), {"name": "run", "emptyDir": {}}]
+    volumes.append({"name": "tmp", "emptyDir": {}})
+    if database.uses_tls(inv):
+        items = [{"key": k, "path": k} for k in (tls.CERT_FILE, tls.KEY_FILE)]
+        secret = {"secretName": tls_secret(inv, inst.box), "defaultMode": 0o440, "items": items}
+        volumes.append({"name": "tls", "secret": secret})
+        mounts.append({"name": "tls", "mountPath": tls.MOUNT, "readOnly": True})
+    container = {
+        "name": "postgres",
+        "image": inv.plant.database.image,
+        "args": database.server_args(inv),
+        "env": [{"name": k, "value": v} for k, v in database.environment(inv).items()],
+        "ports": [{"name": "postgres", "containerPort": inst.port}],
+        "volumeMounts": mounts,
+        "startupProbe": {**copy.deepcopy(check), "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 60},
+        "readinessProbe": {**copy.deepcopy(check), "periodSeconds": 10, "timeoutSeconds": 5},
+        "livenessProbe": {**copy.deepcopy(check), "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3},
+        "resources": _resources(inv, inst),
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    pod = {
+        "nodeSelector": {BOX_TYPE_LABEL: inst.box.box_type, "kubernetes.io/hostname": inst.box.name},
+        "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID, "runAsNonRoot": True},
+        "terminationGracePeriodSeconds": 30,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    claim = {
+        "metadata": {"name": "data", "labels": labels},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": f"{inv.plant.database.storage_gb}Gi"}},
+        },
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": inst.service, "labels": labels},
+        "spec": {
+            "serviceName": inst.service,
+            "replicas": 1,
+            "selector": {"matchLabels": selector},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+            "volumeClaimTemplates": [claim],
+        },
+    }
+
+
+def headless_service(inv: Inventory, inst: Instance) -> dict[str, Any]:
+    """The StatefulSet's governing Service: `postgres` resolves to its one pod, the name the DSN carries."""
+    labels = _labels(inv, inst)
+    spec = {
+        "clusterIP": "None",
+        "selector": {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")},
+        "ports": [{"name": "postgres", "port": inst.port, "targetPort": "postgres"}],
+    }
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": inst.service, "labels": labels}, "spec": spec}
 
 
 def _tls_generators(inv: Inventory) -> list[dict[str, Any]]:

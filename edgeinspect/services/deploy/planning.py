@@ -57,8 +57,9 @@ def plan_stages(inv: Inventory, checkpoint: Path | None = None) -> list[StagePla
         copies = [stage_node(b, kv) for b in [box, *inv.replicas_of(box)]]
         budget = min(planner.node_budget(n) for n in copies)
         speed = min(planner.node_rate(n) for n in copies) / planner.REF_BYTES_PER_S
-        nxt = boxes[k + 1] if k + 1 < len(boxes) else inv.only(Role.gateway)
-        link = min(min(b.link_gbps for b in [box, *inv.replicas_of(box)]), nxt.link_gbps) * 1e9 / 8
+        # the last range answers whichever gateway runs the session: plan for the slowest gateway's link
+        nxt = [boxes[k + 1]] if k + 1 < len(boxes) else inv.boxes_with(Role.gateway)
+        link = min(b.link_gbps for b in [box, *inv.replicas_of(box), *nxt]) * 1e9 / 8
         nodes.append(planner.Node(box.name, box.address, budget, speed, link))
     plan = planner.plan_partition(costs, nodes, wire_bytes_per_value=WIRE_BYTES[plant.codec])
     by_name = {b.name: b for b in boxes}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from edgeinspect.certs import Issued
 from edgeinspect.config import RoleSettings
-from edgeinspect.services.deploy import compose, dashboard, k8s, tls
+from edgeinspect.services.deploy import compose, dashboard, database, k8s, tls
 from edgeinspect.services.deploy.inventory import Inventory, Role
 from edgeinspect.services.deploy.settings import ingest_settings, role_settings, settings_yaml
 from edgeinspect.services.deploy.topology import Addressing, Instance, StagePlacement, instances
@@ -88,6 +88,8 @@ def _settings(
     """{service: settings} for every instance in `local`; peers (any of `everyone`) named by `addressing`."""
     out = {}
     for inst in local:
+        if inst.role is Role.database:  # PostgreSQL: the official image's environment, no settings file of ours
+            continue
         if inst.role is Role.ingest:
             out[inst.service] = ingest_settings(inv, inst, everyone, addressing, cameras[inst.box.name])
         else:
@@ -101,6 +103,7 @@ def _settings_files(inv: Inventory, local: list[Instance], settings: dict[str, R
             settings[i.service], _header(inv, f"{i.service} settings on {i.box.name}")
         )
         for i in local
+        if i.service in settings
     }
 
 
@@ -172,7 +175,7 @@ def _observability(doc: dict, folder: str, targets: dict[str, str], publish_host
     """Adds the `observability` profile (Prometheus scraping `targets`, Grafana with the dashboard) to a compose
     document; returns the files it mounts."""
     doc["services"] |= dashboard.compose_services(publish_host)
-    doc["volumes"] = {"prometheus-data": {}, "grafana-data": {}}
+    doc["volumes"] = {**doc.get("volumes", {}), "prometheus-data": {}, "grafana-data": {}}
     root = f"{folder}/{dashboard.FOLDER}"
     scraped = {n: a for n, a in targets.items() if not a.endswith(":None")}
     files: dict[str, str | bytes] = {
@@ -196,6 +199,9 @@ def _k8s_files(
         configs |= box_assets
     docs = {"namespace.yaml": [k8s.namespace(inv)]}
     for inst in insts:
+        if inst.role is Role.database:
+            docs[f"{inst.service}.yaml"] = [k8s.statefulset(inv, inst), k8s.headless_service(inv, inst)]
+            continue
         objs = [k8s.deployment(inv, inst, sources.get(inst.service), line_ports.get(inst.service))]
         if inst.port:
             objs.append(k8s.service(inv, inst))
@@ -258,3 +264,11 @@ def write_certs(inv: Inventory, rendering: Rendering, out: Path, ca: Issued) -> 
         mine = issued if folder in (ALL_IN_ONE, K8S) else {folder: issued[folder]}
         written += tls.write(out / folder, ca.cert, mine)
     return written
+
+
+def write_store_secrets(inv: Inventory, rendering: Rendering, out: Path, inventory_dir: Path) -> list[Path]:
+    """The shared report store's secret files (0600) where each rendered folder mounts them: the DSN for the
+    gateways, the password for PostgreSQL (made once, kept on re-render), or the external DSN file's copy."""
+    folders = {rel.split("/", 1)[0] for rel in rendering.files}
+    files = database.secret_files(inv, rendering.instances, folders, {ALL_IN_ONE, K8S}, inventory_dir, out)
+    return [database.write_secret(out / rel, text) for rel, text in files.items()]

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic_settings import BaseSettings
 
 from edgeinspect.config import RoleSettings
-from edgeinspect.services.deploy import tls
+from edgeinspect.services.deploy import database, tls
 from edgeinspect.services.deploy.inventory import Inventory, Role
 from edgeinspect.services.deploy.topology import Addressing, Instance
 from edgeinspect.services.gateway.settings import GatewaySettings
@@ -78,11 +78,12 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
     if inst.role is Role.retrieval:
         return _isolated(RetrievalSettings, {**common, "kb_dir": plant.kb_dir})
     if inst.role is Role.gateway:
-        by_role = {i.role: i for i in everyone if i.role in (Role.vision, Role.retrieval)}
+        # every replica of vision and retrieval: the gateway sends each request to a healthy one
+        peers = {r: [i.address(addressing) for i in everyone if i.role is r] for r in (Role.vision, Role.retrieval)}
         data = {
             **common,
             "checkpoint": plant.checkpoint_path,
-            "vision": by_role[Role.vision].address(addressing),
+            "vision": peers[Role.vision],
             "stages": [s.address(addressing) for s in stages],
             "codec": plant.codec,
             "zstd": plant.zstd,
@@ -93,8 +94,10 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             # there gains more from one bigger batch than from groups taking turns (bench/NOTES.md, perf_pipeline)
             "micro_batches": len({s.box.name for s in stages if s.stage.replica == 0}),
         }
-        if Role.retrieval in by_role:
-            data["retrieval"] = by_role[Role.retrieval].address(addressing)
+        if peers[Role.retrieval]:
+            data["retrieval"] = peers[Role.retrieval]
+        if inv.shared_store:
+            data["store"] = database.store_settings(inv, inst, addressing)
         if plant.tls:
             data["client_tls"] = tls.client_tls()
         if plant.outputs.enabled:
@@ -106,7 +109,7 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
 def ingest_settings(
     inv: Inventory, inst: Instance, everyone: list[Instance], addressing: Addressing, cameras_yaml: str
 ) -> RoleSettings:
-    """The plant engineer's cameras file with the gateway address, frames folder and log level filled in; its
+    """The plant engineer's cameras file with the gateway addresses, frames folder and log level filled in; its
     token is dropped (it comes from EDGEINSPECT_API_TOKEN at start)."""
     import yaml
 
@@ -116,8 +119,8 @@ def ingest_settings(
     if not isinstance(data, dict):
         raise ValueError(f"box {inst.box.name}: the cameras file is not a mapping")
     data.pop("api_token", None)
-    (gateway,) = [i for i in everyone if i.role is Role.gateway]
-    data["gateway"] = gateway.address(addressing)
+    # every gateway of the plant: ingest holds the list, and retries a frame on another by its idempotency key
+    data["gateway"] = ",".join(i.address(addressing) for i in everyone if i.role is Role.gateway)
     data["frames_dir"] = str(inv.plant.frames_dir)
     if inv.plant.tls:
         data["gateway_tls"] = tls.public_ca()

@@ -67,11 +67,13 @@ def box_names(inv: Inventory, box: Box, insts: list[Instance]) -> tuple[list[str
 
 
 def issue(inv: Inventory, insts: list[Instance], ca: certs.Issued, days: int) -> dict[str, certs.Issued]:
-    """One certificate per box, naming every role the box runs."""
+    """One certificate per box, naming every plant role the box runs (PostgreSQL, no plant role, serves its box's
+    certificate without one)."""
     out = {}
     for box in inv.boxes:
         dns, ips = box_names(inv, box, insts)
-        out[box.name] = certs.issue(ca, dns[0], [r.value for r in box.roles], hosts=dns[1:], ips=ips, days=days)
+        roles = [r.value for r in box.roles if r.value in certs.ROLES]
+        out[box.name] = certs.issue(ca, dns[0], roles, hosts=dns[1:], ips=ips, days=days)
     return out
 
 

@@ -7,6 +7,8 @@ from enum import StrEnum
 
 from edgeinspect.services.deploy.inventory import Box, Inventory, Role
 
+DATABASE_SERVICE = "postgres"  # compose service, StatefulSet and headless Service of the plant's PostgreSQL
+
 
 class Addressing(StrEnum):
     """How peers name each other: box addresses (one compose per box, bare metal), compose service names
@@ -45,16 +47,22 @@ class Instance:
 
 
 def instances(inv: Inventory, stages: list[StagePlacement]) -> list[Instance]:
-    """Every role process of the plant, in a stable order: gateway, vision, retrieval, stages, ingest."""
+    """Every role process of the plant, in a stable order: gateways, vision, retrieval, database, stages, ingest."""
     ports = inv.plant.ports
 
     def metrics(port: int) -> int | None:
         return port + ports.metrics_offset if ports.metrics_offset else None
 
-    out = [Instance("gateway", Role.gateway, inv.only(Role.gateway), ports.gateway, metrics(ports.gateway))]
-    out.append(Instance("vision", Role.vision, inv.only(Role.vision), ports.vision, metrics(ports.vision)))
-    for box in inv.boxes_with(Role.retrieval):
-        out.append(Instance("retrieval", Role.retrieval, box, ports.retrieval, metrics(ports.retrieval)))
+    out = []
+    for role, port in ((Role.gateway, ports.gateway), (Role.vision, ports.vision), (Role.retrieval, ports.retrieval)):
+        boxes = inv.boxes_with(role)
+        # One of a role keeps its bare name (as every single-gateway plant always had); several are named by box,
+        # which is also what a gateway of a pair calls itself in the shared store: stable across its restarts.
+        for box in boxes:
+            name = role.value if len(boxes) == 1 else f"{role.value}-{box.name}"
+            out.append(Instance(name, role, box, port, metrics(port)))
+    for box in inv.boxes_with(Role.database):  # PostgreSQL: no metrics port of ours
+        out.append(Instance(DATABASE_SERVICE, Role.database, box, ports.database, None))
     for st in stages:
         port = ports.stage_base + st.index
         out.append(Instance(f"stage-{st.index}", Role.stage, st.box, port, metrics(port), st))

@@ -1,4 +1,5 @@
-"""The gateway's clients of the vision and retrieval replicas (their health, bans and choice: replicas.py)."""
+"""The gateway's clients of the vision and retrieval replicas (their health, bans and choice: replicas.py); each
+holds its role's version policy: vision's anomaly banks, retrieval's KB index."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.errors import error_code_of, upstream_peer
 from edgeinspect.services.common.tracing import client_span
 from edgeinspect.services.gateway.decode.routing import HANDSHAKE_TIMEOUT_S
-from edgeinspect.services.gateway.replicas import Replica, ReplicaSet
+from edgeinspect.services.gateway.replicas import IndexVersion, Replica, ReplicaSet
 from edgeinspect.v1 import common_pb2, retrieval_pb2, retrieval_pb2_grpc, vision_pb2, vision_pb2_grpc
 
 log = logging.getLogger(__name__)
 VISION_PUSHBACK_MS = 2000
 BANK_VERSION_CODE = "anomaly_bank_version"  # vision's BankVersionMismatch.code
 BANK_POLL_S = 1.0  # how often a replica behind on a bank is asked again
+INDEX_POLL_S = 1.0  # how often a retrieval replica's KB index is asked again
 
 
 class VisionClient:
@@ -208,12 +210,19 @@ class VisionClient:
 
 
 class RetrievalClient:
-    """The gateway's retrieval replicas: Search on a usable one, another tried when one fails."""
+    """The gateway's retrieval replicas: Search on a usable one, another tried when one fails. A replica is
+    handshaken on its KB index (IndexStats): only replicas serving the index in use are searched, so every answer
+    (references and prompt) comes from one index whichever replica gives it. The index in use is `pinned` when
+    configured, else the newest any replica serves; a replica behind is used again once it has reloaded it."""
 
-    def __init__(self, addresses: list[str], max_message_mb: int, tls=None):
+    def __init__(self, addresses: list[str], max_message_mb: int, tls=None, index: str = ""):
+        self.pinned = index  # a version name or fingerprint every replica must serve ("": the newest seen)
         self.replicas: ReplicaSet[retrieval_pb2_grpc.RetrievalServiceStub] = ReplicaSet(
-            "retrieval", addresses, retrieval_pb2_grpc.RetrievalServiceStub, max_message_mb, tls
-        )
+            "retrieval", addresses, retrieval_pb2_grpc.RetrievalServiceStub, max_message_mb, tls,
+            handshake=self._handshake,
+        )  # fmt: skip
+        self.current: IndexVersion | None = None  # the newest index seen on any replica (unpinned: the one in use)
+        self._task: asyncio.Task | None = None
 
     @property
     def address(self) -> str:
@@ -223,8 +232,69 @@ class RetrievalClient:
     def serving(self) -> bool:
         return self.replicas.serving
 
+    @property
+    def in_use(self) -> str:
+        """The index searched, in words (status)."""
+        if self.pinned:
+            return f"{self.pinned} (configured)"
+        return str(self.current) if self.current else ""
+
     def start(self) -> None:
         self.replicas.start()
+        self._task = asyncio.get_running_loop().create_task(self._follow_index())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.replicas.close()
+
+    # -- handshake and index versions -------------------------------------------------------------------------------
+
+    async def _handshake(self, rep: Replica) -> None:
+        """Its index, seen afresh (a restarted replica's index moves the one in use only forward)."""
+        await self.refresh(rep, fresh=True)
+
+    async def refresh(self, rep: Replica, fresh: bool = False) -> None:
+        """Reads the replica's index again (it reloads a new version from its KB folder within reload_interval_s)."""
+        stats = await rep.stub.Stats(retrieval_pb2.IndexStatsRequest(), timeout=HANDSHAKE_TIMEOUT_S)
+        self._observe(rep, IndexVersion(stats.index_version, stats.fingerprint or stats.index_version,
+                                        stats.created_at), fresh)  # fmt: skip
+
+    def _observe(self, rep: Replica, index: IndexVersion, fresh: bool) -> None:
+        """An index that changed on a replica that stayed up (a re-index, a rollback) is the newest; a replica seen
+        afresh moves it only forward (by build time). Then every replica not on the index in use is held back."""
+        changed = not fresh and rep.index is not None and rep.index.fingerprint != index.fingerprint
+        rep.index = index
+        if changed or newer(index, self.current):
+            if self.current is None or self.current.fingerprint != index.fingerprint:
+                log.info("newest KB index %s (retrieval %s)", index, rep.address)
+            self.current = index
+        for other in self.replicas.replicas:
+            if other.index is not None:
+                self.replicas.hold(other, self._behind(other.index))
+
+    def _behind(self, index: IndexVersion) -> str:
+        """Why a replica on `index` is not searched ("": it is on the index in use)."""
+        if self.pinned:
+            on = self.pinned in (index.version, index.fingerprint)
+            return "" if on else f"serves index {index}, this gateway is configured for {self.pinned}"
+        if self.current is None or index.fingerprint == self.current.fingerprint:
+            return ""
+        return f"serves index {index}, older than {self.current}: searched once it has it"
+
+    async def _follow_index(self) -> None:
+        """Every INDEX_POLL_S each replica's index is read again: a new version one of them loaded becomes the one in
+        use, and a replica behind is searched again once it has it."""
+        while True:
+            await asyncio.sleep(INDEX_POLL_S)
+            for rep in self.replicas.replicas:
+                if rep.serving and rep.verified and not rep.mismatch:
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await self.refresh(rep)
+
+    # -- calls ----------------------------------------------------------------------------------------------------
 
     async def search(
         self, query: str, k: int, filters: dict[str, str], timeout_s: float
@@ -238,12 +308,19 @@ class RetrievalClient:
                 if span is not None:
                     span.set_attribute("edgeinspect.chunks", len(reply.chunks))
                     span.set_attribute("edgeinspect.search_ms", reply.search_ms)
-                return reply
+            if rep.index is not None and reply.index_fingerprint not in ("", rep.index.fingerprint):
+                # It swapped its index since the last poll: read it again; an answer off the index in use is refused.
+                await self.refresh(rep)
+                if rep.behind:
+                    raise Unavailable(f"retrieval {rep.address} {rep.behind}", retry_after_ms=1000)
+            return reply
 
         return await self.replicas.call(one, timeout_s)
 
-    async def close(self) -> None:
-        await self.replicas.close()
+
+def newer(index: IndexVersion, than: IndexVersion | None) -> bool:
+    """`index` was built after `than` (the version name orders two built in the same second in one folder)."""
+    return than is None or (index.created_at, index.version) > (than.created_at, than.version)
 
 
 def bank_version(bank_id: str) -> int:

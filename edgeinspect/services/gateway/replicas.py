@@ -1,7 +1,8 @@
 """Replicas of a stateless role (vision, retrieval): the one owner of their health, handshakes, bans and choice.
 
 Every endpoint is watched over grpc.health.v1 Watch and handshaken each time it comes up (the role's client says
-what a handshake checks: the vision node's checkpoint fingerprint and anomaly banks). A request goes to the least
+what a handshake checks: the vision node's checkpoint fingerprint and anomaly banks, the retrieval node's KB index;
+a replica behind on the version in use is held back until it has it). A request goes to the least
 loaded usable replica (round robin among equals); a failure that says nothing about the request (UNAVAILABLE,
 DEADLINE_EXCEEDED, CANCELLED: a dead, reset or stalled box) bans that replica with backoff and the request is sent
 to another within its budget, through the project's one retry helper. The pieces (Watch loop, bans, readmission
@@ -47,6 +48,7 @@ class Replica(Generic[S]):
     serving: bool = False  # its health watch says SERVING
     verified: bool = False  # handshaken since it last came up
     mismatch: str = ""  # why its handshake refused it (not used until it comes up again)
+    behind: str = ""  # why it is held back for now: an older version than the one in use (used once it has it)
     banned_until: float = 0.0
     ban_reason: str = ""
     failures: int = 0
@@ -55,19 +57,40 @@ class Replica(Generic[S]):
     served: int = 0  # calls it answered (round robin among equally loaded replicas)
     last_ms: float = 0.0  # its latest answered call, wall time
     banks: dict[str, str] = field(default_factory=dict)  # vision: part -> bank_id of its last Info
+    index: IndexVersion | None = None  # retrieval: the KB index of its last Stats
 
     def usable(self, now: float) -> bool:
-        return self.serving and self.verified and not self.mismatch and now >= self.banned_until
+        return self.serving and self.verified and not self.mismatch and not self.behind and now >= self.banned_until
 
     def state(self, now: float) -> str:
-        """healthy | connecting | down | banned | mismatch, as the status view shows it."""
+        """healthy | connecting | down | banned | behind | mismatch, as the status view shows it."""
         if self.mismatch:
             return "mismatch"
         if not self.serving:
             return "down"
         if now < self.banned_until:
             return "banned"
-        return "healthy" if self.verified else "connecting"
+        if not self.verified:
+            return "connecting"
+        return "behind" if self.behind else "healthy"
+
+    def why(self, now: float) -> str:
+        """What keeps it out of use, in words ("" while it is usable)."""
+        state = self.state(now)
+        why = {"mismatch": self.mismatch, "banned": self.ban_reason, "behind": self.behind, "down": self.ban_reason}
+        return why.get(state, "")
+
+
+@dataclass(frozen=True)
+class IndexVersion:
+    """A KB index a retrieval replica serves: its name in that node's folder, what it holds, when it was built."""
+
+    version: str  # "v000007": counts per KB folder
+    fingerprint: str  # what it holds (rag/store.py content_fingerprint): replicas agree on this
+    created_at: str = ""  # RFC 3339, from the indexer: orders versions across folders
+
+    def __str__(self) -> str:
+        return f"{self.version} ({self.fingerprint})"
 
 
 class ReplicaSet(Generic[S]):
@@ -83,7 +106,7 @@ class ReplicaSet(Generic[S]):
         handshake: Callable[[Replica[S]], Awaitable[None]] | None = None,
     ):
         self.role = role
-        self.handshake = handshake  # raises AioRpcError (retried later) or sets replica.mismatch
+        self.handshake = handshake  # raises AioRpcError (retried later), sets replica.mismatch or calls hold()
         self.replicas: list[Replica[S]] = []
         for address in dict.fromkeys(addresses):  # a listed twice address is one endpoint
             channel = make_channel(address, max_message_mb, tls)
@@ -153,6 +176,17 @@ class ReplicaSet(Generic[S]):
                 log.warning("%s %s is down (%s)", self.role, rep.address, why)
         self._publish(rep)
 
+    def hold(self, rep: Replica[S], why: str) -> None:
+        """Keeps `rep` out of use for `why` (behind on the version in use); "" lets it back in."""
+        if rep.behind == why:
+            return
+        if why:
+            log.warning("%s %s held back: %s", self.role, rep.address, why)
+        else:
+            log.info("%s %s caught up: back in use", self.role, rep.address)
+        rep.behind = why
+        self._publish(rep)
+
     def _publish(self, rep: Replica[S]) -> None:
         usable = 1 if rep.usable(time.monotonic()) else 0
         metrics.REPLICA_USABLE.labels(role=self.role, endpoint=rep.address).set(usable)
@@ -175,7 +209,8 @@ class ReplicaSet(Generic[S]):
             return "SERVING"
         now = time.monotonic()
         states = {r.state(now) for r in self.replicas}
-        for word, shown in (("banned", "BANNED"), ("connecting", "CONNECTING"), ("mismatch", "MISMATCH")):
+        shown_as = (("banned", "BANNED"), ("connecting", "CONNECTING"), ("behind", "BEHIND"), ("mismatch", "MISMATCH"))
+        for word, shown in shown_as:
             if word in states:
                 return shown
         return "UNREACHABLE"
@@ -183,8 +218,7 @@ class ReplicaSet(Generic[S]):
     def why_not(self) -> str:
         """Why no replica is usable, naming each."""
         now = time.monotonic()
-        parts = [f"{r.address} {r.state(now)}" + (f" ({r.mismatch or r.ban_reason})" if r.mismatch or r.ban_reason
-                 else "") for r in self.replicas]  # fmt: skip
+        parts = [f"{r.address} {r.state(now)}" + (f" ({r.why(now)})" if r.why(now) else "") for r in self.replicas]
         return f"no usable {self.role} node: " + ", ".join(parts)
 
     # -- calls ----------------------------------------------------------------------------------------------------

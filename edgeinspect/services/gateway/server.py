@@ -23,6 +23,7 @@ from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.disk import gateway_guard
 from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
 from edgeinspect.services.gateway.readiness import Readiness
+from edgeinspect.services.gateway.reports.images import ReportImages
 from edgeinspect.services.gateway.reports.store import HEARTBEAT_S, STOPPED, ReportStore, open_gateway_store
 from edgeinspect.services.gateway.rollout.manager import RolloutManager
 from edgeinspect.services.gateway.rollout.versions import apply_record
@@ -42,7 +43,7 @@ async def connect(cfg: GatewaySettings, store: ReportWriter) -> Inspector:
     ckpt = await asyncio.to_thread(open_checkpoint, cfg.checkpoint)
     mb = cfg.server.max_message_mb
     vision = VisionClient(cfg.vision, mb, cfg.client_tls, checkpoint_fingerprint=ckpt.fingerprint)
-    retrieval = RetrievalClient(cfg.retrieval, mb, cfg.client_tls) if cfg.retrieval else None
+    retrieval = RetrievalClient(cfg.retrieval, mb, cfg.client_tls, cfg.retrieval_index) if cfg.retrieval else None
     router = StageRouter(
         cfg.stages,
         gateway_identity(ckpt.fingerprint, ckpt.tokenizer_fingerprint),
@@ -94,7 +95,12 @@ class Gateway:
         self._heartbeat = asyncio.create_task(self._beat(self.store), name="store-heartbeat")
         self.outputs = Outputs.for_gateway(cfg)  # drains what earlier runs left queued at once
         # free-space floors; the line's outbox per station
-        servicer = InspectionServicer(self.store, gateway_guard(cfg, self.store), BacklogGuard(self.outputs))
+        servicer = InspectionServicer(
+            self.store,
+            gateway_guard(cfg, self.store),
+            BacklogGuard(self.outputs),
+            ReportImages.for_gateway(self.store, cfg),
+        )
         self.rollout = RolloutManager(cfg, self.store, connect)
         auth = [public_auth(cfg.api_tokens, cfg.token_rate_per_s, cfg.token_burst, cfg.allow_unauthenticated)]
         self.running = await start_server(
@@ -107,6 +113,15 @@ class Gateway:
             role="gateway",
             interceptors=auth,
         )
+        if self.store.owner:  # one of a pair: the other reads the frames this one holds at this address
+            address = cfg.store.advertised(cfg.server.host, self.running.port)
+            if not address:
+                log.warning(
+                    "server.host %s binds every interface and store.advertise is unset: the other gateway of the "
+                    "pair cannot read the frames this one holds; set store.advertise to this box's host:port",
+                    cfg.server.host,
+                )
+            await asyncio.to_thread(self.store.advertise, address)
         self.inspector = await connect(cfg, self.store)
         self.inspector.outputs = self.outputs
         servicer.versions = await self.rollout.attach(self.inspector)  # per-station version routing and the shadow

@@ -79,6 +79,13 @@ class StoreSettings(BaseModel):
         description="postgres: a gateway of the pair silent (no heartbeat) this long is gone, and another gateway "
         "takes over the inspections it was running when a client retries them there",
     )
+    advertise: str = Field(
+        "",
+        max_length=255,
+        description="postgres: host:port at which the other gateways of the pair reach this one's public API, to "
+        "read the frames it holds ('': server.host and the bound port). A server bound to 0.0.0.0 or :: needs it: "
+        "without it the frames this gateway holds cannot be read through the other one",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:
@@ -93,6 +100,23 @@ class StoreSettings(BaseModel):
     def _dsn_for_yaml(self, dsn: SecretStr | None) -> str | None:
         # write_yaml must round-trip the run config (kept 0600); repr and logs still show it masked.
         return None if dsn is None else dsn.get_secret_value()
+
+    @field_validator("advertise")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, _, port = value.strip().rpartition(":")
+        if value and not (host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"store.advertise must be host:port, got {value!r}")
+        return value.strip()
+
+    def advertised(self, host: str, port: int) -> str:
+        """The address this gateway's heartbeat names: advertise, else host:port unless host binds every
+        interface (then '': the other gateway cannot know which one reaches this box)."""
+        if self.advertise:
+            return self.advertise
+        if host.strip("[]") in ("0.0.0.0", "::", ""):
+            return ""
+        return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
     def owner(self) -> str:
         """The name this gateway's claims carry: '' for SQLite (one gateway), else instance or the host name."""
@@ -171,6 +195,11 @@ class GatewaySettings(RoleSettings):
     retrieval: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="host:port of every retrieval replica (a list, or one string 'a:1,b:2'; empty: no spec context)",
+    )
+    retrieval_index: str = Field(
+        "",
+        description="the KB index every retrieval replica must serve: a version name (v000007) or fingerprint "
+        "(`edgeinspect status` shows both); empty: the newest any replica serves. A replica on another is not searched",
     )
     codec: WireCodec = Field(WireCodec.fp16, description="tensor codec between nodes")
     zstd: bool = Field(False, description="zstd on top of the codec")

@@ -58,12 +58,13 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             chunks=[_chunk_pb(h) for h in result.hits],
             index_version=result.index_version,
             search_ms=result.search_ms,
+            index_fingerprint=result.index_fingerprint,
         )
 
     async def Stats(
         self, request: retrieval_pb2.IndexStatsRequest, context: grpc.aio.ServicerContext
     ) -> retrieval_pb2.IndexStats:
-        """The version being served, its size and embedding model."""
+        """The version being served, what it holds (fingerprint), its size and embedding model."""
         searcher = self.live.searcher
         if searcher is None:
             raise Unavailable(f"no index loaded yet from {self.live.kb}")
@@ -75,4 +76,6 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             embedding_model=m["embedding_model"],
             dimension=m["dimension"],
             index_type=m["index_type"],
+            fingerprint=searcher.fingerprint,
+            created_at=m.get("created_at", ""),
         )

@@ -21,6 +21,7 @@ from edgeinspect.services.gateway.api.status import cluster_status
 from edgeinspect.services.gateway.backlog import BacklogGuard
 from edgeinspect.services.gateway.decode.step_spans import annotate_report, annotate_request
 from edgeinspect.services.gateway.disk import DiskGuard
+from edgeinspect.services.gateway.reports.images import ReportImages
 from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.services.gateway.rollout.manager import VersionRouter
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
@@ -33,8 +34,15 @@ def _timestamp(us: int) -> Timestamp:
 
 
 class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
-    def __init__(self, store: ReportStore, disk: DiskGuard | None = None, backlog: BacklogGuard | None = None):
+    def __init__(
+        self,
+        store: ReportStore,
+        disk: DiskGuard | None = None,
+        backlog: BacklogGuard | None = None,
+        images: ReportImages | None = None,
+    ):
         self.store = store
+        self.images = images or ReportImages(store)  # frames here, else from the gateway of the pair that holds them
         self.disk = disk  # free-space floors: below one, new inspections are refused and reads go on
         self.backlog = backlog  # the line's outbox per station: full, that station's inspections are refused
         self.versions: VersionRouter | None = None  # set once the live version's Inspector is connected
@@ -97,8 +105,11 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
         return inspection_pb2.ListReportsResponse(reports=reports, next_page_token=token)
 
     async def GetReportImage(self, request, context) -> inspection_pb2.ReportImage:
-        """The report's frame, thumbnail or anomaly heatmap as kept by the frame store (EXPIRED once pruned)."""
-        answer = await asyncio.to_thread(self.store.image, request.report_id, request.thumbnail, request.heatmap)
+        """The report's frame, thumbnail or anomaly heatmap as kept by the frame store (EXPIRED once pruned); a
+        pair's gateway reads one that the other gateway holds from it, as the same caller."""
+        answer = await self.images.image(
+            request.report_id, request.thumbnail, request.heatmap, context.invocation_metadata()
+        )
         out = inspection_pb2.ReportImage(report_id=request.report_id, state=answer.state, data=answer.data)
         if answer.frame is not None:
             out.image_sha256 = answer.frame.sha256

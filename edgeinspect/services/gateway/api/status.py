@@ -31,6 +31,7 @@ async def cluster_status(inspector: Inspector) -> inspection_pb2.ClusterStatus:
             last_step_ms=ep.last_step_ms,
             failures=ep.failures,
             weights=ep.weights,
+            last=ep.last_at > 0 and ep.last_at == latest.get(ep.range),
         )
         if ep.serving:
             try:
@@ -44,6 +45,9 @@ async def cluster_status(inspector: Inspector) -> inspection_pb2.ClusterStatus:
                 out.reason = out.reason or f"Stats: {exc.code().name}"
         return out
 
+    latest: dict[tuple[int, int], float] = {}  # layer range -> its latest good step on any replica
+    for ep in router.endpoints:
+        latest[ep.range] = max(latest.get(ep.range, 0.0), ep.last_at)
     stages = await asyncio.gather(*(one(ep) for ep in router.endpoints))
     vision_ok = inspector.vision.serving
     serving = router.complete() and vision_ok
@@ -55,6 +59,12 @@ async def cluster_status(inspector: Inspector) -> inspection_pb2.ClusterStatus:
     retrieval = inspector.retrieval.replicas.state if inspector.retrieval else ""
     if inspector.retrieval and retrieval != "SERVING":
         notes.append(f"retrieval {retrieval}: reports are made without spec context")
+    if inspector.retrieval:
+        reps = inspector.retrieval.replicas.replicas
+        up, behind = len(inspector.retrieval.replicas.usable()), [r.address for r in reps if r.behind and r.serving]
+        if up < len(reps):
+            held = f" ({', '.join(behind)} not on index {inspector.retrieval.in_use})" if behind else ""
+            notes.append(f"retrieval: {up} of {len(reps)} replicas usable{held}")
     return inspection_pb2.ClusterStatus(
         serving=serving,
         degraded=serving and bool(notes),
@@ -75,17 +85,19 @@ async def cluster_status(inspector: Inspector) -> inspection_pb2.ClusterStatus:
         ]
         if inspector.retrieval
         else [],
+        retrieval_index=inspector.retrieval.in_use if inspector.retrieval else "",
     )
 
 
 def replica_status(
     replicas: ReplicaSet, rep: Replica, now: float, newest: dict[str, str] | None = None
 ) -> inspection_pb2.ReplicaStatus:
-    """One vision or retrieval replica; for vision, its banks and the parts whose newest bank it lacks."""
+    """One vision or retrieval replica; for vision, its banks and the parts whose newest bank it lacks; for
+    retrieval, its KB index."""
     return inspection_pb2.ReplicaStatus(
         address=rep.address,
         state=rep.state(now),
-        reason=rep.mismatch or rep.ban_reason,
+        reason=rep.why(now),
         inflight=rep.inflight,
         served=rep.served,
         failures=rep.failures,
@@ -93,4 +105,6 @@ def replica_status(
         last_ms=rep.last_ms,
         banks=rep.banks,
         behind=sorted(part for part, bank in (newest or {}).items() if rep.banks.get(part) != bank),
+        index_version=rep.index.version if rep.index else "",
+        index_fingerprint=rep.index.fingerprint if rep.index else "",
     )

@@ -64,6 +64,7 @@ class Endpoint:
     failures: int = 0
     sessions: int = 0  # open sessions of this gateway routed through it
     last_step_ms: float = 0.0
+    last_at: float = 0.0  # monotonic time of its latest good step (status: which replica of a range served last)
     probing: bool = False
 
     @property
@@ -253,7 +254,7 @@ class StageRouter:
 
     def report_success(self, ep: Endpoint, compute_ms: float) -> None:
         ep.failures = 0
-        ep.last_step_ms = compute_ms
+        ep.last_step_ms, ep.last_at = compute_ms, time.monotonic()
 
     async def _readmit(self, ep: Endpoint) -> None:
         try:

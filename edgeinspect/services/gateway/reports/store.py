@@ -74,10 +74,21 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class Holder:
+    """Another gateway of the pair whose report this is: its frame files are on that gateway's disk."""
+
+    owner: str
+    address: str  # its public API's host:port from its heartbeat ('' where it advertises none)
+    silent_s: float  # since its last heartbeat
+    live: bool  # heard from within the owner lease
+
+
+@dataclass(frozen=True)
 class FrameAnswer:
     state: int  # inspection_pb2.ImageState
     frame: StoredFrame | None = None
     data: bytes = b""
+    holder: Holder | None = None  # EXPIRED here, but another gateway's report: that gateway may still hold it
 
 
 def _now_us() -> int:
@@ -104,6 +115,7 @@ class ReportStore:
         # The SQLite file (frames default beside it); None for a database server.
         self.path = self._db.path if isinstance(self._db, SQLiteDatabase) else None
         self.owner = owner
+        self.address = ""  # this gateway's public API for the others of its pair (advertise(), once it serves)
         self.outbox = outbox if outbox is not None and outbox.outputs else None
         self._pending_ttl_us = int(pending_ttl_s * 1_000_000)
         self._owner_lease_us = int(owner_lease_s * 1_000_000)
@@ -126,15 +138,21 @@ class ReportStore:
         return self.fail_pending(RESTARTED)
 
     def heartbeat(self) -> None:
-        """This gateway is alive (every HEARTBEAT_S, from the gateway's runtime): its running keys stay its own."""
+        """This gateway is alive (every HEARTBEAT_S, from the gateway's runtime): its running keys stay its own, and
+        the others of the pair read the frames it holds at its address."""
         if not self.owner:
             return  # the only gateway of its database: nobody to take over from it
         with self._lock, self._transaction():
             self._db.execute(
-                "INSERT INTO gateways (owner, seen_us) VALUES (?, ?) "
-                "ON CONFLICT (owner) DO UPDATE SET seen_us = excluded.seen_us",
-                (self.owner, _now_us()),
+                "INSERT INTO gateways (owner, seen_us, address) VALUES (?, ?, ?) "
+                "ON CONFLICT (owner) DO UPDATE SET seen_us = excluded.seen_us, address = excluded.address",
+                (self.owner, _now_us(), self.address),
             )
+
+    def advertise(self, address: str) -> None:
+        """Once this gateway serves: the host:port the others of its pair reach its public API at (heartbeat)."""
+        self.address = address
+        self.heartbeat()
 
     def fail_pending(self, reason: str) -> int:
         """Fails every row this gateway (owner) has pending, with `reason`: at start (a crash left them) and at
@@ -282,7 +300,7 @@ class ReportStore:
         # An existing row keeps the key it was claimed with; a report stored without a claim brings its own key.
         self._db.execute(
             "INSERT INTO reports (report_id, idempotency_key, request_id, station, part, camera_id, verdict, "
-            "created_us, status, frame_sha256, fields, report) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "created_us, status, frame_sha256, fields, report, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (report_id) DO UPDATE SET request_id = excluded.request_id, station = excluded.station, "
             "part = excluded.part, camera_id = excluded.camera_id, verdict = excluded.verdict, "
             "created_us = excluded.created_us, status = excluded.status, reason = '', "
@@ -300,6 +318,7 @@ class ReportStore:
                 frame_sha,
                 report_fields(report),
                 report.SerializeToString(),
+                self.owner,  # whose disk its frame is on (a row claimed first keeps its claimer)
             ),
         )
 
@@ -476,39 +495,51 @@ class ReportStore:
 
     def image(self, report_id: str, thumbnail: bool = False, heatmap: bool = False) -> FrameAnswer:
         """The report's frame (or thumbnail, or the anomaly gate's heatmap over it): STORED with bytes, EXPIRED
-        after retention, NOT_STORED when none was kept."""
+        after retention, NOT_STORED when none was kept. EXPIRED with a holder: the files are not on this box and the
+        report is another gateway's of the pair (frames.dir is per box unless the pair shares one)."""
         check_id(report_id)
         with self._lock:
             row = self._db.execute(
-                "SELECT r.status, r.frame_sha256, f.nbytes, f.media_type, f.width, f.height, r.report FROM reports r "
-                "LEFT JOIN frames f ON f.sha256 = r.frame_sha256 WHERE r.report_id = ?",
+                "SELECT r.status, r.frame_sha256, f.nbytes, f.media_type, f.width, f.height, r.report, r.owner, "
+                "g.address, g.seen_us FROM reports r LEFT JOIN frames f ON f.sha256 = r.frame_sha256 "
+                "LEFT JOIN gateways g ON g.owner = r.owner WHERE r.report_id = ?",
                 (report_id,),
             ).fetchone()
         if row is None or row[0] != DONE:
             raise NotFound(f"no report with id {short_id(report_id)}")
-        _, sha, nbytes, kind, width, height, blob = row
+        _, sha, nbytes, kind, width, height, blob, owner, address, seen_us = row
         if not sha:
             return FrameAnswer(inspection_pb2.IMAGE_STATE_NOT_STORED)
         frame = StoredFrame(sha, nbytes or 0, kind or "", width or 0, height or 0)
         if heatmap:
-            return self._heatmap(DefectReport.FromString(blob).anomaly, frame)
-        data = None
-        if nbytes is not None and self.frames is not None:
-            data = self.frames.read(sha, thumbnail) if thumbnail else None
-            if data is not None:
-                frame = StoredFrame(sha, len(data), "image/jpeg", 0, 0)
-            else:
-                data = self.frames.read(sha)
-        if data is None:
-            return FrameAnswer(inspection_pb2.IMAGE_STATE_EXPIRED, frame)
-        return FrameAnswer(inspection_pb2.IMAGE_STATE_STORED, frame, data)
+            answer = self._heatmap(DefectReport.FromString(blob).anomaly, frame)
+        else:
+            answer = self._frame(frame, thumbnail) if nbytes is not None else None
+        if answer is not None:
+            return answer
+        if nbytes is not None and owner and owner != self.owner:  # its row says it is kept: on its gateway's disk
+            silent_us = _now_us() - (seen_us or 0)
+            holder = Holder(owner, address or "", silent_us / 1e6, silent_us < self._owner_lease_us)
+            return FrameAnswer(inspection_pb2.IMAGE_STATE_EXPIRED, frame, holder=holder)
+        return FrameAnswer(inspection_pb2.IMAGE_STATE_EXPIRED, frame)
 
-    def _heatmap(self, finding: inspection_pb2.AnomalyFinding, frame: StoredFrame) -> FrameAnswer:
+    def _frame(self, frame: StoredFrame, thumbnail: bool) -> FrameAnswer | None:
+        if self.frames is None:
+            return None
+        data = self.frames.read(frame.sha256, thumbnail) if thumbnail else None
+        if data is not None:
+            return FrameAnswer(
+                inspection_pb2.IMAGE_STATE_STORED, StoredFrame(frame.sha256, len(data), "image/jpeg", 0, 0), data
+            )
+        data = self.frames.read(frame.sha256)
+        return None if data is None else FrameAnswer(inspection_pb2.IMAGE_STATE_STORED, frame, data)
+
+    def _heatmap(self, finding: inspection_pb2.AnomalyFinding, frame: StoredFrame) -> FrameAnswer | None:
         if not finding.heatmap_stored:
             return FrameAnswer(inspection_pb2.IMAGE_STATE_NOT_STORED)
         data = self.frames.read_heatmap(frame.sha256, finding.bank_id) if self.frames is not None else None
-        if data is None:  # pruned with its frame
-            return FrameAnswer(inspection_pb2.IMAGE_STATE_EXPIRED, frame)
+        if data is None:  # pruned with its frame, or on another gateway's disk
+            return None
         return FrameAnswer(inspection_pb2.IMAGE_STATE_STORED, dataclasses.replace(frame, media_type="image/png"), data)
 
     def close(self) -> None:

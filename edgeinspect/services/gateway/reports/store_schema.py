@@ -15,6 +15,9 @@ Database.ddl() maps the types.
 
 Version 4 adds `gateways`: each gateway of a pair writes its heartbeat there, so another can tell a gateway that
 died mid-inspection (its keys are taken over) from one that is still running them (reports/store.py, claim).
+
+Version 5 adds the gateway's advertised `address` to its heartbeat row: a gateway asked for a frame that another
+gateway of the pair holds on its own disk reads it from that one's public API (reports/images.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from edgeinspect.v1.inspection_pb2 import DefectReport
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # One statement per entry: executescript() would commit the migration's transaction half way.
 _V1 = [
@@ -99,6 +102,12 @@ _V4 = [
     "CREATE TABLE gateways (owner TEXT PRIMARY KEY, seen_us INTEGER NOT NULL)",
 ]
 
+_V5 = [
+    # host:port of the gateway's public API ('': not serving yet, or bound to every interface without
+    # store.advertise)
+    "ALTER TABLE gateways ADD COLUMN address TEXT NOT NULL DEFAULT ''",
+]
+
 
 def report_fields(report: DefectReport) -> str:
     """The report as JSON for SQL (token id lists left out: they are large and only the BLOB needs them)."""
@@ -141,6 +150,9 @@ def migrate(db: Database) -> None:
                 db.execute(db.ddl(statement))
         if version < 4:
             for statement in _V4:
+                db.execute(db.ddl(statement))
+        if version < 5:
+            for statement in _V5:
                 db.execute(db.ddl(statement))
         if version != SCHEMA_VERSION:
             db.set_schema_version(SCHEMA_VERSION)
