@@ -16,9 +16,10 @@ import pytest
 from bench_scripts import run_bench
 
 from edgeinspect.errors import InvalidInput, NotFound, Unavailable
+from edgeinspect.services.gateway.reports.claims import RESTARTED
 from edgeinspect.services.gateway.reports.database import PostgresDatabase, open_database
 from edgeinspect.services.gateway.reports.pg_testing import unavailable_reason
-from edgeinspect.services.gateway.reports.store import RESTARTED, ReportStore
+from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.services.gateway.reports.store_schema import SCHEMA_VERSION
 from edgeinspect.services.gateway.settings import GatewaySettings, StoreBackend, StoreSettings
 from edgeinspect.v1.inspection_pb2 import VERDICT_OK, DefectReport

@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +25,15 @@ from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound, Unava
 from edgeinspect.faults import fault_point
 from edgeinspect.services.gateway.reports import frames as frame_policy
 from edgeinspect.services.gateway.reports import reviews
+from edgeinspect.services.gateway.reports.claims import (
+    FAILED,
+    OWNER_LEASE_S,
+    PENDING,
+    RESTARTED,
+    TAKEN_OVER,
+    Claims,
+    now_us,
+)
 from edgeinspect.services.gateway.reports.database import Database, SQLiteDatabase, Transaction, open_database
 from edgeinspect.services.gateway.reports.frames import FrameFiles, FrameRow, StoredFrame
 from edgeinspect.services.gateway.reports.store_queries import (
@@ -54,15 +61,6 @@ MAX_PAGE_SIZE = 500
 DEFAULT_PENDING_TTL_S = 3600.0
 # The gateway's own TTL: its deadline plus this, for the report's commit after the last hop.
 PENDING_GRACE_S = 60.0
-RESTARTED = "gateway restarted during inspection"
-STOPPED = "gateway stopped during inspection"  # SIGTERM: cut short by the grace and not failed in time
-TAKEN_OVER = "taken over: its gateway stopped answering"  # the reason's start; the rest names both gateways
-# A gateway of a pair that has not written its heartbeat for this long is gone: another may take over its running
-# keys. Several heartbeats (HEARTBEAT_S) fit in it, so a busy database or a GC pause does not look like a death.
-OWNER_LEASE_S = 10.0
-HEARTBEAT_S = 2.0
-
-PENDING, FAILED = "pending", "failed"
 
 
 @dataclass(frozen=True)
@@ -91,10 +89,6 @@ class FrameAnswer:
     holder: Holder | None = None  # EXPIRED here, but another gateway's report: that gateway may still hold it
 
 
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
 class ReportStore:
     """Durable DefectReport store; safe to call from many threads (one connection behind a lock)."""
 
@@ -115,10 +109,8 @@ class ReportStore:
         # The SQLite file (frames default beside it); None for a database server.
         self.path = self._db.path if isinstance(self._db, SQLiteDatabase) else None
         self.owner = owner
-        self.address = ""  # this gateway's public API for the others of its pair (advertise(), once it serves)
         self.outbox = outbox if outbox is not None and outbox.outputs else None
-        self._pending_ttl_us = int(pending_ttl_s * 1_000_000)
-        self._owner_lease_us = int(owner_lease_s * 1_000_000)
+        self.claims = Claims(self._db, owner, pending_ttl_s, owner_lease_s)
         self._lock = threading.Lock()
         migrate(self._db)
         # frames=None: reports only (the frame store is the gateway's choice, from its settings).
@@ -137,34 +129,10 @@ class ReportStore:
         crashed are failed ("gateway restarted during inspection"); other gateways' rows are theirs."""
         return self.fail_pending(RESTARTED)
 
-    def heartbeat(self) -> None:
-        """This gateway is alive (every HEARTBEAT_S, from the gateway's runtime): its running keys stay its own, and
-        the others of the pair read the frames it holds at its address."""
-        if not self.owner:
-            return  # the only gateway of its database: nobody to take over from it
-        with self._lock, self._transaction():
-            self._db.execute(
-                "INSERT INTO gateways (owner, seen_us, address) VALUES (?, ?, ?) "
-                "ON CONFLICT (owner) DO UPDATE SET seen_us = excluded.seen_us, address = excluded.address",
-                (self.owner, _now_us(), self.address),
-            )
-
-    def advertise(self, address: str) -> None:
-        """Once this gateway serves: the host:port the others of its pair reach its public API at (heartbeat)."""
-        self.address = address
-        self.heartbeat()
-
     def fail_pending(self, reason: str) -> int:
-        """Fails every row this gateway (owner) has pending, with `reason`: at start (a crash left them) and at
-        stop (after in-flight inspections had their grace). Other gateways' rows are theirs."""
-        with self._lock, self._transaction():
-            cur = self._db.execute(
-                "UPDATE reports SET status = ?, reason = ? WHERE status = ? AND owner = ?",
-                (FAILED, reason, PENDING, self.owner),
-            )
-        if cur.rowcount:
-            log.warning("%d pending inspections marked failed: %s", cur.rowcount, reason)
-        return cur.rowcount
+        """Fails every row this gateway has pending, with `reason` (at start and at stop): claims.py."""
+        with self._lock:
+            return self.claims.fail_pending(reason)
 
     def claim(self, idempotency_key: str, request_id: str) -> tuple[str, DefectReport | None]:
         """(report_id, report) for a finished key, (report_id, None) for one in progress here or newly admitted;
@@ -173,68 +141,22 @@ class ReportStore:
             # Gateways sharing a database can both find no live row for a key and both insert: the unique index
             # admits one, the other inserts nothing (ON CONFLICT DO NOTHING) and reads the winner's row next pass.
             for _ in range(3):
-                claimed = self._claim_once(idempotency_key, request_id)
+                claimed = self.claims.claim_once(idempotency_key, request_id)
                 if claimed is not None:
                     return claimed
                 log.info("idempotency key %r claimed concurrently; reading the winner", idempotency_key)
         raise Unavailable(f"idempotency key {idempotency_key!r} is contended; retry", retry_after_ms=200)
 
-    def _silent_us(self, owner: str, created_us: int, now: int) -> int:
-        """How long the gateway `owner` has not been heard from (since its row was claimed, if it never beat)."""
-        seen = self._db.execute("SELECT seen_us FROM gateways WHERE owner = ?", (owner,)).fetchone()
-        return now - max(created_us, seen[0] if seen else 0)
+    def heartbeat(self) -> None:
+        """This gateway is alive (every HEARTBEAT_S, from the gateway's runtime): claims.py."""
+        with self._lock:
+            self.claims.heartbeat()
 
-    def _claim_once(self, key: str, request_id: str) -> tuple[str, DefectReport | None] | None:
-        now = _now_us()
-        previous = ""
-        with self._transaction():
-            if key:
-                row = self._db.execute(
-                    "SELECT report_id, status, created_us, report, owner FROM reports "
-                    "WHERE idempotency_key = ? AND status != ?",
-                    (key, FAILED),
-                ).fetchone()
-                if row is not None:
-                    report_id, status, created_us, blob, owner = row
-                    if status == DONE:
-                        return report_id, DefectReport.FromString(blob)
-                    if now - created_us < self._pending_ttl_us:
-                        if owner == self.owner:
-                            return report_id, None
-                        silent_us = self._silent_us(owner, created_us, now)
-                        if silent_us < self._owner_lease_us:
-                            raise Unavailable(
-                                f"an inspection with idempotency key {key!r} is running on gateway {owner!r}; retry",
-                                retry_after_ms=max(200, min(1000, (self._owner_lease_us - silent_us) // 1000)),
-                            )
-                        log.warning(
-                            "gateway %r silent for %.0f s: its run of key %r (report %s) is taken over by %r",
-                            owner, silent_us / 1e6, key, report_id, self.owner,
-                        )  # fmt: skip
-                        self._db.execute(
-                            "UPDATE reports SET status = ?, reason = ? WHERE report_id = ?",
-                            (FAILED, f"{TAKEN_OVER} ({owner!r}; taken over by {self.owner!r})", report_id),
-                        )
-                    else:
-                        log.warning("pending report %s for key %r abandoned; admitting a new attempt", report_id, key)
-                        self._db.execute(
-                            "UPDATE reports SET status = ?, reason = ? WHERE report_id = ?",
-                            (FAILED, "abandoned: still pending after the pending TTL", report_id),
-                        )
-                last_failed = self._db.execute(
-                    "SELECT report_id FROM reports WHERE idempotency_key = ? AND status = ? "
-                    "ORDER BY created_us DESC LIMIT 1",
-                    (key, FAILED),
-                ).fetchone()
-                previous = last_failed[0] if last_failed else ""
-            report_id = uuid.uuid4().hex
-            inserted = self._db.execute(
-                "INSERT INTO reports (report_id, idempotency_key, request_id, created_us, status, previous_attempt_id, "
-                "owner) VALUES (?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (idempotency_key) WHERE status != 'failed' DO NOTHING RETURNING report_id",
-                (report_id, key or None, request_id, now, PENDING, previous, self.owner),
-            ).fetchone()
-            return (report_id, None) if inserted else None
+    def advertise(self, address: str) -> None:
+        """Once this gateway serves: the host:port the others of its pair reach its public API at."""
+        with self._lock:
+            self.claims.address = address
+            self.claims.heartbeat()
 
     def complete(
         self,
@@ -282,7 +204,7 @@ class ReportStore:
                             # a later heatmap adds bytes (CASE: SQLite's two-argument MAX is PostgreSQL's GREATEST)
                             "nbytes = CASE WHEN excluded.nbytes > frames.nbytes THEN excluded.nbytes "
                             "ELSE frames.nbytes END",
-                            (frame.sha256, frame.nbytes, frame.media_type, frame.width, frame.height, _now_us()),
+                            (frame.sha256, frame.nbytes, frame.media_type, frame.width, frame.height, now_us()),
                         )
                     if to_line and self.outbox is not None and not is_shadow(report):
                         self.outbox.add(self._db, from_report(report))
@@ -351,7 +273,7 @@ class ReportStore:
                         (len(doomed),),
                     )
                 ]
-                batch = frame_policy.to_prune(oldest, total, _now_us(), max_bytes, int(cfg.max_age_s * 1e6))
+                batch = frame_policy.to_prune(oldest, total, now_us(), max_bytes, int(cfg.max_age_s * 1e6))
                 doomed += batch
                 total -= sum(r.nbytes for r in oldest[: len(batch)])
                 if len(batch) < len(oldest) or not oldest:
@@ -518,8 +440,8 @@ class ReportStore:
         if answer is not None:
             return answer
         if nbytes is not None and owner and owner != self.owner:  # its row says it is kept: on its gateway's disk
-            silent_us = _now_us() - (seen_us or 0)
-            holder = Holder(owner, address or "", silent_us / 1e6, silent_us < self._owner_lease_us)
+            silent_us = now_us() - (seen_us or 0)
+            holder = Holder(owner, address or "", silent_us / 1e6, silent_us < self.claims.owner_lease_us)
             return FrameAnswer(inspection_pb2.IMAGE_STATE_EXPIRED, frame, holder=holder)
         return FrameAnswer(inspection_pb2.IMAGE_STATE_EXPIRED, frame)
 
