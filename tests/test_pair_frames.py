@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from edgeinspect.assets import asset_path
+from edgeinspect.assets import asset_path, sample_image
 from edgeinspect.config import ApiToken, ServerConfig, TokenRole
 from edgeinspect.services.common.auth import hash_token, new_token, public_auth
 from edgeinspect.services.common.server import start_server
@@ -61,6 +61,17 @@ def test_a_frame_on_the_other_gateways_disk_names_its_holder_and_address(pair_st
         assert answer.state == IMAGE_STATE_EXPIRED and answer.data == b""
         assert (answer.holder.owner, answer.holder.address, answer.holder.live) == ("gw-a", "10.0.0.7:50051", True)
     assert a._db.schema_version() == SCHEMA_VERSION == 5
+
+
+def test_each_gateway_of_a_pair_prunes_only_the_frames_on_its_own_disk(pair_stores):
+    a, b = pair_stores("gw-a", "frames-a"), pair_stores("gw-b", "frames-b")
+    b.frame_settings = FrameSettings(dir=b.frames.root, max_bytes=0)  # gw-b's budget fits no frame at all
+    on_a = _report_on(a)
+    assert b.prune_frames() == []  # gw-b holds no frame: gw-a's row and file stay
+    assert a.image(on_a).state == IMAGE_STATE_STORED
+    other = DefectReport(report_id=f"{time.time_ns():032x}", station="pair")
+    b.complete(other, image=sample_image().read_bytes())  # complete() prunes at once: gw-b's own frame goes
+    assert b.image(other.report_id).state == IMAGE_STATE_EXPIRED and a.image(on_a).state == IMAGE_STATE_STORED
 
 
 def test_a_pair_sharing_one_frames_folder_reads_the_file_without_a_holder(pair_stores):

@@ -1,15 +1,13 @@
 """The gateway's durable report store: one row per inspection attempt, the report as a proto BLOB beside its
-queryable fields (store_schema.py), the frame it was made from (frames.py), and people's reviews (reviews.py). The
-database is SQLite in WAL mode (one gateway, the embedded default) or PostgreSQL (a gateway pair shares it); the
-queries here run on both, database.py holds what differs.
+queryable fields (store_schema.py), the frame it was made from (frames.py), people's reviews (reviews.py), and who
+runs which key (claims.py). SQLite in WAL mode (one gateway, the embedded default) or PostgreSQL (a gateway pair);
+the queries run on both, database.py holds what differs.
 
 A row is `pending` from the moment an inspection is admitted (so a retry with the same idempotency key finds it)
-until `complete()` stores the finished DefectReport (`done`) or `fail()` records why it failed (`failed`). A failed
-row keeps its key; a retry with that key runs again as a new row that names the failed one (previous_attempt_id).
-Every commit is durable (SQLite synchronous=FULL, PostgreSQL's defaults): once a call here returns, a kill -9 loses
-nothing. Each gateway claims under its own `owner` name, so a restart fails only the rows that gateway left pending.
-A report for the line gets its outbox rows (one per output: services/outputs/outbox.py) in the same transaction
-that stores it: the line gets a result iff its report is stored.
+until `complete()` stores the finished DefectReport (`done`) or `fail()` records why it failed (`failed`); a retry
+of a failed key runs as a new row naming the failed one (previous_attempt_id). Every commit is durable (SQLite
+synchronous=FULL, PostgreSQL's defaults): once a call here returns, a kill -9 or a power cut loses nothing. A
+report for the line gets its outbox rows (services/outputs/outbox.py) in the transaction that stores it.
 """
 
 from __future__ import annotations
@@ -262,15 +260,19 @@ class ReportStore:
         cfg = self.frame_settings
         doomed: list[str] = []
         with self._lock:
-            total = self._db.execute("SELECT COALESCE(SUM(nbytes), 0) FROM frames").fetchone()[0]
+            # One of a pair prunes the frames of its own reports (its disk; reports_by_frame finds them).
+            mine = " WHERE EXISTS (SELECT 1 FROM reports r WHERE r.frame_sha256 = frames.sha256 AND r.owner = ?)"
+            mine, args = (mine, (self.owner,)) if self.owner else ("", ())
+            total = self._db.execute(f"SELECT COALESCE(SUM(nbytes), 0) FROM frames{mine}", args).fetchone()[0]
             max_bytes = min(cfg.max_bytes, max(0, total - free_bytes)) if free_bytes else cfg.max_bytes
             # The oldest frames in batches (frames_by_time): a pass reads only what it may delete.
             while True:
                 oldest = [
                     FrameRow(*r)
                     for r in self._db.execute(
-                        "SELECT sha256, nbytes, stored_us FROM frames ORDER BY stored_us, sha256 LIMIT 256 OFFSET ?",
-                        (len(doomed),),
+                        f"SELECT sha256, nbytes, stored_us FROM frames{mine} ORDER BY stored_us, sha256 "
+                        "LIMIT 256 OFFSET ?",
+                        (*args, len(doomed)),
                     )
                 ]
                 batch = frame_policy.to_prune(oldest, total, now_us(), max_bytes, int(cfg.max_age_s * 1e6))
