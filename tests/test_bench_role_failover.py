@@ -7,7 +7,11 @@ from bench_scripts import run_bench
 
 from edgeinspect.services.gateway.reports.pg_testing import unavailable_reason
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,  # ~11 processes: 60 s on a quiet box, over 2 minutes under load
+    pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason())),
+]
 
 
 def test_role_failover_records_both_times_per_role_against_the_undisturbed_inspection(tmp_path):
