@@ -3,7 +3,8 @@ it reaches that point (no cleanup, no flush: what an OOM kill or a power cut of 
 costs one dictionary lookup.
 
 Points: `report_in_transaction` (ReportStore.complete, the report and its outbox rows written, not committed),
-`report_committed` (committed, before any output was told).
+`report_committed` (committed, before any output was told), `output_sent` (an output's peer took the result, its
+outbox row not yet deleted: the one window where a result is delivered twice, with the same report id).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class Gateway:
 
 def test_a_gateway_killed_after_the_commit_sends_the_result_once_after_its_restart(embedded_stack, broker, tmp_path):
     sub = Subscriber(broker.port, RESULTS, f"crash-{uuid.uuid4().hex[:6]}")
-    gateway = Gateway(embedded_stack, tmp_path, broker.url)
+    gateway = Gateway(embedded_stack, tmp_path, broker.url, lease_s=2.0)
     try:
         sub.wait_subscribed()
         gateway.start(env={ENV: "report_committed"})
@@ -135,9 +135,27 @@ def test_a_gateway_killed_after_the_commit_sends_the_result_once_after_its_resta
         with sqlite3.connect(tmp_path / "reports.sqlite") as db:
             assert db.execute("SELECT COUNT(*) FROM reports WHERE status = 'done'").fetchone()[0] == 1
             assert db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0  # delivered rows are gone
+        gateway.stop()
+        crash_after_send(gateway, sub)
     finally:
         gateway.stop()
         sub.close()
+
+
+def crash_after_send(gateway: Gateway, sub: Subscriber) -> None:
+    """Killed between the broker's acknowledgement and the outbox row's delete (`output_sent`): after the restart
+    the result is sent again, so the line sees it twice, identical, under one report id (receivers dedupe by it)."""
+    gateway.start(env={ENV: "output_sent"})
+    key = uuid.uuid4().hex
+    request = inspection_pb2.InspectRequest(image=FRAME, station="station-sent", max_new_tokens=4, idempotency_key=key)
+    report = gateway.stub().Inspect(request, timeout=60)  # answered: the gateway dies only once it has sent it
+    assert gateway.proc.wait(30) == -9
+    gateway.start()  # the row's lease (lease_s) runs out, the drainer sends it again
+    sub.wait_for(lambda s: [b["report_id"] for b in s.bodies()].count(report.report_id) == 2, 60, "the redelivery")
+    copies = [b for b in sub.bodies() if b["report_id"] == report.report_id]
+    assert copies[0] == copies[1]  # the same result, byte for byte: a receiver keeps the first
+    with sqlite3.connect(gateway.folder / "reports.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0
 
 
 def test_a_full_outbox_refuses_that_station_until_the_broker_is_back(embedded_stack, broker, tmp_path):

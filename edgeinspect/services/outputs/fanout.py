@@ -17,6 +17,7 @@ from typing import Protocol
 
 from prometheus_client import Counter, Gauge
 
+from edgeinspect.faults import fault_point
 from edgeinspect.services.common.retry import backoff_delays
 from edgeinspect.services.gateway.reports.database import Database
 from edgeinspect.services.outputs.config import OutputsConfig
@@ -96,6 +97,7 @@ class OutputWorker:
                 continue
             else:
                 DELIVERED.labels(output=name).inc()
+                fault_point("output_sent")  # sent, not yet acknowledged in the outbox: the redelivery window
             delays = retry_delays(self.cfg.retry_base_s, self.cfg.retry_max_s)
             await asyncio.to_thread(self.outbox.ack, entry)
 
