@@ -89,6 +89,8 @@ class _Rotation(Generic[S]):
         return len(self.ends) > 1 and now + wait < min(deadline, first_failure + self.failover_s)
 
     def skipped(self, index: int, exc: grpc.RpcError) -> None:
+        if len(self.ends) == 1:
+            return  # one gateway: its caller reports the error itself
         logger.warning("gateway %s unavailable (%s); trying the next", self.addresses[index], exc.details())  # type: ignore[attr-defined]
 
 
