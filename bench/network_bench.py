@@ -48,14 +48,12 @@ def wire_shaped_checkpoint(root: Path) -> Path:
     return make_tiny(root / "checkpoints" / "wire", spec)
 
 
-def render(
-    tmp: Path, data_dir: Path, addresses: dict[str, str], codec: str, tokens: int, name: str, chained: bool = False
-) -> Path:
+def render(tmp: Path, data_dir: Path, addresses: dict[str, str], codec: str, tokens: int, name: str) -> Path:
     box = {"memory_gb": 16, "link_gbps": 1}
     inv = {
         "plant": {
             "name": "bench", "data_dir": str(data_dir), "checkpoint": "wire", "weights": "fp32",
-            "codec": codec, "max_new_tokens": tokens, "kv_budget_mb": 512, "chained": chained,
+            "codec": codec, "max_new_tokens": tokens, "kv_budget_mb": 512,
         },
         "boxes": [
             {"name": "front", "address": addresses["front"], "roles": ["gateway", "vision"], **box},
@@ -177,12 +175,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="measured inspections per point (median)")
     parser.add_argument("--logs", type=Path, default=None, help="keep the roles' logs here (default: discarded)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/network.json)")
-    parser.add_argument(
-        "--chained",
-        action="store_true",
-        help="stages forward to each other (chained mode) instead of through the gateway; rows tagged mode=chained "
-        "(default JSON bench/results/network_chained.json)",
-    )
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason:
@@ -210,17 +202,13 @@ def main() -> None:
         try:
             if "loopback" in links:
                 labs.append(Lab(["loop"]).up())
-                renders = {
-                    c: render(tmp, data_dir, LOOP_ADDRESSES, c, args.tokens, f"loop-{c}", args.chained) for c in codecs
-                }
+                renders = {c: render(tmp, data_dir, LOOP_ADDRESSES, c, args.tokens, f"loop-{c}") for c in codecs}
                 same_backends(renders)
                 plants["loopback"] = Plant(labs[-1], renders, dict.fromkeys(BOXES, "loop"), logs / "logs-loop")
             if rates:
                 labs.append(Lab(BOXES, rates[0]).up())
                 addresses = {b: labs[-1].address(b) for b in BOXES}
-                renders = {
-                    c: render(tmp, data_dir, addresses, c, args.tokens, f"boxes-{c}", args.chained) for c in codecs
-                }
+                renders = {c: render(tmp, data_dir, addresses, c, args.tokens, f"boxes-{c}") for c in codecs}
                 same_backends(renders)
                 plants["boxes"] = Plant(labs[-1], renders, {b: b for b in BOXES}, logs / "logs-boxes")
             for plant in plants.values():
@@ -230,7 +218,7 @@ def main() -> None:
             samples = run_points(plants, links, codecs, images, args.repeats)
             for (link, codec), runs in samples.items():
                 m = summarize(runs)
-                rows.append({"link": link, "codec": codec, "mode": "chained" if args.chained else "gateway", **m})
+                rows.append({"link": link, "codec": codec, **m})
                 print(f"{link:>9} {codec:>5}: TTFT {m['ttft_ms']:8.1f} ms (best {m['ttft_ms_min']:.1f})  "
                       f"{m['per_token_ms']:7.2f} ms/token", flush=True)  # fmt: skip
         finally:
@@ -250,7 +238,7 @@ def main() -> None:
         "timings": "gateway-measured: time_to_first_token and decode_per_token from the report's timings",
         "machine": info,
     }
-    path = write_json("network_chained" if args.chained else "network", {"meta": meta, "rows": rows}, args.out)
+    path = write_json("network", {"meta": meta, "rows": rows}, args.out)
     print(
         f"\nwrote {path}\n\n| link | codec | TTFT ms | decode ms/token | network ms/token |\n|---|---|---:|---:|---:|"
     )

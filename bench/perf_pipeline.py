@@ -160,7 +160,7 @@ def stage_processes(
 
 async def _pipeline(ckpt: Checkpoint, addresses: list[str], wire: codec.Codec, micro_batches: int = 0) -> StageCluster:
     cluster = await StageCluster.connect(
-        addresses, ckpt, WireOptions(wire, False, False), micro_batches=micro_batches, max_message_mb=MAX_MESSAGE_MB
+        addresses, ckpt, WireOptions(wire, False), micro_batches=micro_batches, max_message_mb=MAX_MESSAGE_MB
     )
     cluster.regroup()
     return cluster

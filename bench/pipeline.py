@@ -1,6 +1,6 @@
 """The distributed pipeline over loopback gRPC against the in-process monolith, on the same checkpoint.
 
-For 1, 2 and 3 decoder stages (each its own process, gateway-driven and chained): time to first token and decode
+For 1, 2 and 3 decoder stages (each its own process, driven by the gateway): time to first token and decode
 ms/token measured at the gateway, the network's share of each token (wall time not spent computing in a stage),
 and wire bytes per token and per image for each codec. The monolith (vision tower + all layers in this process,
 no gRPC) runs in the same invocation as the baseline.
@@ -75,9 +75,7 @@ def timing(report, name: str) -> float:
     return next(t.wire_ms for t in report.timings if t.stage == name)
 
 
-def pipeline_run(
-    ckpt_path: Path, weights: str, stages: int, wire: str, chained: bool, tokens: int, repeats: int
-) -> dict:
+def pipeline_run(ckpt_path: Path, weights: str, stages: int, wire: str, tokens: int, repeats: int) -> dict:
     with (
         tempfile.TemporaryDirectory() as work,
         LocalStack(
@@ -86,7 +84,6 @@ def pipeline_run(
                 checkpoint=ckpt_path,
                 stages=stages,
                 codec=wire,
-                chained=chained,
                 weights=weights,
                 start_timeout_s=900,
             )
@@ -99,7 +96,6 @@ def pipeline_run(
         return {
             "stages": stages,
             "codec": wire,
-            "chained": chained,
             "ttft_ms": statistics.median(timing(r, "time_to_first_token") for r in measured),
             "decode_ms_per_token": statistics.median(timing(r, "decode_per_token") for r in measured),
             "network_ms_per_token": statistics.median(timing(r, "network_per_token") for r in measured),
@@ -143,9 +139,8 @@ def main() -> None:
     results["monolith"] = mono = monolith(args.checkpoint, args.weights, args.tokens, args.repeats)
     print(f"monolith: TTFT {mono['ttft_ms']:.0f} ms, decode {mono['decode_ms_per_token']:.1f} ms/token")
     runs = []
-    configs = [(s, "fp16", False) for s in args.stages] + [(max(args.stages), "fp16", True)]
-    for stages, wire, chained in configs:
-        r = pipeline_run(args.checkpoint, args.weights, stages, wire, chained, args.tokens, args.repeats)
+    for stages in args.stages:
+        r = pipeline_run(args.checkpoint, args.weights, stages, "fp16", args.tokens, args.repeats)
         r["decode_ratio_vs_monolith"] = r["decode_ms_per_token"] / mono["decode_ms_per_token"]
         r["network_share"] = r["network_ms_per_token"] / r["decode_ms_per_token"]
         # What the hops add is the per-token time not spent computing in a stage (measured at the gateway on the
@@ -153,7 +148,7 @@ def main() -> None:
         r["hops_overhead"] = target(r["network_share"], HOP_TARGET, higher_is_better=False)
         runs.append(r)
         print(
-            f"{stages} stage(s) {'chained' if chained else 'via gateway'}: TTFT {r['ttft_ms']:.0f} ms, decode "
+            f"{stages} stage(s): TTFT {r['ttft_ms']:.0f} ms, decode "
             f"{r['decode_ms_per_token']:.1f} ms/token ({r['decode_ratio_vs_monolith']:.3f}x monolith), network "
             f"{r['network_ms_per_token']:.2f} ms/token ({100 * r['network_share']:.1f}%)"
         )

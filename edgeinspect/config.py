@@ -10,17 +10,40 @@ Precedence (highest first): explicit keyword arguments, environment, the YAML fi
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+CHAINED_RETIRED = "chained mode was retired: stages are driven by the gateway"
+
+
+def refuse_retired(data: Any, retired: Mapping[str, str | None], env_prefix: str | None = None) -> Any:
+    """Stops a load whose `data` (or, given `env_prefix`, environment) still asks for a retired setting (`retired`:
+    name -> why it went), saying what to do: a file would otherwise get pydantic's bare "extra inputs are not
+    permitted", and an environment variable nothing at all (unknown ones are ignored). A retired key that asks for
+    nothing (`chained: false`, `next_stage: null`, as older rendered configs hold) is dropped: an upgrade reads them.
+    A `why` of None marks a leftover that is harmless whatever it says: always dropped. Returns `data` without those
+    keys."""
+    environ = {k.upper(): v for k, v in os.environ.items()}
+    for key, why in retired.items():
+        if isinstance(data, Mapping) and key in data:
+            if why is None or data[key] in (None, False, "", "false", "False", "0", 0):
+                data = {k: v for k, v in data.items() if k != key}
+            else:
+                raise ValueError(f"{why}; remove `{key}`")
+        var = f"{env_prefix}{key}".upper() if env_prefix is not None else ""
+        if why and var in environ and environ[var].strip().lower() not in ("", "false", "0", "null", "none"):
+            raise ValueError(f"{why}; remove {var} from the environment")
+    return data
 
 
 class WeightsDtype(StrEnum):
@@ -98,6 +121,7 @@ class RoleSettings(BaseSettings):
     """Base for every role's settings: YAML file + environment."""
 
     model_config = SettingsConfigDict(env_prefix="EDGEINSPECT_", env_nested_delimiter="__", extra="forbid")
+    retired: ClassVar[dict[str, str | None]] = {}  # settings the role no longer has: name -> why (refuse_retired)
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
@@ -108,6 +132,11 @@ class RoleSettings(BaseSettings):
     log_max_mb: float = Field(20.0, gt=0, description="log_file: rotate once it reaches this many MB")
     log_backups: int = Field(3, ge=1, description="log_file: rotated files kept (FILE.1 ... FILE.N), oldest dropped")
     tracing: TracingConfig = Field(default_factory=TracingConfig, description="OpenTelemetry traces (off by default)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_retired(cls, data: Any) -> Any:
+        return refuse_retired(data, cls.retired)
 
     @classmethod
     def settings_customise_sources(
@@ -123,6 +152,7 @@ class RoleSettings(BaseSettings):
     @classmethod
     def load(cls, path: Path | str | None = None, **overrides: Any) -> Self:
         """Settings from an optional YAML file, the environment and keyword overrides."""
+        refuse_retired({}, cls.retired, cls.model_config.get("env_prefix"))
         if path is None:
             return cls(**overrides)
         path = Path(path)

@@ -55,10 +55,9 @@ def sample_spec_chunks():
 
 
 @contextlib.asynccontextmanager
-async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | None = None, chained: bool = False):
+async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | None = None):
     """Real DecoderStage servers in this process (one per even layer slice) and the gateway's StageCluster over them
-    (fp32 on the wire, handshaken); yields (cluster, backends). `per_stage` adds settings to each stage;
-    `chained` has each stage forward to the next (the gateway then talks to stage 0 only)."""
+    (fp32 on the wire, handshaken); yields (cluster, backends). `per_stage` adds settings to each stage."""
     from edgeinspect.models.checkpoint import open_checkpoint
     from edgeinspect.services.gateway.decode.stages import StageCluster, fp32_wire
     from edgeinspect.services.stage.server import start
@@ -69,18 +68,14 @@ async def local_stages(checkpoint: Path, n_stages: int, per_stage: list[dict] | 
     servers, backends = [], []
     cluster = None
     try:
-        next_stage = None
-        for k in reversed(range(n_stages)):  # the last first: a chained stage needs the next one's address
+        for k in range(n_stages):
             extra = per_stage[k] if per_stage else {}
-            settings = StageSettings(
-                checkpoint=checkpoint, layer_start=bounds[k], layer_end=bounds[k + 1], next_stage=next_stage, **extra
-            )
+            settings = StageSettings(checkpoint=checkpoint, layer_start=bounds[k], layer_end=bounds[k + 1], **extra)
             running, backend = await start(settings)
-            servers.insert(0, running)
-            backends.insert(0, backend)
-            next_stage = f"127.0.0.1:{running.port}" if chained else None
+            servers.append(running)
+            backends.append(backend)
         addresses = [f"127.0.0.1:{s.port}" for s in servers]
-        cluster = await StageCluster.connect(addresses, ckpt, fp32_wire(chained))
+        cluster = await StageCluster.connect(addresses, ckpt, fp32_wire())
         cluster.regroup()
         yield cluster, backends
     finally:

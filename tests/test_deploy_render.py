@@ -198,16 +198,6 @@ def test_ingest_keeps_two_inspections_per_stage_in_flight_unless_told_otherwise(
         assert IngestSettings.load(path).max_in_flight == 2 * len(example.boxes_with(Role.stage))
 
 
-def test_chained_plant_points_each_stage_at_the_next(example, tmp_path):
-    chained = example.model_copy(update={"plant": example.plant.model_copy(update={"chained": True})})
-    r = render.render(chained, placements(chained, [0, 10, 24]), render.Target.compose, {"cell-pi": CAMERAS})
-    render.write(r, tmp_path)
-    first = StageSettings.load(tmp_path / "jetson-a" / "config" / "stage-0.yaml")
-    last = StageSettings.load(tmp_path / "line-server" / "config" / "stage-1.yaml")
-    assert first.next_stage == "10.20.7.10:50061"
-    assert last.next_stage is None
-
-
 def test_secrets_and_the_renderers_environment_stay_out_of_rendered_files(example, tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEINSPECT_API_TOKENS", '["sentinel-token-5f2c"]')
     monkeypatch.setenv("EDGEINSPECT_LOG_LEVEL", "DEBUG")
@@ -228,6 +218,7 @@ def test_secrets_and_the_renderers_environment_stay_out_of_rendered_files(exampl
         (lambda d: d["plant"].pop("vision_hef"), "vision_hef"),
         (lambda d: d["boxes"][0].pop("cameras"), "cameras"),
         (lambda d: d["boxes"][1].update(memory_gb=1), "leaves nothing for a stage"),
+        (lambda d: d["plant"].update(chained=True), "chained mode was retired: .*; remove `chained`"),
     ],
 )
 def test_inventory_mistakes_are_refused_with_a_reason(edit, message):
@@ -236,6 +227,25 @@ def test_inventory_mistakes_are_refused_with_a_reason(edit, message):
     with pytest.raises(ValueError, match=message):
         inv = Inventory.model_validate(data)
         [b.stage_budget_bytes() for b in inv.boxes_with(Role.stage)]
+
+
+@pytest.mark.parametrize(
+    ("path", "key"), [("jetson-a/config/stage-0.yaml", "next_stage"), ("line-server/config/gateway.yaml", "chained")]
+)
+def test_a_role_config_that_still_chains_is_refused_with_what_to_do(rendered, monkeypatch, path, key):
+    cls = StageSettings if key == "next_stage" else GatewaySettings
+    config = rendered / path
+    var = f"EDGEINSPECT_{key.upper()}"
+    monkeypatch.setenv(var, "10.20.7.10:50061")
+    with pytest.raises(ValueError, match=f"chained mode was retired: .*; remove {var} from the environment"):
+        cls.load(config)
+    monkeypatch.delenv(var)
+    original = config.read_text()
+    config.write_text(original + f"{key}: 10.20.7.10:50061\n")
+    with pytest.raises(ValueError, match=f"chained mode was retired: .*; remove `{key}`"):
+        cls.load(config)
+    config.write_text(original + f"{key}: null\n")  # what older rendered configs hold: asks for nothing, read as is
+    assert not hasattr(cls.load(config), key)
 
 
 def test_internal_ports_and_metrics_are_published_on_the_boxs_own_address_only(example, tmp_path):

@@ -33,14 +33,12 @@ def case(tiny_checkpoint, part_images):
     return prompt_ids(processor, text), visual, gen[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-async def _run(
-    path, case, n_stages: int, chunk: int, chained: bool = False
-) -> tuple[list[int], list[list[tuple[float, float]]]]:
+async def _run(path, case, n_stages: int, chunk: int) -> tuple[list[int], list[list[tuple[float, float]]]]:
     """Prefill (pipelined in `chunk`-token chunks) + greedy decode through `n_stages` real stage servers; returns
     the tokens and, per stage, the (start, end) time of every step it ran."""
     ids, visual, _ = case
     image_id = open_checkpoint(path).config.image_token_id
-    async with local_stages(path, n_stages, chained=chained) as (cluster, backends):
+    async with local_stages(path, n_stages) as (cluster, backends):
         spans = [_record_steps(b) for b in backends]
         frame = codec.encode_frame(visual, codec.Codec.fp32)
         async with cluster.session("s1", ids, frame, chunk_tokens=chunk) as session:
@@ -67,19 +65,18 @@ def _record_steps(backend) -> list[tuple[float, float]]:
     return spans
 
 
-@pytest.mark.parametrize("n_stages,chunk,chained", [(2, 8, False), (3, 16, False), (3, 8, True)])
-def test_pipelined_prefill_reproduces_generate(tiny_checkpoint, case, n_stages, chunk, chained):
-    tokens, spans = asyncio.run(_run(tiny_checkpoint, case, n_stages, chunk, chained))
+@pytest.mark.parametrize("n_stages,chunk", [(2, 8), (3, 16)])
+def test_pipelined_prefill_reproduces_generate(tiny_checkpoint, case, n_stages, chunk):
+    tokens, spans = asyncio.run(_run(tiny_checkpoint, case, n_stages, chunk))
     assert tokens == case[2]
     n_chunks = -(-len(case[0]) // chunk)
     assert n_chunks >= 4
     assert all(len(s) == n_chunks + NEW_TOKENS - 1 for s in spans)  # every chunk, then one step per token
 
 
-@pytest.mark.parametrize("chained", [False, True])
-def test_chunks_overlap_across_stages(tiny_checkpoint, case, chained):
+def test_chunks_overlap_across_stages(tiny_checkpoint, case):
     """Stage 0 starts chunk 2 before stage 1 has finished chunk 1: the stages work at the same time."""
-    _, (first, second) = asyncio.run(_run(tiny_checkpoint, case, 2, 8, chained))
+    _, (first, second) = asyncio.run(_run(tiny_checkpoint, case, 2, 8))
     assert first[1][0] < second[0][1]
     # Lock step would start every stage-0 chunk only after stage 1 finished the previous one.
     overlapped = sum(1 for c in range(1, 6) if first[c][0] < second[c - 1][1])

@@ -182,15 +182,6 @@ def test_refusals_are_logged_by_the_refusing_role(tls_stack, strangers):
     assert "refused /edgeinspect.v1.DecoderStage/Stats" in log and "role ingest may not call the stage" in log
 
 
-@pytest.mark.slow
-def test_a_chained_stack_over_mtls_gives_the_same_tokens(tiny_checkpoint, tmp_path, embedded_stack):
-    """Stage 0 calls stage 1 itself (its own client certificate, role stage) instead of the gateway relaying."""
-    opts = StackOptions(workdir=tmp_path, checkpoint=tiny_checkpoint, stages=2, tls=True, chained=True)
-    with LocalStack(opts) as chained:
-        secure = _report_tokens(chained.gateway_address, chained.api_token, chained.client_ca)
-    assert secure == _report_tokens(embedded_stack.gateway_address, embedded_stack.api_token)
-
-
 def test_a_wrong_role_with_a_malformed_body_is_permission_denied_before_parsing(tls_stack, strangers):
     c = strangers["ingest"]
     creds = grpc.ssl_channel_credentials(

@@ -1,5 +1,6 @@
 """The security pieces on their own: certificates and `edgeinspect certs`, the token bucket, the method table,
-redaction (also of a real upstream connection error), current_caller, and retrieval's caller admission."""
+redaction (also of a real upstream connection error), current_caller, and retrieval's and a stage's caller
+admission."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from edgeinspect.services.common.context import request_id_var
 from edgeinspect.services.common.errors import details_for
 from edgeinspect.services.common.redact import redact
 from edgeinspect.services.common.server import start_server
-from edgeinspect.v1 import retrieval_pb2, retrieval_pb2_grpc
+from edgeinspect.services.stage.servicer import DecoderStageServicer
+from edgeinspect.v1 import retrieval_pb2, retrieval_pb2_grpc, stage_pb2, stage_pb2_grpc
 
 SVC = "/edgeinspect.v1.InspectionService/"
 
@@ -202,17 +204,20 @@ async def test_current_caller_names_the_token_holder(tmp_path):
         await running.stop(0)
 
 
-async def test_retrieval_admits_the_gateway_and_refuses_a_stage(tmp_path):
+def _role_certificates(tmp_path, roles: tuple[str, ...]):
+    """One plant CA and a certificate per role; returns role -> its TLSConfig."""
     ca = certs.make_ca()
     ca_file = certs.write_ca(tmp_path / "ca", ca).cert
-    paths = {
-        r: certs.write_issued(tmp_path, r, certs.issue(ca, r, [r], ips=["127.0.0.1"]), ca_file)
-        for r in ("retrieval", "gateway", "stage")
-    }
+    paths = {r: certs.write_issued(tmp_path, r, certs.issue(ca, r, [r], ips=["127.0.0.1"]), ca_file) for r in roles}
 
     def tls(role: str) -> TLSConfig:
         return TLSConfig(cert=paths[role].cert, key=paths[role].key, ca=ca_file)
 
+    return tls
+
+
+async def test_retrieval_admits_the_gateway_and_refuses_a_stage(tmp_path):
+    tls = _role_certificates(tmp_path, ("retrieval", "gateway", "stage"))
     running = await start_server(
         [lambda s: retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(_Retrieval(), s)],
         [],
@@ -230,6 +235,28 @@ async def test_retrieval_admits_the_gateway_and_refuses_a_stage(tmp_path):
                 )
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "role stage may not call the retrieval" in err.value.details()
+    finally:
+        await running.stop(0)
+    await asyncio.sleep(0)
+
+
+async def test_a_stage_admits_the_gateway_and_refuses_another_stage(tmp_path):
+    """The gateway drives every stage: no stage calls another (chained mode was retired)."""
+    tls = _role_certificates(tmp_path, ("stage", "gateway"))
+    running = await start_server(
+        [lambda s: stage_pb2_grpc.add_DecoderStageServicer_to_server(DecoderStageServicer(None), s)],
+        [],
+        ServerConfig(tls=tls("stage")),
+        role="stage",
+    )
+    address = f"127.0.0.1:{running.port}"
+    try:
+        for caller, code in (("gateway", grpc.StatusCode.UNAVAILABLE), ("stage", grpc.StatusCode.PERMISSION_DENIED)):
+            async with make_channel(address, tls=tls(caller)) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as err:  # admitted, the gateway hears the stage is loading
+                    await stage_pb2_grpc.DecoderStageStub(channel).Stats(stage_pb2.StatsRequest(), timeout=10)
+            assert err.value.code() == code, (caller, err.value.details())
+        assert "role stage may not call the stage" in err.value.details()
     finally:
         await running.stop(0)
     await asyncio.sleep(0)

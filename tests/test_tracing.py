@@ -269,27 +269,3 @@ def test_otlp_exporter_delivers_spans_to_a_collector(tmp_path):
     assert int.from_bytes(spans[0].trace_id, "big") == trace_id
     resource = {a.key: a.value.string_value for a in received[0].resource_spans[0].resource.attributes}
     assert resource["service.name"] == "edgeinspect-unit"
-
-
-@pytest.mark.slow
-def test_chained_stages_trace_each_stage_as_the_child_of_the_one_before(tiny_checkpoint, tmp_path):
-    """Chained (exo-style): the gateway sends to stage 0 only; stage 1's step span is the child of stage 0's."""
-    spans = tmp_path / "spans.jsonl"
-    env = {"EDGEINSPECT_TRACING__EXPORTER": "jsonl", "EDGEINSPECT_TRACING__JSONL_PATH": str(spans)}
-    opts = StackOptions(
-        workdir=tmp_path, checkpoint=tiny_checkpoint, stages=2, chained=True, extra_env=env, metrics=False
-    )
-    with LocalStack(opts) as stack:
-        report = inspect(stack)
-        trace = trace_of(spans, report.request_id)
-    by_id = {s["span_id"]: s for s in trace}
-    steps = [s for s in trace if s["name"] == "stage step"]
-    first = [s for s in steps if by_id[s["parent_span_id"]]["name"] == "stage forward"]
-    second = [s for s in steps if by_id[s["parent_span_id"]]["name"] == "stage step"]
-    assert first and len(first) == len(second) and len(steps) == 2 * len(first)
-    assert len({s["attributes"]["edgeinspect.stage"] for s in first}) == 1
-    for step in second:
-        before = by_id[step["parent_span_id"]]
-        assert before in first and before["attributes"]["edgeinspect.stage"] != step["attributes"]["edgeinspect.stage"]
-        assert before["attributes"]["edgeinspect.position"] == step["attributes"]["edgeinspect.position"]
-        assert step["attributes"]["edgeinspect.codec_bytes_received"] > 0

@@ -36,7 +36,7 @@ def serve_command(
     importlib.import_module(f"edgeinspect.services.{role.value}.server").main(config)
 
 
-def _stack_options(checkpoint, stages, codec, chained, port, workdir, kb, **more):
+def _stack_options(checkpoint, stages, codec, port, workdir, kb, **more):
     from edgeinspect.services.launcher import StackOptions
 
     return StackOptions(
@@ -44,7 +44,6 @@ def _stack_options(checkpoint, stages, codec, chained, port, workdir, kb, **more
         checkpoint=checkpoint,
         stages=stages,
         codec=codec,
-        chained=chained,
         gateway_port=port,
         kb_dir=kb,
         **more,
@@ -95,7 +94,6 @@ def up_command(
         help="PostgreSQL the gateways share (postgresql://USER:PASS@HOST/DB); default: SQLite in the workdir",
     ),
     codec: WireCodec = typer.Option(WireCodec.fp16, help="tensor codec between nodes"),
-    chained: bool = typer.Option(False, help="stages forward to each other instead of through the gateway"),
     port: int = typer.Option(50051, help="gateway port"),
     workdir: Path = typer.Option(
         WORKDIR, help="folder for configs, logs, the report database and the KB (default: $EDGEINSPECT_WORKDIR)"
@@ -141,7 +139,6 @@ def up_command(
             checkpoint,
             stages,
             codec,
-            chained,
             port,
             workdir,
             kb_dir,
@@ -275,7 +272,7 @@ def demo_command(
     kb = _ensure_kb(workdir)
     image = image or sample_image()
     # SIGTERM/SIGHUP end the demo as Ctrl-C does: LocalStack's exit stops every role.
-    with signals_as_interrupt(), LocalStack(_stack_options(None, stages, "fp16", False, 0, workdir, kb)) as stack:
+    with signals_as_interrupt(), LocalStack(_stack_options(None, stages, "fp16", 0, workdir, kb)) as stack:
         console.print(
             f"[green]{len(stack.roles)} roles up[/green] (gateway {stack.gateway_address}); inspecting {image} ..."
         )

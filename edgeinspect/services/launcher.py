@@ -158,7 +158,7 @@ class LocalStack:
         gateway_ports = (o.gateway_port == 0) + o.gateways - 1
         ports = iter(free_ports(upstreams + gateway_ports + metrics, o.host, avoid=(o.gateway_port,)))
         self._ports = ports
-        addr = {}  # name -> port, known before anything starts: chained stages and the gateway need them
+        addr = {}  # name -> port, known before anything starts: the gateway needs them
 
         def place(name: str) -> ServerConfig:
             addr[name] = next(ports)
@@ -177,12 +177,9 @@ class LocalStack:
         servers = {n: place(n) for row in names for n in row}
         for k, (a, b) in enumerate(ranges):
             for r, name in enumerate(names[k]):
-                # Chained: replica r of range k forwards to replica r of range k+1 (R parallel chains).
-                nxt = f"{o.host}:{addr[names[k + 1][r]]}" if o.chained and k + 1 < len(ranges) else None
                 cfg = StageSettings(
-                    checkpoint=ckpt, layer_start=a, layer_end=b, weights=o.weights, next_stage=nxt, server=servers[name]
+                    checkpoint=ckpt, layer_start=a, layer_end=b, weights=o.weights, server=servers[name]
                 )
-                cfg.client_tls = self.creds.client_tls(name)
                 self._spawn(name, "stage", cfg, layers=(a, b), replica=r)
         for r, name in enumerate(retrievals):
             self._spawn(name, "retrieval", RetrievalSettings(kb_dir=o.kb_dir, server=place(name)), replica=r)
@@ -192,7 +189,6 @@ class LocalStack:
             stages=[f"{o.host}:{addr[n]}" for row in names for n in row],  # every endpoint; range-major order
             retrieval=[f"{o.host}:{addr[n]}" for n in retrievals],
             codec=o.codec,
-            chained=o.chained,
             db_path=o.workdir / "reports.sqlite",
             api_tokens=[] if o.allow_unauthenticated else self.creds.api_tokens(),
             allow_unauthenticated=o.allow_unauthenticated,

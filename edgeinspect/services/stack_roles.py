@@ -47,7 +47,6 @@ class StackOptions:
     kb_dir: Path | None = None  # None: no retrieval node
     retrieval_replicas: int = 1  # retrieval processes over kb_dir (when it is set)
     codec: str = "fp16"
-    chained: bool = False
     vision_backend: str = "torch"
     weights: str = "fp32"
     api_token: str = ""  # "": the token in WORKDIR/api_token, made there on first start (stack_security)

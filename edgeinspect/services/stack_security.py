@@ -70,7 +70,7 @@ class StackCredentials:
         return self._files(role, require_client_auth=role != "gateway")
 
     def client_tls(self, name: str) -> TLSConfig | None:
-        """What a role presents to the roles it calls (the gateway; a chained stage)."""
+        """What a role presents to the roles it calls (the gateway)."""
         return self._files(role_of(name))
 
     def public_tls(self) -> TLSConfig | None:

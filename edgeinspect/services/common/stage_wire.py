@@ -1,4 +1,4 @@
-"""The DecoderStage wire piece both sides build: the stage (chained mode) and the gateway (gateway-driven mode)."""
+"""The DecoderStage wire piece the gateway builds to send a stage's output on to the next stage."""
 
 from __future__ import annotations
 
@@ -20,5 +20,5 @@ def next_stage_step(step: stage_pb2.SessionStep, hidden: tensor_pb2.TensorFrame)
         if step.HasField(name):
             getattr(nxt, name).CopyFrom(getattr(step, name))
     nxt.hidden.CopyFrom(hidden)
-    nxt.trace_context.update(step.trace_context)  # a traced step stays traced along a chain
+    nxt.trace_context.update(step.trace_context)  # a traced step stays traced from stage to stage
     return nxt

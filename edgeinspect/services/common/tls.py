@@ -22,9 +22,9 @@ from edgeinspect.services.common.interceptors import AUTH_EXEMPT_PREFIXES, _kind
 
 log = logging.getLogger(__name__)
 
-# Who may call each internal service: the gateway drives everything; a chained stage calls the next stage.
+# Who may call each internal service: the gateway drives everything, every decoder stage included.
 CALLERS: dict[str, frozenset[str]] = {
-    "stage": frozenset({"gateway", "stage"}),
+    "stage": frozenset({"gateway"}),
     "vision": frozenset({"gateway"}),
     "retrieval": frozenset({"gateway"}),
 }

@@ -5,10 +5,11 @@ from __future__ import annotations
 import ipaddress
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from edgeinspect.config import WeightsDtype, WireCodec
+from edgeinspect.config import CHAINED_RETIRED, WeightsDtype, WireCodec, refuse_retired
 from edgeinspect.models.planner import GpuSpec
 from edgeinspect.services.outputs.config import OutputsConfig
 
@@ -190,7 +191,6 @@ class Plant(BaseModel):
     )
     codec: WireCodec = Field(WireCodec.fp16, description="tensor codec between nodes (fp32 | fp16 | int8)")
     zstd: bool = Field(False, description="zstd on top of the codec")
-    chained: bool = Field(False, description="stages forward to each other instead of via the gateway")
     max_new_tokens: int = Field(128, gt=0)
     kv_budget_mb: int = Field(1024, gt=0, description="KV cache each decoder stage may hold across sessions")
     api_tokens_secret: str = Field(
@@ -215,6 +215,11 @@ class Plant(BaseModel):
         description="where the gateway sends each result (MQTT, webhooks); passwords and secrets via "
         "EDGEINSPECT_OUTPUTS__... at start, not in this file",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_retired(cls, data: Any) -> Any:
+        return refuse_retired(data, {"chained": CHAINED_RETIRED})
 
     @property
     def checkpoint_path(self) -> Path:

@@ -68,12 +68,6 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
         }
         if inst.box.uses_gpu(Role.stage):
             data["device"] = "cuda"
-        # chained: forward to the next range's planned box (replicas of it take over through the gateway's routing)
-        primaries = [s for s in stages if s.stage.replica == 0]
-        if plant.chained and st.index + 1 < len(primaries):
-            data["next_stage"] = primaries[st.index + 1].address(addressing)
-            if plant.tls:
-                data["client_tls"] = tls.client_tls()
         return _isolated(StageSettings, data)
     if inst.role is Role.retrieval:
         return _isolated(RetrievalSettings, {**common, "kb_dir": plant.kb_dir})
@@ -87,7 +81,6 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             "stages": [s.address(addressing) for s in stages],
             "codec": plant.codec,
             "zstd": plant.zstd,
-            "chained": plant.chained,
             "db_path": plant.reports_dir / "reports.sqlite",
             "max_new_tokens": plant.max_new_tokens,
             # one micro-batch group per box that holds stages: stages on one box share its memory bus, and decode

@@ -62,7 +62,7 @@ async def connect(cfg: GatewaySettings, store: ReportWriter) -> Inspector:
         image_token_id=ckpt.config.image_token_id,
         route_wait_s=min(30.0, cfg.upstream_timeout_s) if cfg.replan else 0.0,
     )
-    wire = WireOptions(codec.Codec(cfg.codec.value), cfg.zstd, cfg.chained)
+    wire = WireOptions(codec.Codec(cfg.codec.value), cfg.zstd)
     stages = StageCluster(router, wire, policy, cfg.micro_batches)
     inspector = Inspector(cfg, ckpt, store, vision, stages, retrieval)
     router.start()

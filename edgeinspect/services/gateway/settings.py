@@ -6,12 +6,12 @@ from __future__ import annotations
 import socket
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, Field, SecretStr, field_serializer, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from edgeinspect.config import ApiToken, RoleSettings, TLSConfig, WireCodec
+from edgeinspect.config import CHAINED_RETIRED, ApiToken, RoleSettings, TLSConfig, WireCodec
 from edgeinspect.services.outputs.config import OutputsConfig
 
 
@@ -180,6 +180,8 @@ def endpoints(value: str | list[str] | None) -> list[str]:
 
 
 class GatewaySettings(RoleSettings):
+    retired: ClassVar[dict[str, str | None]] = {"chained": CHAINED_RETIRED}
+
     checkpoint: Path = Field(..., description="checkpoint folder (tokenizer, processor, fingerprints)")
     vision: Annotated[list[str], NoDecode] = Field(
         ...,
@@ -203,7 +205,6 @@ class GatewaySettings(RoleSettings):
     )
     codec: WireCodec = Field(WireCodec.fp16, description="tensor codec between nodes")
     zstd: bool = Field(False, description="zstd on top of the codec")
-    chained: bool = Field(False, description="stages forward to each other (exo) instead of via the gateway")
     prefill_chunk_tokens: int = Field(
         128,
         ge=0,

@@ -21,7 +21,7 @@ EVICTION_PERIOD_S = 1.0
 
 async def start(cfg: StageSettings) -> tuple[RunningServer, StageBackend]:
     """Binds first (so health answers NOT_SERVING while loading), then loads, runs the canary, flips to SERVING."""
-    servicer = DecoderStageServicer(None, cfg.next_stage, cfg.server.max_message_mb)
+    servicer = DecoderStageServicer(None)
     running = await start_server(
         [lambda s: stage_pb2_grpc.add_DecoderStageServicer_to_server(servicer, s)],
         [SERVICE_NAME],

@@ -1,5 +1,5 @@
 """DecoderStage servicer: protobuf <-> domain and session ownership per stream. The reload policy of LoadLayers
-lives in reload.py, chained mode's transport to the next stage in chained.py, admission in the backend."""
+lives in reload.py, admission in the backend."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from edgeinspect.errors import InvalidInput, Unavailable
 from edgeinspect.models.sampling import SamplingParams
 from edgeinspect.models.stage import StepInput, ids_tensor
 from edgeinspect.services.common import metrics
-from edgeinspect.services.common.stage_wire import next_stage_step
 from edgeinspect.services.common.tasks import BackgroundTasks
-from edgeinspect.services.stage import chained, reload
+from edgeinspect.services.stage import reload
 from edgeinspect.services.stage.backend import Identity, SessionOutcome, SessionWork, StageBackend
 from edgeinspect.services.stage.step_spans import StreamTally, traced_run
 from edgeinspect.v1 import common_pb2, stage_pb2, stage_pb2_grpc
@@ -56,10 +55,8 @@ def identity_from_proto(p: common_pb2.PeerIdentity) -> Identity:
 
 
 class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
-    def __init__(self, backend: StageBackend | None, next_stage: str | None = None, max_message_mb: int = 64):
+    def __init__(self, backend: StageBackend | None):
         self._backend = backend
-        self.next_stage = next_stage
-        self.max_message_mb = max_message_mb
         self._cleanup = BackgroundTasks("decoder stage")  # releases of ended streams
         self.home = (-1, -1)
         self._reloading = asyncio.Lock()
@@ -92,24 +89,15 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
     async def Forward(self, request_iterator, context) -> AsyncIterator[stage_pb2.StepResponse]:
         """Steps sessions as requests arrive; every session opened on this stream is released when it ends."""
         opened: set[str] = set()
-        downstream = chained.Downstream(self.next_stage, self.max_message_mb) if self.next_stage else None
         # A cancelled call may leave this generator suspended at `yield` until garbage collection, so its
         # `finally` can run minutes late: release on the RPC's own termination instead.
-        context.add_done_callback(lambda _ctx: self._cleanup_later(opened, downstream))
-        try:
-            if downstream is not None and not self.backend.is_last:
-                async for response in chained.relay(request_iterator, downstream, self._compute_onward(opened)):
-                    yield response
-                return
-            tally = StreamTally()
-            async for request in request_iterator:
-                outcomes, timing = await self._run(request, opened)
-                tally.add(outcomes, timing)
-                yield self._to_response(request, outcomes, timing)
-            tally.log(self.name)
-        finally:
-            if downstream is not None:
-                await downstream.close()
+        context.add_done_callback(lambda _ctx: self._cleanup_later(opened))
+        tally = StreamTally()
+        async for request in request_iterator:
+            outcomes, timing = await self._run(request, opened)
+            tally.add(outcomes, timing)
+            yield self._to_response(request, outcomes, timing)
+        tally.log(self.name)
 
     @traced_run
     async def _run(self, request: stage_pb2.StepRequest, opened: set[str]):
@@ -121,31 +109,18 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
         outcomes = await self.backend.submit(work)
         return outcomes, stage_pb2.StageTiming(stage=self.name, compute_ms=(time.perf_counter() - t0) * 1e3)
 
-    def _compute_onward(self, opened: set[str]):
-        """Chained mode's compute step: this stage's outcomes as the next stage's request, and its timing."""
+    def _cleanup_later(self, opened: set[str]) -> None:
+        self._cleanup.spawn(self._release_ended(sorted(opened)), name="release ended stream")
 
-        async def compute(request: stage_pb2.StepRequest):
-            outcomes, timing = await self._run(request, opened)
-            return self._next_request(request, outcomes), timing
-
-        return compute
-
-    def _cleanup_later(self, opened: set[str], downstream: chained.Downstream | None) -> None:
-        self._cleanup.spawn(self._release_ended(sorted(opened), downstream), name="release ended stream")
-
-    async def _release_ended(self, session_ids: list[str], downstream: chained.Downstream | None) -> None:
-        """The stream is over: end the chained stream (the next stage releases in turn) and drop our sessions."""
-        if downstream is not None:
-            await downstream.close()
+    async def _release_ended(self, session_ids: list[str]) -> None:
+        """The stream is over: drop the sessions it opened."""
         if session_ids:
             released = await self.backend.release(session_ids)
             log.info("stream ended: released %d of %d sessions", released, len(session_ids))
 
     async def Release(self, request: stage_pb2.ReleaseRequest, context) -> stage_pb2.ReleaseResponse:
-        """Drops sessions now (and downstream, when chained)."""
+        """Drops sessions now."""
         n = await self.backend.release(list(request.session_ids))
-        if self.next_stage and not self.backend.is_last:
-            await chained.release_downstream(self.next_stage, self.max_message_mb, request)
         return stage_pb2.ReleaseResponse(released=n)
 
     async def Stats(self, request: stage_pb2.StatsRequest, context) -> stage_pb2.StageStats:
@@ -264,12 +239,3 @@ class DecoderStageServicer(stage_pb2_grpc.DecoderStageServicer):
                 r.logits.CopyFrom(codec.encode_frame(o.logits, codec.Codec.fp32))
             results.append(r)
         return stage_pb2.StepResponse(results=results, timings=[timing])
-
-    def _next_request(self, request, outcomes: list[SessionOutcome]) -> stage_pb2.StepRequest:
-        """The same sessions one stage further: our hidden states replace the inputs, sampling travels along."""
-        out_codec = codec.codec_from_proto(request.output_codec) if request.output_codec else codec.Codec.fp32
-        steps = [
-            next_stage_step(step, codec.encode_frame(o.hidden, out_codec, request.output_zstd))
-            for step, o in zip(request.steps, outcomes, strict=True)
-        ]
-        return stage_pb2.StepRequest(steps=steps, output_codec=request.output_codec, output_zstd=request.output_zstd)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field
 
-from edgeinspect.config import RoleSettings, TLSConfig, WeightsDtype
+from edgeinspect.config import CHAINED_RETIRED, RoleSettings, WeightsDtype
 
 
 class KVCacheFormat(StrEnum):
@@ -17,12 +18,15 @@ class KVCacheFormat(StrEnum):
 
 
 class StageSettings(RoleSettings):
+    retired: ClassVar[dict[str, str | None]] = {
+        "next_stage": CHAINED_RETIRED,
+        "client_tls": None,  # a chained stage's certificate for the next one: older rendered configs carry it
+    }
+
     checkpoint: Path = Field(..., description="DeepSeek-VL checkpoint folder (Hugging Face format)")
     layer_start: int = Field(..., description="first language-model layer this stage serves")
     layer_end: int = Field(..., description="one past the last layer this stage serves")
     weights: WeightsDtype = Field(WeightsDtype.fp32, description="weight dtype of the layers held here")
-    next_stage: str | None = Field(None, description="host:port of the next stage when chaining (exo-style)")
-    client_tls: TLSConfig | None = Field(None, description="mTLS to the next stage (None: plaintext)")
     kv_budget_mb: int = Field(
         2048, description="KV cache MB across sessions; a new session it cannot hold is refused (RESOURCE_EXHAUSTED)"
     )

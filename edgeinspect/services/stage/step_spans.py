@@ -2,7 +2,6 @@
 and the one log line per Forward stream (a stream is one inspection's session on this stage).
 
 The gateway marks the steps it traces (SessionStep.trace_context); untraced steps cost one ContextVar lookup.
-In a chain, the step this stage sends on carries this stage's span, so the next stage's span is its child.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from edgeinspect.services.common.tracing import (
     SESSION_ATTR,
     context_from,
     fail,
-    inject_into,
     tracing_var,
 )
 from edgeinspect.v1 import stage_pb2
@@ -115,7 +113,6 @@ def traced_run(run: F) -> F:
                 span.set_attribute("edgeinspect.batch_size", outcome.batch_sessions)
                 span.set_attribute("edgeinspect.cached_length", outcome.length)
             span.set_attribute("edgeinspect.compute_ms", timing.compute_ms)
-            inject_into(step.trace_context, span)  # chained: the step sent on is this span's child
             span.end()
         return outcomes, timing
 

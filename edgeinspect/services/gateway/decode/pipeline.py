@@ -1,7 +1,7 @@
 """The wire side of one session on one route: Forward streams to the route's stages, steps and pipelined prefill.
 
-Gateway-driven (Petals-style): the gateway relays each stage's hidden-state frame, untouched, to the next.
-Chained (exo-style): the gateway talks to the route's first stage only, which forwards along its own chain.
+The gateway drives every stage (Petals-style): it relays each stage's hidden-state frame, untouched, to the next,
+so a failure is always pinned on the stage that failed.
 A stage that errors, closes its stream or does not answer within the step's bound raises StageFailure naming it,
 so the recovery owner (services/gateway/decode/session.py) knows which endpoint to ban. Nothing here retries.
 """
@@ -128,7 +128,6 @@ def prefix_key(ids: list[int]) -> str:
 class WireOptions:
     codec: codec.Codec
     zstd: bool
-    chained: bool
 
 
 class RouteSession:
@@ -141,13 +140,9 @@ class RouteSession:
         self.group = group
         self.max_positions = max_positions
         self.position = 0
-        # Chained: only the first stage is called; it relays along its own chain, so its failure may be anyone's.
-        self.callees = route[:1] if opts.chained else route
         self.spans = StepSpans()  # tracing: the steps' client spans waiting for their answers (step_spans.py)
         # The request id and the inspection's deadline, passed by hand: these channels have no interceptors.
-        self.calls = [
-            ep.stub.Forward(metadata=outgoing_metadata(), timeout=deadline_remaining()) for ep in self.callees
-        ]
+        self.calls = [ep.stub.Forward(metadata=outgoing_metadata(), timeout=deadline_remaining()) for ep in self.route]
 
     def cancel(self) -> None:
         for call in self.calls:  # cancellation ends the stage streams, which release the session
@@ -179,7 +174,7 @@ class RouteSession:
 
     @traced_read
     async def _read(self, k: int, timeout_s: float) -> stage_pb2.StepResponse:
-        ep = self.callees[k]
+        ep = self.route[k]
         try:
             response = await asyncio.wait_for(self.calls[k].read(), timeout_s)
         except TimeoutError:
@@ -195,9 +190,9 @@ class RouteSession:
         try:
             await self.calls[k].write(request)
         except grpc.aio.AioRpcError as exc:
-            raise _classify(self.callees[k], exc) from None
+            raise _classify(self.route[k], exc) from None
         except asyncio.InvalidStateError:
-            raise StageFailure(self.callees[k], "stream already closed") from None
+            raise StageFailure(self.route[k], "stream already closed") from None
 
     @traced_step
     async def step(
@@ -220,7 +215,7 @@ class RouteSession:
         response = None
         for k in range(len(self.calls)):
             await self._write(k, self._request(step))
-            response = await self._read(k, timeout_s * (len(self.route) if self.opts.chained else 1))
+            response = await self._read(k, timeout_s)
             timings.extend(response.timings)
             if k + 1 < len(self.calls):
                 step = next_stage_step(step, response.results[0].hidden)
@@ -241,7 +236,7 @@ class RouteSession:
     ) -> StepResult:
         """Prompt chunks from the session's position on, flowing through the stages overlapped: stage k+1 runs chunk c
         while stage k runs chunk c+1, so time to first token approaches 1/S of a whole-prompt step plus one chunk
-        per stage. Only the last chunk is sampled from. Chained stages overlap the same way."""
+        per stage. Only the last chunk is sampled from."""
         if len(chunks) == 1:
             ids, frame = chunks[0]
             return await self.step(ids, frame, sampling, timeout_s, prefix)
@@ -258,7 +253,6 @@ class RouteSession:
         t0 = time.perf_counter()
         timings: list[stage_pb2.StageTiming] = []
         responses: list[stage_pb2.StepResponse] = []
-        read_timeout = timeout_s * (len(self.route) if self.opts.chained else 1)
 
         async def feed_first() -> None:
             for step in steps:  # stage 0 reads them one by one as it finishes each chunk
@@ -267,7 +261,7 @@ class RouteSession:
         async def relay(k: int) -> None:
             """Reads stage k's answers in order and hands each chunk's hidden states to stage k + 1."""
             for step in steps:
-                response = await self._read(k, read_timeout)
+                response = await self._read(k, timeout_s)
                 timings.extend(response.timings)
                 if k + 1 == len(self.calls):
                     responses.append(response)
@@ -295,7 +289,7 @@ class RouteSession:
         forced = list(response.results[0].forced_token_ids)
         asked = sampling.max_forced_tokens if sampling is not None else 0
         if len(forced) > asked:
-            raise StageFailure(self.callees[-1], f"returned {len(forced)} forced tokens, {asked} asked for")
+            raise StageFailure(self.route[-1], f"returned {len(forced)} forced tokens, {asked} asked for")
         return forced
 
 

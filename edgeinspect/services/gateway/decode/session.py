@@ -217,7 +217,7 @@ class InferenceSession:
                     failure,
                     self.failovers[-1].recovery_ms,
                 )
-            for ep, timing in zip(self.wire.callees, result.timings, strict=False):
+            for ep, timing in zip(self.wire.route, result.timings, strict=False):
                 self.router.report_success(ep, timing.compute_ms)
             return result
 

@@ -80,5 +80,5 @@ class StageCluster:
         await self.router.close()
 
 
-def fp32_wire(chained: bool = False) -> WireOptions:
-    return WireOptions(codec.Codec.fp32, False, chained)
+def fp32_wire() -> WireOptions:
+    return WireOptions(codec.Codec.fp32, False)

@@ -73,7 +73,7 @@ def traced_write(write: F) -> F:
             return await write(self, k, request, *args, **kwargs)
         step = request.steps[0]
         frame = _sent_frame(step)
-        ep = self.callees[k]
+        ep = self.route[k]
         span = tracing.tracer.start_span(
             "stage forward",
             kind=SpanKind.CLIENT,
