@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 import grpc
@@ -82,75 +82,80 @@ class _Rotation(Generic[S]):
                 logger.info("gateway %s answered; using it from now on", self.addresses[index])
             self.current = index
 
-    def next_round(self, last: grpc.RpcError, wait: float, first_failure: float, deadline: float) -> bool:
-        """After every gateway answered UNAVAILABLE: try them all again? One gateway is tried once (the caller
-        hears at once that it is down); a pair keeps trying within failover_s and the call's deadline."""
-        now = time.monotonic()
-        return len(self.ends) > 1 and now + wait < min(deadline, first_failure + self.failover_s)
-
     def skipped(self, index: int, exc: grpc.RpcError) -> None:
         if len(self.ends) == 1:
             return  # one gateway: its caller reports the error itself
         logger.warning("gateway %s unavailable (%s); trying the next", self.addresses[index], exc.details())  # type: ignore[attr-defined]
 
 
+class _Trial:
+    """One call's walk over the gateways, shared by the sync and async clients: `tries()` gives the gateways of a
+    round while time is left, `failed()` keeps an UNAVAILABLE (and re-raises anything else), `pause()` says how long
+    to wait before the next round, or raises when there is none. One gateway is tried once (the caller hears at once
+    that it is down); a pair keeps going within failover_s and the call's deadline."""
+
+    def __init__(self, rotation: _Rotation, timeout_s: float) -> None:
+        self.rotation = rotation
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.first_failure = 0.0
+        self.last: grpc.RpcError | None = None
+        self.wait = ROUND_PAUSE_S
+
+    def tries(self) -> Iterator[tuple[int, float]]:
+        """(gateway index, seconds left) for each gateway of this round, the last that answered first."""
+        self.last, self.wait = None, ROUND_PAUSE_S
+        for index in self.rotation.order():
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                return
+            yield index, left
+
+    def failed(self, index: int, exc: grpc.RpcError) -> None:
+        if not _moves_on(exc):
+            raise exc
+        self.last, self.wait = exc, max(self.wait, pushback_s(exc))
+        self.first_failure = self.first_failure or time.monotonic()
+        self.rotation.skipped(index, exc)
+
+    def pause(self) -> float:
+        if self.last is None:
+            raise TimeoutError(f"no gateway answered within {self.timeout_s:.0f} s")
+        end = min(self.deadline, self.first_failure + self.rotation.failover_s)
+        if len(self.rotation.ends) == 1 or time.monotonic() + self.wait >= end:
+            raise self.last
+        return self.wait
+
+
 class GatewayFailover(_Rotation[S]):
     """Synchronous: `call(lambda stub, timeout: stub.Inspect(request, timeout=timeout), timeout_s)`."""
 
     def call(self, fn: Callable[[S, float], T], timeout_s: float) -> T:
-        deadline = time.monotonic() + timeout_s
-        first_failure = 0.0
+        trial = _Trial(self, timeout_s)
         while True:
-            last: grpc.RpcError | None = None
-            wait = ROUND_PAUSE_S
-            for index in self.order():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
+            for index, left in trial.tries():
                 try:
                     result = fn(self.ends[index], left)
                 except grpc.RpcError as exc:
-                    if not _moves_on(exc):
-                        raise
-                    last, wait = exc, max(wait, pushback_s(exc))
-                    first_failure = first_failure or time.monotonic()
-                    self.skipped(index, exc)
+                    trial.failed(index, exc)
                     continue
                 self.answered(index)
                 return result
-            if last is None:
-                raise TimeoutError(f"no gateway answered within {timeout_s:.0f} s")
-            if not self.next_round(last, wait, first_failure, deadline):
-                raise last
-            time.sleep(wait)
+            time.sleep(trial.pause())
 
 
 class AsyncGatewayFailover(_Rotation[S]):
     """The same for asyncio clients (ingest, the console)."""
 
     async def call(self, fn: Callable[[S, float], Awaitable[T]], timeout_s: float) -> T:
-        deadline = time.monotonic() + timeout_s
-        first_failure = 0.0
+        trial = _Trial(self, timeout_s)
         while True:
-            last: grpc.RpcError | None = None
-            wait = ROUND_PAUSE_S
-            for index in self.order():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
+            for index, left in trial.tries():
                 try:
                     result = await fn(self.ends[index], left)
                 except grpc.RpcError as exc:
-                    if not _moves_on(exc):
-                        raise
-                    last, wait = exc, max(wait, pushback_s(exc))
-                    first_failure = first_failure or time.monotonic()
-                    self.skipped(index, exc)
+                    trial.failed(index, exc)
                     continue
                 self.answered(index)
                 return result
-            if last is None:
-                raise TimeoutError(f"no gateway answered within {timeout_s:.0f} s")
-            if not self.next_round(last, wait, first_failure, deadline):
-                raise last
-            await asyncio.sleep(wait)
+            await asyncio.sleep(trial.pause())
