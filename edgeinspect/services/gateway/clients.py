@@ -13,6 +13,7 @@ import grpc
 from edgeinspect import PROTOCOL_VERSION, codec
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.errors import error_code_of, upstream_peer
+from edgeinspect.services.common.tasks import BackgroundTasks
 from edgeinspect.services.common.tracing import client_span
 from edgeinspect.services.gateway.decode.routing import HANDSHAKE_TIMEOUT_S
 from edgeinspect.services.gateway.replicas import IndexVersion, Replica, ReplicaSet
@@ -37,7 +38,7 @@ class VisionClient:
         )
         self.newest: dict[str, str] = {}  # part -> the newest bank_id seen on any replica (what Score expects)
         self._versions: dict[str, int] = {}  # part -> that bank's version number
-        self._task: asyncio.Task | None = None
+        self._following = BackgroundTasks("vision replicas")  # the bank-version poll
 
     @property
     def address(self) -> str:
@@ -49,13 +50,10 @@ class VisionClient:
 
     def start(self) -> None:
         self.replicas.start()
-        self._task = asyncio.get_running_loop().create_task(self._follow_banks())
+        self._following.spawn(self._follow_banks(), name="follow banks")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._following.close()
         await self.replicas.close()
 
     # -- handshake and banks --------------------------------------------------------------------------------------
@@ -222,7 +220,7 @@ class RetrievalClient:
             handshake=self._handshake,
         )  # fmt: skip
         self.current: IndexVersion | None = None  # the newest index seen on any replica (unpinned: the one in use)
-        self._task: asyncio.Task | None = None
+        self._following = BackgroundTasks("retrieval replicas")  # the index-version poll
 
     @property
     def address(self) -> str:
@@ -241,13 +239,10 @@ class RetrievalClient:
 
     def start(self) -> None:
         self.replicas.start()
-        self._task = asyncio.get_running_loop().create_task(self._follow_index())
+        self._following.spawn(self._follow_index(), name="follow index")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._following.close()
         await self.replicas.close()
 
     # -- handshake and index versions -------------------------------------------------------------------------------
