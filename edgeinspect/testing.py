@@ -1,4 +1,5 @@
-"""Helpers for tests across the project: a real stock gRPC client (grpcurl) to check our servers against."""
+"""Helpers for tests across the project: a real stock gRPC client (grpcurl) to check our servers against, and a
+bounded stop for the server processes tests start."""
 
 from __future__ import annotations
 
@@ -122,3 +123,15 @@ async def decode_concurrently(
             for a, b in zip(after, before, strict=True)
         ]
         return [s.group for s in opened], stats, list(cluster.groups.sessions)
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM, `grace_s` to exit, then SIGKILL: a test's server process never outlives the test."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

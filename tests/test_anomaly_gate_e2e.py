@@ -4,7 +4,6 @@ step), a flagged one by the gate and the VLM and never OK, an admin adds a false
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import subprocess
@@ -16,12 +15,12 @@ import grpc
 import pytest
 import yaml
 
-from edgeinspect.errors import Unavailable
 from edgeinspect.models.anomaly.sample import write_sample_set
 from edgeinspect.services.common.auth import hash_token
 from edgeinspect.services.launcher import LocalStack, StackOptions
 from edgeinspect.services.line.plcsim import PlcSim
 from edgeinspect.services.line.testing import free_port
+from edgeinspect.testing import stop_process
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, stage_pb2, stage_pb2_grpc, vision_pb2, vision_pb2_grpc
 
 PART = "board"
@@ -147,14 +146,13 @@ async def test_the_plc_reads_the_gates_score_and_regions_over_opc_ua(stack, api,
         proc = subprocess.Popen([sys.executable, "-m", "edgeinspect.cli", "ingest", "--config",
                                  str(tmp_path / "cameras.yaml")], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         try:
-            plc = await connected_plc(f"opc.tcp://127.0.0.1:{port}/edgeinspect/", GATED)
+            plc = await PlcSim.when_up(f"opc.tcp://127.0.0.1:{port}/edgeinspect/", GATED)
             try:
                 cycle = await plc.cycle(result_timeout_s=150)
             finally:
                 await plc.__aexit__()
         finally:
-            proc.terminate()
-            proc.wait(30)
+            stop_process(proc, grace_s=30)
     assert cycle.error == 0 and cycle.ng and not cycle.ok, cycle
     stored = call(api, "GetReport", inspection_pb2.GetReportRequest(report_id=cycle.report_id)).anomaly
     seen = cycle.anomaly
@@ -164,17 +162,6 @@ async def test_the_plc_reads_the_gates_score_and_regions_over_opc_ua(stack, api,
     assert len(seen["regions"]) == len(stored.regions) >= 1
     for box, region in zip(seen["regions"], stored.regions, strict=True):
         assert box == pytest.approx([region.x, region.y, region.width, region.height], abs=1e-4)
-
-
-async def connected_plc(endpoint: str, station: str, timeout_s: float = 60.0) -> PlcSim:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await PlcSim(endpoint, station).__aenter__()
-        except Unavailable:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.3)
 
 
 def test_policy_vlm_records_the_score_beside_the_vlm_verdict(stack, api, sample):

@@ -23,12 +23,12 @@ import yaml
 from line_peers import Subscriber
 
 from edgeinspect.assets import sample_image
-from edgeinspect.errors import Unavailable
 from edgeinspect.services.client import InspectionClient
 from edgeinspect.services.launcher import LocalStack, StackOptions
 from edgeinspect.services.line.plcsim import PlcSim
 from edgeinspect.services.line.testing import MosquittoBroker, free_port
 from edgeinspect.services.outputs.config import mqtt_outputs_env
+from edgeinspect.testing import stop_process
 from edgeinspect.v1.inspection_pb2 import DefectReport
 
 pytestmark = [
@@ -80,23 +80,7 @@ def line(stack, tmp_path_factory):
     try:
         yield f"opc.tcp://127.0.0.1:{port}/edgeinspect/"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-async def plc_for(endpoint: str, timeout_s: float = 90.0) -> PlcSim:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await PlcSim(endpoint, STATION).__aenter__()
-        except Unavailable:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.3)
+        stop_process(proc)
 
 
 def pending(dsn: str) -> int:
@@ -121,7 +105,7 @@ async def test_killing_one_of_each_role_mid_inspection_loses_and_duplicates_noth
     s, dsn = stack
     sub = Subscriber(broker.port, "edgeinspect/+/+/result", "chaos-subscriber")
     sub.wait_subscribed()
-    plc = await plc_for(line)
+    plc = await PlcSim.when_up(line, STATION, timeout_s=90)
     cycles, rounds = [], []
     try:
         cycles.append(await plc.cycle(result_timeout_s=DEADLINE_MS / 1000 + 10))  # undisturbed: the reference
@@ -172,7 +156,7 @@ async def test_two_hundred_cycles_with_random_kills_and_stalls_of_every_role(sta
     names = [r.name for r in s.roles]
     sub = Subscriber(broker.port, "edgeinspect/+/+/result", "chaos-slow-subscriber")
     sub.wait_subscribed()
-    plc = await plc_for(line)
+    plc = await PlcSim.when_up(line, STATION, timeout_s=90)
     cycles, faults = [], []
     try:
         for i in range(200):

@@ -25,6 +25,7 @@ from edgeinspect.config import ServerConfig, write_yaml
 from edgeinspect.services.common.logging import configure_logging
 from edgeinspect.services.gateway import disk as disk_mod
 from edgeinspect.services.gateway.settings import GatewaySettings
+from edgeinspect.testing import stop_process
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)  # bounded: two short stories on a 4 MiB disk
@@ -83,12 +84,7 @@ def gateway(embedded_stack, disk):
         address = _wait_serving(proc, folder / "gateway.port", log)
         yield address, log
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def _wait_serving(proc: subprocess.Popen, port_file: Path, log: Path) -> str:

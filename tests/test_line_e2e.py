@@ -30,6 +30,7 @@ from edgeinspect.services.line.handshake import ErrorCode
 from edgeinspect.services.line.plcsim import PlcSim
 from edgeinspect.services.line.testing import MosquittoBroker, free_port
 from edgeinspect.services.outputs.config import mqtt_outputs_env
+from edgeinspect.testing import stop_process
 
 pytestmark = [
     pytest.mark.e2e,
@@ -102,24 +103,8 @@ def line(stack, tmp_path_factory):
     try:
         yield endpoint, work / "line.sqlite"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
-
-
-async def connected(endpoint: str, station: str, timeout_s: float = 60.0) -> PlcSim:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await PlcSim(endpoint, station).__aenter__()
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
 
 
 def journal_row(path, cycle_id: str) -> dict:
@@ -218,7 +203,7 @@ def test_up_with_mqtt_publishes_what_inspect_produces(broker, tmp_path):
 @pytest.mark.parametrize("n", [3, pytest.param(20, marks=pytest.mark.slow)])
 async def test_plc_runs_cycles_in_a_row(stack, line, n):
     endpoint, _ = line
-    plc = await connected(endpoint, "station-a")
+    plc = await PlcSim.when_up(endpoint, "station-a")
     try:
         cycles = [await plc.cycle(result_timeout_s=FAST_MS / 1000 + 5, lot_id="LOT-7") for _ in range(n)]
     finally:
@@ -236,7 +221,7 @@ async def test_plc_runs_cycles_in_a_row(stack, line, n):
 
 async def test_a_cycle_without_ack_times_out_into_error_and_the_next_trigger_recovers(line):
     endpoint, _ = line
-    plc = await connected(endpoint, "station-a")
+    plc = await PlcSim.when_up(endpoint, "station-a")
     try:
         first = await plc.cycle(ack=False, result_timeout_s=FAST_MS / 1000 + 5)
         assert first.error == 0 and first.report_id
@@ -251,7 +236,7 @@ async def test_a_cycle_without_ack_times_out_into_error_and_the_next_trigger_rec
 async def test_a_frozen_stage_gives_ng_timeout_at_the_deadline_and_the_late_report_is_linked(stack, line):
     endpoint, journal = line
     stage = next(r for r in stack.roles if r.name == "stage1")
-    plc = await connected(endpoint, "station-b")
+    plc = await PlcSim.when_up(endpoint, "station-b")
     os.kill(stage.proc.pid, signal.SIGSTOP)
     try:
         cycle = await plc.cycle(result_timeout_s=TIGHT_MS / 1000 + 5)
@@ -288,7 +273,7 @@ def test_plc_sim_prints_each_cycle_and_a_summary(line):
 
 async def test_a_dead_gateway_gives_error_unavailable_within_the_deadline(stack, line):
     endpoint, _ = line
-    plc = await connected(endpoint, "station-b")
+    plc = await PlcSim.when_up(endpoint, "station-b")
     stack.kill("gateway")
     try:
         cycle = await plc.cycle(result_timeout_s=TIGHT_MS / 1000 + 5)

@@ -66,6 +66,19 @@ class PlcSim:
         self.nodes: dict = {}
         self.cycles = 0
 
+    @classmethod
+    async def when_up(cls, endpoint: str, station: str, timeout_s: float = 60.0, **kw) -> PlcSim:
+        """Connected (entered) once the station server answers: it may still be starting, so retry until
+        timeout_s, then raise what the last try raised."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await cls(endpoint, station, **kw).__aenter__()
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.3)
+
     async def __aenter__(self) -> PlcSim:
         if self._certificate is not None:
             await self.client.set_security_string(
