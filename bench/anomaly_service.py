@@ -24,7 +24,7 @@ import grpc
 from common import load_average, machine_info, write_json
 
 from edgeinspect.models.anomaly.sample import write_sample_set
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, vision_pb2, vision_pb2_grpc
 
 PART, GATED, VLM = "board", "gated", "vlm"

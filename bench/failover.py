@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, write_json  # noqa: E402
 
 from edgeinspect.assets import asset_path  # noqa: E402
-from edgeinspect.services.launcher import LocalStack, StackOptions  # noqa: E402
+from edgeinspect.stack.launcher import LocalStack, StackOptions  # noqa: E402
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc  # noqa: E402
 
 ENV = {"EDGEINSPECT_STRUCTURED_OUTPUT": "false", "EDGEINSPECT_MICRO_BATCHES": "1"}

@@ -137,7 +137,7 @@ def gateway_mode(args) -> None:
     from edgeinspect.rag import sample_kb_dir
     from edgeinspect.rag.embed import Embedder
     from edgeinspect.rag.indexer import build_index
-    from edgeinspect.services.launcher import LocalStack, StackOptions
+    from edgeinspect.stack.launcher import LocalStack, StackOptions
 
     machine = machine_info(bandwidth=False)
     eos = open_checkpoint(args.checkpoint).text_config.eos_token_id

@@ -36,10 +36,10 @@ from common import load_average, machine_info, skip, target, write_json
 
 from edgeinspect.assets import sample_image
 from edgeinspect.services.client import InspectionClient
-from edgeinspect.services.launcher import LocalStack, StackOptions
 from edgeinspect.services.line.plcsim import PlcSim
 from edgeinspect.services.line.testing import MosquittoBroker, free_port
 from edgeinspect.services.outputs.config import mqtt_outputs_env
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 
 TARGET_MS = 20.0
 

@@ -29,8 +29,8 @@ from pathlib import Path
 import yaml
 from common import load_average, machine_info, skip, write_json
 
-from edgeinspect.services.deploy.labrun import EDGEINSPECT, PlantRun, role_env
-from edgeinspect.services.deploy.netns import Lab, unavailable_reason
+from edgeinspect.deploy.labrun import EDGEINSPECT, PlantRun, role_env
+from edgeinspect.deploy.netns import Lab, unavailable_reason
 
 TOKEN = "bench-token"
 GATEWAY_PORT = 50051

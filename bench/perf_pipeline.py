@@ -62,8 +62,8 @@ from edgeinspect.errors import Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, load_processor, open_checkpoint
 from edgeinspect.services.gateway.decode.pipeline import WireOptions
 from edgeinspect.services.gateway.decode.stages import StageCluster
-from edgeinspect.services.launcher import RoleProcess, stage_ranges
 from edgeinspect.services.stage.settings import StageSettings
+from edgeinspect.stack.launcher import RoleProcess, stage_ranges
 from edgeinspect.v1 import stage_pb2
 
 log = logging.getLogger("perf_pipeline")

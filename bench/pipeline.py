@@ -31,7 +31,7 @@ from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, promp
 from edgeinspect.models.stage import LayerRange, StepInput
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower
 from edgeinspect.services.client import InspectionClient
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 
 DEFAULT_CKPT = Path(__file__).resolve().parents[1] / "var" / "checkpoints" / "deepseek-vl-1.3b"
 HOP_TARGET = 0.03  # the hops may add at most 3% to the per-token time

@@ -41,7 +41,7 @@ from common import load_average, machine_info, skip, write_json  # noqa: E402
 from edgeinspect.assets import asset_path  # noqa: E402
 from edgeinspect.services.client import InspectionClient  # noqa: E402
 from edgeinspect.services.gateway.reports.pg_testing import PostgresServer, unavailable_reason  # noqa: E402
-from edgeinspect.services.launcher import LocalStack, StackOptions  # noqa: E402
+from edgeinspect.stack.launcher import LocalStack, StackOptions  # noqa: E402
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc  # noqa: E402
 
 ROLES = ("gateway", "vision", "stage", "retrieval")

@@ -1,4 +1,4 @@
-"""Calibration of `edgeinspect verify`'s rounding bound (services/verify.py WIRE_AMPLIFICATION and
+"""Calibration of `edgeinspect verify`'s rounding bound (edgeinspect/stack/verify.py WIRE_AMPLIFICATION and
 WEIGHT_AMPLIFICATION) on the tiny checkpoints.
 
 The cluster is models.pipeline.LocalPipeline: the wire codec round-trips the visual tokens and the hidden states at
@@ -26,7 +26,7 @@ from edgeinspect.assets import asset_path  # noqa: E402
 from edgeinspect.models.pipeline import LocalPipeline, Request, codec_boundary, even_split, load_local_stages  # noqa: E402
 from edgeinspect.models.tiny import TinySpec, make_tiny  # noqa: E402
 from edgeinspect.models.vision import ImagePreprocessor, load_vision_tower  # noqa: E402
-from edgeinspect.services.verify import UNIT_ERROR, Reference, margin_bound  # noqa: E402
+from edgeinspect.stack.verify import UNIT_ERROR, Reference, margin_bound  # noqa: E402
 
 # tests/conftest.py's TINY and TINY_MHA
 SPECS = {

@@ -50,7 +50,7 @@ def part_images():
 @pytest.fixture(scope="session")
 def embedded_stack(tiny_checkpoint, tmp_path_factory):
     """The real embedded default (vision, 2 stages, gateway as separate processes) on the tiny checkpoint."""
-    from edgeinspect.services.launcher import LocalStack, StackOptions
+    from edgeinspect.stack.launcher import LocalStack, StackOptions
 
     opts = StackOptions(workdir=tmp_path_factory.mktemp("embedded"), checkpoint=tiny_checkpoint, stages=2)
     with LocalStack(opts) as stack:
@@ -73,7 +73,7 @@ def reviewing_stack(tiny_checkpoint, sample_kb, tmp_path_factory):
     import json
 
     from edgeinspect.services.common.auth import hash_token
-    from edgeinspect.services.launcher import LocalStack, StackOptions
+    from edgeinspect.stack.launcher import LocalStack, StackOptions
 
     admin, reader, budget = "ei_console-admin-token-for-tests-0123", "ei_console-read-token-for-tests-0123", 140_000
     tokens = [{"name": "ann-admin", "role": "admin", "hash": hash_token(admin)},

@@ -17,9 +17,9 @@ import yaml
 
 from edgeinspect.models.anomaly.sample import write_sample_set
 from edgeinspect.services.common.auth import hash_token
-from edgeinspect.services.launcher import LocalStack, StackOptions
 from edgeinspect.services.line.plcsim import PlcSim
 from edgeinspect.services.line.testing import free_port
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.testing import stop_process
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, stage_pb2, stage_pb2_grpc, vision_pb2, vision_pb2_grpc
 

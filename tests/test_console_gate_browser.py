@@ -11,7 +11,7 @@ import pytest
 
 from edgeinspect.models.anomaly.sample import write_sample_set
 from edgeinspect.services.common.auth import hash_token
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, vision_pb2, vision_pb2_grpc
 
 pytestmark = pytest.mark.e2e

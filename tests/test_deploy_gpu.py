@@ -12,10 +12,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from edgeinspect.deploy import render
+from edgeinspect.deploy.inventory import Inventory, load_inventory
+from edgeinspect.deploy.planning import plan_stages
 from edgeinspect.models.planner import GpuSpec
-from edgeinspect.services.deploy import render
-from edgeinspect.services.deploy.inventory import Inventory, load_inventory
-from edgeinspect.services.deploy.planning import plan_stages
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "compose" / "plant.example.yaml"

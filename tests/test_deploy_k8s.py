@@ -9,9 +9,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from edgeinspect.services.deploy import render
-from edgeinspect.services.deploy.inventory import load_inventory
-from edgeinspect.services.deploy.planning import plan_stages
+from edgeinspect.deploy import render
+from edgeinspect.deploy.inventory import load_inventory
+from edgeinspect.deploy.planning import plan_stages
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.stage.settings import StageSettings
 

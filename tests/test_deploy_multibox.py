@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgeinspect.services.deploy.labrun import EDGEINSPECT, PlantRun, role_env
-from edgeinspect.services.deploy.netns import Lab, unavailable_reason
+from edgeinspect.deploy.labrun import EDGEINSPECT, PlantRun, role_env
+from edgeinspect.deploy.netns import Lab, unavailable_reason
 
 pytestmark = pytest.mark.netns
 REASON = unavailable_reason()

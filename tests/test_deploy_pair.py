@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from edgeinspect import certs
-from edgeinspect.services.deploy import render
-from edgeinspect.services.deploy.inventory import Inventory, load_inventory
-from edgeinspect.services.deploy.planning import plan_stages
+from edgeinspect.deploy import render
+from edgeinspect.deploy.inventory import Inventory, load_inventory
+from edgeinspect.deploy.planning import plan_stages
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.ingest.config import IngestSettings
 

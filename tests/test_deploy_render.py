@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edgeinspect.services.deploy import render
-from edgeinspect.services.deploy import tls as deploy_tls
-from edgeinspect.services.deploy.inventory import Inventory, Role, load_inventory
-from edgeinspect.services.deploy.topology import StagePlacement
+from edgeinspect.deploy import render
+from edgeinspect.deploy import tls as deploy_tls
+from edgeinspect.deploy.inventory import Inventory, Role, load_inventory
+from edgeinspect.deploy.topology import StagePlacement
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.ingest.config import IngestSettings
 from edgeinspect.services.retrieval.settings import RetrievalSettings

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from edgeinspect import certs
-from edgeinspect.services.deploy import render
-from edgeinspect.services.deploy.inventory import GIB, OS_RESERVE_GIB, Inventory
-from edgeinspect.services.deploy.planning import plan_stages
+from edgeinspect.deploy import render
+from edgeinspect.deploy.inventory import GIB, OS_RESERVE_GIB, Inventory
+from edgeinspect.deploy.planning import plan_stages
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.stage.settings import StageSettings
 

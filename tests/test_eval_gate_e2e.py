@@ -18,7 +18,7 @@ from edgeinspect.models.anomaly.evaluate import evaluate
 from edgeinspect.models.anomaly.features import open_extractor
 from edgeinspect.models.anomaly.sample import write_sample_set
 from edgeinspect.models.anomaly.scoring import Scorer
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, vision_pb2, vision_pb2_grpc
 
 pytestmark = pytest.mark.e2e

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgeinspect.assets import asset_path
 from edgeinspect.models.checkpoint import open_checkpoint
-from edgeinspect.services.launcher import LocalStack, StackOptions, stage_name
+from edgeinspect.stack.launcher import LocalStack, StackOptions, stage_name
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 IMAGES = ["part_scratch.jpg", "part_dent.jpg", "part_ok.jpg", "part_missing_hole.jpg"]

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from edgeinspect.assets import asset_path
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, stage_pb2, stage_pb2_grpc
 
 LIMITS = {"EDGEINSPECT_MAX_INFLIGHT": "8", "EDGEINSPECT_MAX_QUEUED": "8", "EDGEINSPECT_TOKEN_BURST": "500"}

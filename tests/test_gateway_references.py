@@ -5,7 +5,7 @@ from __future__ import annotations
 from edgeinspect.assets import asset_path
 from edgeinspect.rag import sample_kb_dir
 from edgeinspect.services.client import InspectionClient
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 
 
 def test_report_on_the_embedded_default_carries_spec_references(tiny_checkpoint, sample_kb, tmp_path):

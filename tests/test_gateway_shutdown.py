@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from edgeinspect.assets import asset_path
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 pytestmark = pytest.mark.e2e

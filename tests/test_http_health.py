@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from edgeinspect.services.common.metrics import serve_metrics
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 

@@ -28,7 +28,7 @@ from edgeinspect.models.kernels import bindings, ops
 from edgeinspect.models.quant import Int8Linear
 from edgeinspect.models.stage import LayerRange, StageExecutor, StepInput, load_stage
 from edgeinspect.services.stage.settings import StageSettings
-from edgeinspect.services.verify import UNIT_ERROR
+from edgeinspect.stack.verify import UNIT_ERROR
 
 pytestmark = pytest.mark.cpu_paths  # tools/test.sh runs these again with the ISA capped
 

@@ -29,7 +29,7 @@ from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, promp
 from edgeinspect.services.gateway.decode.pipeline import StepResult
 from edgeinspect.services.gateway.decode.session import Journal
 from edgeinspect.services.gateway.reports.schema import build_report_grammar, schema_instruction
-from edgeinspect.services.launcher import LocalStack, StackOptions, stage_name
+from edgeinspect.stack.launcher import LocalStack, StackOptions, stage_name
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, stage_pb2
 
 IMAGE, PART, BUDGET, SHORT = "part_scratch.jpg", "CVR-310", 160, 12

@@ -19,7 +19,7 @@ from edgeinspect.assets import asset_path
 from edgeinspect.services.client import InspectionClient
 from edgeinspect.services.common.lifecycle import RestartPolicy, RoleProcess, signals_as_interrupt, supervise_step
 from edgeinspect.services.gateway.settings import GatewaySettings
-from edgeinspect.services.launcher import LocalStack, StackOptions, free_ports, stage_name
+from edgeinspect.stack.launcher import LocalStack, StackOptions, free_ports, stage_name
 from edgeinspect.v1 import stage_pb2, stage_pb2_grpc
 
 START_S = 240  # a whole stack on a loaded 2-core box

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from edgeinspect.services.deploy import render
-from edgeinspect.services.deploy.inventory import Role, load_inventory
-from edgeinspect.services.deploy.topology import StagePlacement
+from edgeinspect.deploy import render
+from edgeinspect.deploy.inventory import Role, load_inventory
+from edgeinspect.deploy.topology import StagePlacement
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.ingest.config import IngestSettings
 from edgeinspect.services.outputs.config import OutputsConfig

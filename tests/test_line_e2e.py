@@ -25,11 +25,11 @@ from line_peers import Subscriber
 
 from edgeinspect.assets import sample_image
 from edgeinspect.services.client import InspectionClient
-from edgeinspect.services.launcher import LocalStack, StackOptions
 from edgeinspect.services.line.handshake import ErrorCode
 from edgeinspect.services.line.plcsim import PlcSim
 from edgeinspect.services.line.testing import MosquittoBroker, free_port
 from edgeinspect.services.outputs.config import mqtt_outputs_env
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.testing import stop_process
 
 pytestmark = [

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from edgeinspect.assets import asset_path
+from edgeinspect.deploy import dashboard
 from edgeinspect.services.client import InspectionClient
-from edgeinspect.services.deploy import dashboard
-from edgeinspect.services.launcher import free_ports
+from edgeinspect.stack.launcher import free_ports
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus")
 REPO = Path(__file__).resolve().parents[1]

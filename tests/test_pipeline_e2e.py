@@ -15,7 +15,7 @@ from edgeinspect.assets import asset_path
 from edgeinspect.models.checkpoint import load_processor, load_reference_model, open_checkpoint
 from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, prompt_text
 from edgeinspect.services.client import InspectionClient
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.testing import grpcurl
 from edgeinspect.v1 import common_pb2, inspection_pb2, inspection_pb2_grpc, stage_pb2, stage_pb2_grpc
 
@@ -268,7 +268,7 @@ def test_grpcurl_lists_every_role_and_gets_serving(stack):
 
 def test_verify_agrees_with_the_cluster_and_catches_another_checkpoint(stack, tmp_path):
     from edgeinspect.models.tiny import TinySpec, make_tiny
-    from edgeinspect.services.verify import verify
+    from edgeinspect.stack.verify import verify
 
     image = asset_path("part_dent.jpg").read_bytes()
     good = verify(stack.gateway_address, stack.api_token, stack.checkpoint, image, "Inspect the part.", 8)

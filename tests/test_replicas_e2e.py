@@ -28,7 +28,7 @@ from edgeinspect.models.anomaly.sample import write_sample_set
 from edgeinspect.rag import sample_kb_dir
 from edgeinspect.rag.embed import Embedder
 from edgeinspect.rag.indexer import build_index
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc, vision_pb2, vision_pb2_grpc
 
 PART = "board"

@@ -22,7 +22,7 @@ from edgeinspect.models.checkpoint import open_checkpoint
 from edgeinspect.models.tiny import TinySpec, make_tiny
 from edgeinspect.services.client import InspectionClient
 from edgeinspect.services.gateway.reports.store import ReportStore
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.v1 import inspection_pb2, rollout_pb2, rollout_pb2_grpc
 
 # Two stacks, 40 inspections, a gateway restart and a verify run: minutes on a loaded 2-core box.

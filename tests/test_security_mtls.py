@@ -14,7 +14,7 @@ import pytest
 from edgeinspect import certs
 from edgeinspect.assets import asset_path
 from edgeinspect.services.client import InspectionClient
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.testing import grpcurl
 from edgeinspect.v1 import stage_pb2, stage_pb2_grpc
 

@@ -21,7 +21,7 @@ from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, promp
 from edgeinspect.services.client import InspectionClient
 from edgeinspect.services.gateway.reports.report_text import REASON_TRUNCATED
 from edgeinspect.services.gateway.reports.schema import build_report_grammar, schema_instruction
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 from edgeinspect.v1 import inspection_pb2, retrieval_pb2, retrieval_pb2_grpc
 
 SPEC_CHUNKS = 3  # GatewaySettings.spec_chunks default

@@ -17,7 +17,7 @@ from edgeinspect.config import TracingConfig
 from edgeinspect.services.client import InspectionClient
 from edgeinspect.services.common.context import request_id_var
 from edgeinspect.services.common.tracing import setup_tracing
-from edgeinspect.services.launcher import LocalStack, StackOptions
+from edgeinspect.stack.launcher import LocalStack, StackOptions
 
 DECODE_EVERY = 3
 NEW_TOKENS = 10

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from edgeinspect.assets import asset_path
-from edgeinspect.services.verify import (
+from edgeinspect.stack.verify import (
     WIDE_BOUND,
     Decision,
     TeacherForced,

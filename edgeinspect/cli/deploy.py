@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from edgeinspect.services.deploy.render import Target
-from edgeinspect.services.deploy.smoke import inspect_once
+from edgeinspect.deploy.render import Target
+from edgeinspect.deploy.smoke import inspect_once
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -63,9 +63,9 @@ def render_command(
     from rich.console import Console
     from rich.table import Table
 
-    from edgeinspect.services.deploy import render
-    from edgeinspect.services.deploy.inventory import load_inventory
-    from edgeinspect.services.deploy.planning import plan_stages
+    from edgeinspect.deploy import render
+    from edgeinspect.deploy.inventory import load_inventory
+    from edgeinspect.deploy.planning import plan_stages
 
     inv = load_inventory(inventory)
     cameras = {b.name: (inventory.parent / b.cameras).read_text() for b in inv.boxes if b.cameras is not None}

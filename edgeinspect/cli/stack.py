@@ -37,7 +37,7 @@ def serve_command(
 
 
 def _stack_options(checkpoint, stages, codec, port, workdir, kb, **more):
-    from edgeinspect.services.launcher import StackOptions
+    from edgeinspect.stack.launcher import StackOptions
 
     return StackOptions(
         workdir=workdir.resolve(),
@@ -126,7 +126,7 @@ def up_command(
     from rich.console import Console
 
     from edgeinspect.services.common.lifecycle import signals_as_interrupt, signals_ignored
-    from edgeinspect.services.launcher import LocalStack
+    from edgeinspect.stack.launcher import LocalStack
 
     if kb is not None and no_kb:
         raise typer.BadParameter("--kb and --no-kb exclude each other")
@@ -266,7 +266,7 @@ def demo_command(
     from edgeinspect.assets import sample_image
     from edgeinspect.services.client import InspectionClient, print_report
     from edgeinspect.services.common.lifecycle import signals_as_interrupt
-    from edgeinspect.services.launcher import LocalStack
+    from edgeinspect.stack.launcher import LocalStack
 
     console = Console()
     kb = _ensure_kb(workdir)
@@ -286,7 +286,7 @@ def demo_command(
             console.print()
             print_report(report)
         if gate:
-            from edgeinspect.services.gate_demo import show_gate
+            from edgeinspect.stack.gate_demo import show_gate
 
             show_gate(console, stack, workdir.resolve())
         if ingest_reports > 0:

@@ -1,4 +1,4 @@
-"""`edgeinspect verify`: the A/B check before a line goes live (the check itself: edgeinspect/services/verify.py)."""
+"""`edgeinspect verify`: the A/B check before a line goes live (the check itself: edgeinspect/stack/verify.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 
 from edgeinspect.cli.options import CA, GATEWAY, TOKEN, TOKEN_FILE_OPTION
 from edgeinspect.errors import FailedPrecondition, InvalidInput
-from edgeinspect.services.verify import WIDE_BOUND, Format, VerifyResult, verify
+from edgeinspect.stack.verify import WIDE_BOUND, Format, VerifyResult, verify
 
 
 def verify_command(

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from edgeinspect.services.deploy import tls
-from edgeinspect.services.deploy.compose import CONFIG_DIR
-from edgeinspect.services.deploy.netns import Lab
+from edgeinspect.deploy import tls
+from edgeinspect.deploy.compose import CONFIG_DIR
+from edgeinspect.deploy.netns import Lab
 
 log = logging.getLogger(__name__)
 EDGEINSPECT = str(Path(sys.executable).parent / "edgeinspect")

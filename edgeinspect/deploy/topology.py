@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from edgeinspect.services.deploy.inventory import Box, Inventory, Role
+from edgeinspect.deploy.inventory import Box, Inventory, Role
 
 DATABASE_SERVICE = "postgres"  # compose service, StatefulSet and headless Service of the plant's PostgreSQL
 

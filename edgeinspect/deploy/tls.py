@@ -12,8 +12,8 @@ from pathlib import Path
 
 from edgeinspect import certs
 from edgeinspect.config import TLSConfig
-from edgeinspect.services.deploy.inventory import Box, Inventory, Role
-from edgeinspect.services.deploy.topology import Instance
+from edgeinspect.deploy.inventory import Box, Inventory, Role
+from edgeinspect.deploy.topology import Instance
 
 # Where a role's container sees its box's certificate, key and the plant CA (compose and Kubernetes alike).
 MOUNT = "/run/secrets/edgeinspect-tls"

@@ -8,9 +8,9 @@ import os
 import secrets
 from pathlib import Path
 
-from edgeinspect.services.deploy import tls
-from edgeinspect.services.deploy.inventory import Inventory, Role
-from edgeinspect.services.deploy.topology import Addressing, Instance
+from edgeinspect.deploy import tls
+from edgeinspect.deploy.inventory import Inventory, Role
+from edgeinspect.deploy.topology import Addressing, Instance
 
 MOUNT = "/run/secrets/edgeinspect-store"  # the same path in compose and Kubernetes, gateways and PostgreSQL
 DSN_FILE = "dsn"

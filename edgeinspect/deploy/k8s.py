@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from edgeinspect.services.deploy import database, tls
-from edgeinspect.services.deploy.compose import (
+from edgeinspect.deploy import database, tls
+from edgeinspect.deploy.compose import (
     CONFIG_DIR,
     HAILO_DEVICE,
     SECRET_OF_ROLE,
@@ -21,8 +21,8 @@ from edgeinspect.services.deploy.compose import (
     memory_request_bytes,
     video_devices,
 )
-from edgeinspect.services.deploy.inventory import Box, Inventory, Role
-from edgeinspect.services.deploy.topology import Instance
+from edgeinspect.deploy.inventory import Box, Inventory, Role
+from edgeinspect.deploy.topology import Instance
 
 CONFIGMAP = "edgeinspect-config"  # kustomize appends the hash of its files: a config change rolls the pods
 CONFIG_FOLDER = "config"  # k8s/config/: the files the ConfigMap is generated from

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgeinspect.config import WireCodec
-from edgeinspect.services.deploy.inventory import CUDA_CONTEXT_GIB, GIB, Box, Inventory, Role
-from edgeinspect.services.deploy.topology import StagePlacement
+from edgeinspect.deploy.inventory import CUDA_CONTEXT_GIB, GIB, Box, Inventory, Role
+from edgeinspect.deploy.topology import StagePlacement
 
 # Bytes per hidden-state value on the wire, per codec (block-int8: one fp16 scale per 32 int8 values).
 WIRE_BYTES = {WireCodec.fp32: 4.0, WireCodec.fp16: 2.0, WireCodec.int8: 34 / 32}

@@ -31,7 +31,9 @@ from edgeinspect.services.common.lifecycle import (
 from edgeinspect.services.console.settings import ConsoleSettings
 from edgeinspect.services.gateway.settings import GatewaySettings, StoreBackend, StoreSettings
 from edgeinspect.services.retrieval.settings import RetrievalSettings
-from edgeinspect.services.stack_roles import (
+from edgeinspect.services.stage.settings import StageSettings
+from edgeinspect.services.vision.settings import AnomalySettings, VisionSettings
+from edgeinspect.stack.roles import (
     ROLES,
     STACK_FILE,
     StackOptions,
@@ -43,9 +45,7 @@ from edgeinspect.services.stack_roles import (
     stage_ranges,
     write_private_yaml,
 )
-from edgeinspect.services.stack_security import StackCredentials, stack_credentials
-from edgeinspect.services.stage.settings import StageSettings
-from edgeinspect.services.vision.settings import AnomalySettings, VisionSettings
+from edgeinspect.stack.security import StackCredentials, stack_credentials
 
 __all__ = ["LocalStack", "RoleProcess", "StackOptions", "free_ports", "stage_name", "stage_ranges"]
 

@@ -8,9 +8,9 @@ from typing import Any
 from pydantic_settings import BaseSettings
 
 from edgeinspect.config import RoleSettings
-from edgeinspect.services.deploy import database, tls
-from edgeinspect.services.deploy.inventory import Inventory, Role
-from edgeinspect.services.deploy.topology import Addressing, Instance
+from edgeinspect.deploy import database, tls
+from edgeinspect.deploy.inventory import Inventory, Role
+from edgeinspect.deploy.topology import Addressing, Instance
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.retrieval.settings import RetrievalSettings
 from edgeinspect.services.stage.settings import StageSettings
@@ -148,7 +148,7 @@ def settings_yaml(settings: RoleSettings, header: str) -> str:
     """YAML of the fields the renderer set (defaults stay defaults), under a comment header."""
     import yaml
 
-    from edgeinspect.services.deploy.compose import PlainDumper
+    from edgeinspect.deploy.compose import PlainDumper
 
     data = settings.model_dump(mode="json", exclude_unset=True, exclude_none=True)
     comment = "".join(f"# {line}\n" for line in header.splitlines())

@@ -7,9 +7,9 @@ from typing import Any
 
 import yaml
 
-from edgeinspect.services.deploy import database, tls
-from edgeinspect.services.deploy.inventory import GIB, Box, Inventory, Role
-from edgeinspect.services.deploy.topology import Instance
+from edgeinspect.deploy import database, tls
+from edgeinspect.deploy.inventory import GIB, Box, Inventory, Role
+from edgeinspect.deploy.topology import Instance
 
 CONFIG_DIR = "/etc/edgeinspect"
 # The image's entrypoint exports every /run/secrets/EDGEINSPECT_* file as the variable of that name, so the
@@ -54,7 +54,7 @@ def video_devices(sources: list[str]) -> list[str]:
 
 def memory_request_bytes(inv: Inventory, inst: Instance) -> int:
     """What the instance needs: a stage its planned weights, KV budget and runtime (never above its budget)."""
-    from edgeinspect.services.deploy.inventory import STAGE_RUNTIME_GIB
+    from edgeinspect.deploy.inventory import STAGE_RUNTIME_GIB
 
     if inst.role is Role.stage:
         need = inst.stage.weight_bytes + inv.plant.kv_budget_mb * 2**20 + int(STAGE_RUNTIME_GIB * GIB)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from edgeinspect.certs import Issued
 from edgeinspect.config import RoleSettings
-from edgeinspect.services.deploy import compose, dashboard, database, k8s, tls
-from edgeinspect.services.deploy.inventory import Inventory, Role
-from edgeinspect.services.deploy.settings import ingest_settings, role_settings, settings_yaml
-from edgeinspect.services.deploy.topology import Addressing, Instance, StagePlacement, instances
+from edgeinspect.deploy import compose, dashboard, database, k8s, tls
+from edgeinspect.deploy.inventory import Inventory, Role
+from edgeinspect.deploy.settings import ingest_settings, role_settings, settings_yaml
+from edgeinspect.deploy.topology import Addressing, Instance, StagePlacement, instances
 from edgeinspect.services.gateway.settings import GatewaySettings
 
 ALL_IN_ONE = "all-in-one"

@@ -1,5 +1,5 @@
 """What the embedded stack runs: each role's module and settings type, the stack's options, role names, free
-ports and private run configs. Pure choices and files; services/launcher.py starts and supervises the processes.
+ports and private run configs. Pure choices and files; launcher.py starts and supervises the processes.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class StackOptions:
     codec: str = "fp16"
     vision_backend: str = "torch"
     weights: str = "fp32"
-    api_token: str = ""  # "": the token in WORKDIR/api_token, made there on first start (stack_security)
+    api_token: str = ""  # "": the token in WORKDIR/api_token, made there on first start (security.py)
     tls: bool = False  # `up --tls`: mTLS between the roles, TLS on the public API, a CA under WORKDIR/tls
     allow_unauthenticated: bool = False  # the gateway accepts calls without a token (loopback development)
     gateway_port: int = 0  # 0: pick a free port
