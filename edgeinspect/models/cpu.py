@@ -100,3 +100,20 @@ def fbgemm_vnni() -> bool:
     """Whether fbgemm's int8 kernel accumulates u8 x s8 pairs in int32 here (VNNI/AMX) rather than int16: the CPU's
     own flags, whatever EDGEINSPECT_CPU_ISA says, since fbgemm picks its kernels from the CPU itself."""
     return bool(_cpu_flags_here() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def int8_gemm_class() -> str:
+    """Which int8 GEMM kernel family ONNX Runtime's MLAS (and fbgemm) pick on this CPU, by its own flags whatever
+    EDGEINSPECT_CPU_ISA says (they read the CPU themselves): `x86-vnni` sums u8 x s8 in int32; `x86-avx2` (AVX2 or
+    AVX-512 without VNNI) sums pairs into int16 first, which saturates with full-range 8-bit weights; `x86-sse`
+    widens to 16-bit products; `arm-dotprod` / `arm-neon`; "" where the flags say nothing."""
+    flags = _cpu_flags_here()
+    if flags & {"avx512_vnni", "avx_vnni", "amx_int8"}:
+        return "x86-vnni"
+    if flags & {"avx2", "avx512f"}:
+        return "x86-avx2"
+    if "sse4_1" in flags:
+        return "x86-sse"
+    if "asimd" in flags:
+        return "arm-dotprod" if "asimddp" in flags else "arm-neon"
+    return ""

@@ -28,6 +28,7 @@ OUTPUT_NAME = "visual_tokens"
 META_FINGERPRINT = "edgeinspect.checkpoint_fingerprint"
 META_QUANT = "edgeinspect.quantization"
 META_IMAGE_SIZE = "edgeinspect.image_size"
+META_WEIGHT_BITS = "edgeinspect.int8_weight_bits"  # 8, or 7 (reduce_range) where 8-bit saturates: models/vision_int8
 DEFAULT_OPSET = 18
 QUANT_QDQ = "int8-qdq"  # META_QUANT of the static copy ("int8-dynamic": the dynamic one, "none": fp32)
 # The linears carry SigLIP's weight bytes and FLOPs; attention's score MatMuls are MatMul too. Norms, GELU and
@@ -36,8 +37,8 @@ QDQ_OPS = ["MatMul", "Gemm", "Conv"]
 CALIBRATION_PER_PART = 4  # good + defective frames of each of the sample set's 4 parts: 32 frames
 
 
-def export_vision_onnx(ckpt_path: Path, out: Path, opset: int = DEFAULT_OPSET, int8: bool = False) -> Path:
-    """Exports the checkpoint's vision tower (fp32; dynamic batch axis) to `out`; int8: dynamic quantisation."""
+def export_vision_onnx(ckpt_path: Path, out: Path, opset: int = DEFAULT_OPSET) -> Path:
+    """Exports the checkpoint's vision tower (fp32; dynamic batch axis) to `out` (int8 copies: models/vision_int8)."""
     import torch
 
     from edgeinspect.models.checkpoint import open_checkpoint
@@ -64,30 +65,35 @@ def export_vision_onnx(ckpt_path: Path, out: Path, opset: int = DEFAULT_OPSET, i
                 external_data=False,
                 verbose=False,
             )
-        source = fp32_path
-        if int8:
-            source = _quantize(fp32_path, Path(tmp) / "vision-int8.onnx")
-        _write_stamped(source, out, ckpt.fingerprint, size, "int8-dynamic" if int8 else "none")
-    log.info("exported vision tower of %s (%s) to %s%s", ckpt.path, ckpt.fingerprint, out, " (int8)" if int8 else "")
+        _write_stamped(fp32_path, out, ckpt.fingerprint, size, "none")
+    log.info("exported vision tower of %s (%s) to %s", ckpt.path, ckpt.fingerprint, out)
     return out
 
 
-def quantize_vision_onnx(src: Path, out: Path) -> Path:
-    """Dynamic int8 copy of an fp32 export, keeping its checkpoint stamp."""
+def quantize_vision_onnx(src: Path, out: Path, weight_bits: int = 8) -> Path:
+    """Dynamic int8 copy of an fp32 export, keeping its checkpoint stamp; weight_bits 7: reduce_range."""
     meta = onnx_metadata(src)
     if META_FINGERPRINT not in meta:
         raise CheckpointError(f"{src} carries no {META_FINGERPRINT} metadata: not one of our exports")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".quantize-") as tmp:
-        quantized = _quantize(Path(src), Path(tmp) / "vision-int8.onnx")
-        _write_stamped(quantized, out, meta[META_FINGERPRINT], int(meta[META_IMAGE_SIZE]), "int8-dynamic")
+        quantized = _quantize(Path(src), Path(tmp) / "vision-int8.onnx", reduce_range=_reduce_range(weight_bits))
+        _write_stamped(
+            quantized,
+            out,
+            meta[META_FINGERPRINT],
+            int(meta[META_IMAGE_SIZE]),
+            "int8-dynamic",
+            {META_WEIGHT_BITS: str(weight_bits)},
+        )
     return out
 
 
-def quantize_vision_qdq(src: Path, out: Path, calibration: Iterable[np.ndarray]) -> Path:
+def quantize_vision_qdq(src: Path, out: Path, calibration: Iterable[np.ndarray], weight_bits: int = 8) -> Path:
     """Static QDQ int8 copy of an fp32 export, keeping its checkpoint stamp. `calibration`: pixel_values batches
-    ([B, 3, S, S] float32, the checkpoint's preprocessing) whose activation ranges set the scales."""
+    ([B, 3, S, S] float32, the checkpoint's preprocessing) whose activation ranges set the scales; weight_bits 7:
+    reduce_range."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -110,9 +116,17 @@ def quantize_vision_qdq(src: Path, out: Path, calibration: Iterable[np.ndarray])
             activation_type=QuantType.QInt8,  # symmetric int8 activations: what TensorRT's int8 kernels take
             weight_type=QuantType.QInt8,
             calibrate_method=CalibrationMethod.MinMax,
+            reduce_range=_reduce_range(weight_bits),
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
         )
-        _write_stamped(quantized, out, meta[META_FINGERPRINT], int(meta[META_IMAGE_SIZE]), QUANT_QDQ)
+        _write_stamped(
+            quantized,
+            out,
+            meta[META_FINGERPRINT],
+            int(meta[META_IMAGE_SIZE]),
+            QUANT_QDQ,
+            {META_WEIGHT_BITS: str(weight_bits)},
+        )
     return out
 
 
@@ -147,25 +161,52 @@ class _Frames:
         return None if batch is None else {INPUT_NAME: np.ascontiguousarray(batch, dtype=np.float32)}
 
 
-def _quantize(src: Path, dst: Path) -> Path:
+def _reduce_range(weight_bits: int) -> bool:
+    if weight_bits not in (7, 8):
+        raise ValueError(f"int8 weights are 8 or 7 bits wide (reduce_range), not {weight_bits}")
+    return weight_bits == 7
+
+
+def _quantize(src: Path, dst: Path, reduce_range: bool = False) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # Weights of MatMul/Gemm to int8, activations quantised per call: no calibration set needed.
-    quantize_dynamic(src, dst, weight_type=QuantType.QInt8)
+    quantize_dynamic(src, dst, weight_type=QuantType.QInt8, reduce_range=reduce_range)
     return dst
 
 
-def _write_stamped(src: Path, out: Path, fingerprint: str, image_size: int, quantization: str) -> None:
+def restamp(src: Path, out: Path, props: dict[str, str]) -> None:
+    """Copies an export to `out` (atomically; `out` may be `src`) with `props` set in its metadata_props."""
+    import onnx
+
+    model = onnx.load(str(src))
+    _set_props(model, props)
+    _save_atomic(model, out)
+
+
+def _write_stamped(
+    src: Path, out: Path, fingerprint: str, image_size: int, quantization: str, extra: dict[str, str] | None = None
+) -> None:
     """Copies the model to `out` (atomically) with our metadata_props set."""
     import onnx
 
     model = onnx.load(str(src))
     stamp = {META_FINGERPRINT: fingerprint, META_QUANT: quantization, META_IMAGE_SIZE: str(image_size)}
-    kept = [p for p in model.metadata_props if p.key not in stamp]
+    _set_props(model, stamp | (extra or {}))
+    _save_atomic(model, out)
+
+
+def _set_props(model, props: dict[str, str]) -> None:
+    kept = [p for p in model.metadata_props if p.key not in props]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
-    for key, value in stamp.items():
+    for key, value in props.items():
         model.metadata_props.add(key=key, value=value)
+
+
+def _save_atomic(model, out: Path) -> None:
+    import onnx
+
     partial = out.with_name(f".{out.name}.partial")
     onnx.save(model, str(partial))
     os.replace(partial, out)

@@ -118,7 +118,7 @@ def _load_onnx(ckpt: Checkpoint, cfg: VisionSettings, provider: str | None = Non
         export_vision_onnx(ckpt.path, path)
     int8 = cfg.weights is WeightsDtype.int8
     if int8:
-        path = _qdq_copy(ckpt, path)
+        path = _int8_copy(ckpt, path, static=True)
     device = _device(cfg) if provider is None else torch.device("cuda", torch.cuda.current_device())
     providers = None
     if device.type == "cuda":
@@ -131,15 +131,14 @@ def _load_onnx(ckpt: Checkpoint, cfg: VisionSettings, provider: str | None = Non
     return OnnxBackend(path, ckpt.fingerprint, cfg.threads, providers)
 
 
-def _qdq_copy(ckpt: Checkpoint, fp32: Path) -> Path:
-    """The static QDQ int8 copy of the export beside it, calibrated on the drawn sample set when missing."""
-    from edgeinspect.models.onnx_export import quantize_vision_qdq, sample_calibration
+def _int8_copy(ckpt: Checkpoint, fp32: Path, static: bool) -> Path:
+    """The int8 copy of the export beside it (static QDQ, calibrated on the drawn sample set, or dynamic), built and
+    checked against fp32 for this CPU (models/vision_int8: 7-bit weights where 8-bit ones saturate; Int8Unfit with
+    the figures where neither keeps the bound)."""
+    from edgeinspect.models.vision_int8 import checked_int8_copy, sample_frames
 
-    path = fp32.with_name(fp32.stem + "-qdq.onnx")
-    if not path.is_file():
-        log.info("no QDQ int8 copy at %s: calibrating %s on the sample set there (first start)", path, fp32)
-        quantize_vision_qdq(fp32, path, sample_calibration(ckpt.path))
-    return path
+    path = fp32.with_name(fp32.stem + ("-qdq.onnx" if static else "-int8.onnx"))
+    return checked_int8_copy(fp32, path, lambda: sample_frames(ckpt.path, static), static)
 
 
 def _load_hailo(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
@@ -161,15 +160,11 @@ def _load_onnx_int8(ckpt: Checkpoint, cfg: VisionSettings) -> Backend:
             "them); on a GPU, weights int8 with backend onnxruntime is the static QDQ copy"
         )
     fp32 = Path(cfg.onnx_path) if cfg.onnx_path else default_onnx_path(ckpt)
-    path = fp32.with_name(fp32.stem + "-int8.onnx")
-    if not path.is_file():
-        from edgeinspect.models.onnx_export import export_vision_onnx, quantize_vision_onnx
+    if not fp32.is_file():
+        from edgeinspect.models.onnx_export import export_vision_onnx
 
-        if not fp32.is_file():
-            export_vision_onnx(ckpt.path, fp32)
-        log.info("no int8 ONNX copy at %s: quantising %s there (first start)", path, fp32)
-        quantize_vision_onnx(fp32, path)
-    return OnnxBackend(path, ckpt.fingerprint, cfg.threads)
+        export_vision_onnx(ckpt.path, fp32)
+    return OnnxBackend(_int8_copy(ckpt, fp32, static=False), ckpt.fingerprint, cfg.threads)
 
 
 def auto_loaders(ckpt: Checkpoint, cfg: VisionSettings) -> dict[str, Callable[[], Backend]]:
