@@ -286,3 +286,52 @@ def test_a_role_that_keeps_crashing_is_given_up_on_after_the_bound_and_says_why(
     ]
     assert "stage1 exited with code 3 after 4 crashes in a row; not restarting it again" in said[-1]
     assert "bad config: no such checkpoint" in said[-1]  # the log's tail, so the cause is on the screen
+
+
+def test_a_second_up_on_a_running_stack_is_refused_at_once_and_the_first_keeps_serving(tmp_path, tiny_checkpoint):
+    proc, stack = start_up(tmp_path, tiny_checkpoint, "--stages", "1", "--allow-unauthenticated")
+    pids = [r["pid"] for r in stack["roles"]]
+    run = tmp_path / "up" / "run"
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    try:
+        again = [sys.executable, "-m", "edgeinspect.cli", "up", "--checkpoint", str(tiny_checkpoint), "--no-kb"]
+        other_port = str(free_ports(1, "127.0.0.1")[0])
+        second = subprocess.run(
+            [*again, "--workdir", str(tmp_path / "up"), "--port", other_port, "--console-port", "-1"],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+        said = (second.stdout + second.stderr).strip()
+        assert second.returncode != 0 and "already running" in said and f"launcher pid {proc.pid}" in said, said
+        assert stack["gateway"] in said and len(said.splitlines()) <= 3, said
+        assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # nothing rewritten, nothing deleted
+        # The first stack's gateway port from another workdir: refused before anything is written there.
+        gateway_port = stack["gateway"].rsplit(":", 1)[1]
+        third = subprocess.run(
+            [*again, "--workdir", str(tmp_path / "other"), "--port", gateway_port, "--console-port", "-1"],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+        said = (third.stdout + third.stderr).strip()
+        assert third.returncode != 0 and f"port {gateway_port}" in said and "in use" in said, said
+        assert not (tmp_path / "other" / "run").exists()
+
+        gateway = next(r for r in stack["roles"] if r["name"] == "gateway")
+        os.kill(gateway["pid"], signal.SIGKILL)  # the first stack's supervisor brings it back with its own configs
+        deadline = time.monotonic() + 90
+        image = asset_path("part_dent.jpg").read_bytes()
+        with InspectionClient(stack["gateway"], "") as client:
+            while True:
+                try:
+                    report = client.inspect(image, max_new_tokens=4)
+                    break
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        assert report.report_id and len(report.generated_token_ids) > 0
+        roles = {r["name"]: r for r in json.loads((run / "stack.json").read_text())["roles"]}
+        assert roles["gateway"]["pid"] != gateway["pid"] and roles["gateway"]["address"] == gateway["address"]
+        pids += [r["pid"] for r in roles.values()]
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        wait_gone(pids, GONE_S)
+        kill_all(proc, pids)

@@ -46,6 +46,7 @@ from edgeinspect.stack.roles import (
     write_private_yaml,
 )
 from edgeinspect.stack.security import StackCredentials, stack_credentials
+from edgeinspect.stack.workdir_lock import WorkdirLock, check_port_free
 
 __all__ = ["LocalStack", "RoleProcess", "StackOptions", "free_ports", "stage_name", "stage_ranges"]
 
@@ -78,6 +79,7 @@ class LocalStack:
         self._killed: dict[str, int] = {}  # name -> the pid kill() ended last (wait_restarted's default)
         self.metrics_ports: dict[str, int] = {}  # name -> its /metrics port (kept across restarts)
         self._ports: Iterator[int] = iter(())
+        self._workdir_lock = WorkdirLock(opts.workdir)
 
     def __enter__(self) -> LocalStack:
         try:
@@ -140,6 +142,9 @@ class LocalStack:
                 f"stages and replicas must be >= 1, got {o.stages}, {o.replicas}, {o.vision_replicas} (vision) and "
                 f"{o.retrieval_replicas} (retrieval)"
             )
+        # Before anything is written or started: one stack per workdir, and the gateway's port not taken.
+        self._workdir_lock.acquire()
+        check_port_free(o.host, o.gateway_port, "the gateway")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.run_dir, 0o700)
         self.creds = stack_credentials(o.workdir, o.tls, o.host, o.api_token)
@@ -228,6 +233,7 @@ class LocalStack:
             if role.role in ("stage", "vision"):
                 self._wait_serving(self.address_of(role.name), role)
         self._write_stack_file()
+        self._workdir_lock.note(gateway=",".join(self.gateway_addresses))
         if o.supervise:
             self._supervisor = threading.Thread(target=self._supervise, name="edgeinspect-supervisor", daemon=True)
             self._supervisor.start()
@@ -395,6 +401,8 @@ class LocalStack:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Ends every role: the gateway first, SIGTERM (in-flight calls get their grace), SIGKILL after timeout_s."""
+        if not self._workdir_lock.held:  # refused at start (another stack's workdir): nothing here is ours
+            return
         self._stopping.set()
         if self._supervisor is not None:
             self._supervisor.join()
@@ -409,6 +417,7 @@ class LocalStack:
             self._spawner = None
         self.stack_file.unlink(missing_ok=True)
         self.roles = []
+        self._workdir_lock.release()
 
     def _write_stack_file(self) -> None:
         """run/stack.json: every role's name, pid, address and layer range, for `edgeinspect status` and tools."""
