@@ -32,14 +32,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py when run as a script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/pg_testing.py: a throwaway PostgreSQL
 from common import load_average, machine_info, median_ms, write_json  # noqa: E402
+from pg_testing import PostgresServer, unavailable_reason  # noqa: E402
 
 from edgeinspect.assets import asset_path  # noqa: E402
-from edgeinspect.services.gateway.reports.database import PostgresDatabase  # noqa: E402
-from edgeinspect.services.gateway.reports.pg_testing import PostgresServer, unavailable_reason  # noqa: E402
 from edgeinspect.services.gateway.reports.store import ReportStore  # noqa: E402
 from edgeinspect.services.gateway.settings import FrameSettings  # noqa: E402
 from edgeinspect.services.outputs.outbox import OutboxWriter  # noqa: E402
+from edgeinspect.services.store.database import PostgresDatabase  # noqa: E402
 from edgeinspect.v1 import inspection_pb2  # noqa: E402
 
 T0 = datetime(2026, 1, 5, 6, 0, tzinfo=UTC)

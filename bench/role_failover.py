@@ -36,11 +36,12 @@ import grpc
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py when run as a script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/pg_testing.py: a throwaway PostgreSQL
 from common import load_average, machine_info, skip, write_json  # noqa: E402
+from pg_testing import PostgresServer, unavailable_reason  # noqa: E402
 
 from edgeinspect.assets import asset_path  # noqa: E402
 from edgeinspect.services.client import InspectionClient  # noqa: E402
-from edgeinspect.services.gateway.reports.pg_testing import PostgresServer, unavailable_reason  # noqa: E402
 from edgeinspect.stack.launcher import LocalStack, StackOptions  # noqa: E402
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc  # noqa: E402
 

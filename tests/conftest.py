@@ -124,7 +124,7 @@ def sample_kb(tmp_path_factory):
 def postgres_server():
     """A real PostgreSQL (Debian's `postgresql`) for the session, on a unix socket in its own folder; skipped where
     the binaries are missing."""
-    from edgeinspect.services.gateway.reports.pg_testing import PostgresServer, unavailable_reason
+    from pg_testing import PostgresServer, unavailable_reason
 
     reason = unavailable_reason()
     if reason:
@@ -143,8 +143,8 @@ class ReportDatabase:
     dsn: str = ""
 
     def store(self, *, frames=None, **kw):
-        from edgeinspect.services.gateway.reports.database import PostgresDatabase
         from edgeinspect.services.gateway.reports.store import ReportStore
+        from edgeinspect.services.store.database import PostgresDatabase
 
         db = self.tmp / "reports.sqlite" if self.backend == "sqlite" else PostgresDatabase(self.dsn)
         return ReportStore(db, frames=frames, **kw)

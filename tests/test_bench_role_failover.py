@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 from bench_scripts import run_bench
-
-from edgeinspect.services.gateway.reports.pg_testing import unavailable_reason
+from pg_testing import unavailable_reason
 
 pytestmark = [
     pytest.mark.e2e,

@@ -28,7 +28,8 @@ from edgeinspect.assets import asset_path
 from edgeinspect.config import ApiToken, ServerConfig, TokenRole, write_yaml
 from edgeinspect.services.client import InspectionClient
 from edgeinspect.services.common.auth import hash_token
-from edgeinspect.services.gateway.settings import GatewaySettings, StoreBackend, StoreSettings
+from edgeinspect.services.gateway.settings import GatewaySettings
+from edgeinspect.services.store.settings import StoreBackend, StoreSettings
 from edgeinspect.v1 import inspection_pb2
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]

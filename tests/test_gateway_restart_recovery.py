@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from edgeinspect.assets import asset_path
-from edgeinspect.services.gateway.reports.claims import RESTARTED
+from edgeinspect.services.store.claims import RESTARTED
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 pytestmark = pytest.mark.e2e

@@ -15,10 +15,10 @@ import pytest
 from line_peers import SECRET, Receiver
 
 from edgeinspect.faults import ENV
-from edgeinspect.services.gateway.reports.database import PostgresDatabase, SQLiteDatabase
 from edgeinspect.services.outputs.config import OutputsConfig
 from edgeinspect.services.outputs.fanout import Outputs
 from edgeinspect.services.outputs.outbox import Outbox, OutboxWriter
+from edgeinspect.services.store.database import PostgresDatabase, SQLiteDatabase
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 # SIGKILLs it first.
 _COMPLETE = """
 import sys
-from edgeinspect.services.gateway.reports.database import PostgresDatabase
+from edgeinspect.services.store.database import PostgresDatabase
 from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.services.outputs.outbox import OutboxWriter
 from edgeinspect.v1.inspection_pb2 import DefectReport

@@ -11,13 +11,13 @@ import pytest
 from line_peers import SECRET, Receiver
 from prometheus_client import REGISTRY
 
-from edgeinspect.services.gateway.reports.database import SQLiteDatabase
 from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.services.outputs.config import OutputsConfig
 from edgeinspect.services.outputs.fanout import Outputs
 from edgeinspect.services.outputs.outbox import OutboxWriter
 from edgeinspect.services.outputs.result import LineResult, from_report, is_shadow
 from edgeinspect.services.outputs.webhook import sign, verify
+from edgeinspect.services.store.database import SQLiteDatabase
 from edgeinspect.v1 import inspection_pb2
 
 

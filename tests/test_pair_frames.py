@@ -15,11 +15,12 @@ from edgeinspect.config import ApiToken, ServerConfig, TokenRole
 from edgeinspect.services.common.auth import hash_token, new_token, public_auth
 from edgeinspect.services.common.server import start_server
 from edgeinspect.services.gateway.api.servicer import InspectionServicer
-from edgeinspect.services.gateway.reports.database import PostgresDatabase
 from edgeinspect.services.gateway.reports.images import FORWARDED_KEY, FrameHeldElsewhere, ReportImages
 from edgeinspect.services.gateway.reports.store import ReportStore
-from edgeinspect.services.gateway.reports.store_schema import SCHEMA_VERSION
-from edgeinspect.services.gateway.settings import FrameSettings, StoreBackend, StoreSettings
+from edgeinspect.services.gateway.settings import FrameSettings
+from edgeinspect.services.store.database import PostgresDatabase
+from edgeinspect.services.store.schema import SCHEMA_VERSION
+from edgeinspect.services.store.settings import StoreBackend, StoreSettings
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 from edgeinspect.v1.inspection_pb2 import IMAGE_STATE_EXPIRED, IMAGE_STATE_STORED, DefectReport
 

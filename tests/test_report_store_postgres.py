@@ -14,14 +14,15 @@ import time
 
 import pytest
 from bench_scripts import run_bench
+from pg_testing import unavailable_reason
 
 from edgeinspect.errors import InvalidInput, NotFound, Unavailable
-from edgeinspect.services.gateway.reports.claims import RESTARTED
-from edgeinspect.services.gateway.reports.database import PostgresDatabase, open_database
-from edgeinspect.services.gateway.reports.pg_testing import unavailable_reason
 from edgeinspect.services.gateway.reports.store import ReportStore
-from edgeinspect.services.gateway.reports.store_schema import SCHEMA_VERSION
-from edgeinspect.services.gateway.settings import GatewaySettings, StoreBackend, StoreSettings
+from edgeinspect.services.gateway.settings import GatewaySettings
+from edgeinspect.services.store.claims import RESTARTED
+from edgeinspect.services.store.database import PostgresDatabase, open_database
+from edgeinspect.services.store.schema import SCHEMA_VERSION
+from edgeinspect.services.store.settings import StoreBackend, StoreSettings
 from edgeinspect.v1.inspection_pb2 import VERDICT_OK, DefectReport
 
 # One gateway of a pair: claims every key, runs (completes) those it wins, and waits out keys the other gateway is
@@ -29,7 +30,7 @@ from edgeinspect.v1.inspection_pb2 import VERDICT_OK, DefectReport
 _GATEWAY = """
 import json, sys, time
 from edgeinspect.errors import Unavailable
-from edgeinspect.services.gateway.reports.database import PostgresDatabase
+from edgeinspect.services.store.database import PostgresDatabase
 from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.v1.inspection_pb2 import VERDICT_OK, DefectReport
 dsn, owner, n = sys.argv[1], sys.argv[2], int(sys.argv[3])

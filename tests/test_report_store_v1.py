@@ -13,11 +13,11 @@ import pytest
 from PIL import Image
 
 from edgeinspect.errors import InvalidInput, NotFound
-from edgeinspect.services.gateway.reports.claims import RESTARTED
 from edgeinspect.services.gateway.reports.frames import FrameFiles
 from edgeinspect.services.gateway.reports.store import ReportStore
-from edgeinspect.services.gateway.reports.store_schema import SCHEMA_VERSION
 from edgeinspect.services.gateway.settings import FrameSettings
+from edgeinspect.services.store.claims import RESTARTED
+from edgeinspect.services.store.schema import SCHEMA_VERSION
 from edgeinspect.v1 import inspection_pb2
 from edgeinspect.v1.inspection_pb2 import DefectReport
 

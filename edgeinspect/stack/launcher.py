@@ -29,9 +29,10 @@ from edgeinspect.services.common.lifecycle import (
     terminate,
 )
 from edgeinspect.services.console.settings import ConsoleSettings
-from edgeinspect.services.gateway.settings import GatewaySettings, StoreBackend, StoreSettings
+from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.retrieval.settings import RetrievalSettings
 from edgeinspect.services.stage.settings import StageSettings
+from edgeinspect.services.store.settings import StoreBackend, StoreSettings
 from edgeinspect.services.vision.settings import AnomalySettings, VisionSettings
 from edgeinspect.stack.roles import (
     ROLES,

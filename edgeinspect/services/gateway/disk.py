@@ -19,7 +19,8 @@ from typing import Protocol
 from edgeinspect.errors import DiskFull
 from edgeinspect.services.common import metrics
 from edgeinspect.services.gateway.reports.frames import FrameFiles
-from edgeinspect.services.gateway.settings import DiskSettings, GatewaySettings, StoreBackend
+from edgeinspect.services.gateway.settings import DiskSettings, GatewaySettings
+from edgeinspect.services.store.settings import StoreBackend
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.disk import gateway_guard
 from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
 from edgeinspect.services.gateway.readiness import Readiness
-from edgeinspect.services.gateway.reports.claims import HEARTBEAT_S, STOPPED
 from edgeinspect.services.gateway.reports.images import ReportImages
 from edgeinspect.services.gateway.reports.store import ReportStore, open_gateway_store
 from edgeinspect.services.gateway.rollout.manager import RolloutManager
 from edgeinspect.services.gateway.rollout.versions import apply_record
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.outputs.fanout import Outputs
+from edgeinspect.services.store.claims import HEARTBEAT_S, STOPPED
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import grpc
 
 from edgeinspect.errors import EdgeInspectError, FailedPrecondition, InvalidInput, NotFound, Unavailable
 from edgeinspect.services.gateway.inspection import Inspector
-from edgeinspect.services.gateway.reports.store import ReportStore
+from edgeinspect.services.gateway.reports.reader import ReportReader
 from edgeinspect.v1 import inspection_pb2, vision_pb2
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ _TYPED = {
 
 
 async def add_to_good_set(
-    store: ReportStore, inspector: Inspector, report_id: str, stage: bool = False
+    store: ReportReader, inspector: Inspector, report_id: str, stage: bool = False
 ) -> inspection_pb2.AnomalyBankVersion:
     """The report's stored frame joins its part's good set: the vision node teaches the next bank version from the
     current one's frames plus this one (stage: from the staged one's where there is one, and holds it back)."""
@@ -53,7 +53,7 @@ async def add_to_good_set(
 
 
 async def teach_from_reports(
-    store: ReportStore, inspector: Inspector, station: str, part: str, last_n: int, stage: bool = False
+    store: ReportReader, inspector: Inspector, station: str, part: str, last_n: int, stage: bool = False
 ) -> inspection_pb2.AnomalyBankVersion:
     """Teaches `part` afresh from the frames of the station's last `last_n` reports of it that a person reviewed OK."""
     frames: list[bytes] = []
@@ -97,7 +97,7 @@ async def promote_bank(inspector: Inspector, part: str, version: int, force: boo
     return _version(bank, [])
 
 
-async def _frame(store: ReportStore, report: inspection_pb2.DefectReport) -> bytes | None:
+async def _frame(store: ReportReader, report: inspection_pb2.DefectReport) -> bytes | None:
     answer = await asyncio.to_thread(store.image, report.report_id)
     return answer.data if answer.state == inspection_pb2.IMAGE_STATE_STORED else None
 

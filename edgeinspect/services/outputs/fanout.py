@@ -19,11 +19,11 @@ from prometheus_client import Counter, Gauge
 
 from edgeinspect.faults import fault_point
 from edgeinspect.services.common.retry import backoff_delays
-from edgeinspect.services.gateway.reports.database import Database
 from edgeinspect.services.outputs.config import OutputsConfig
 from edgeinspect.services.outputs.outbox import DROPPED, Backlog, Outbox, OutboxWriter, open_local
 from edgeinspect.services.outputs.result import LineResult
 from edgeinspect.services.outputs.webhook import Rejected, WebhookOutput
+from edgeinspect.services.store.database import Database
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class Outputs:
     def for_gateway(cls, settings) -> Outputs:
         """From GatewaySettings: the outbox table of the report database (its own connection), outboxes older
         releases left beside the database imported once."""
-        from edgeinspect.services.gateway.reports.database import open_database
+        from edgeinspect.services.store.database import open_database
 
         legacy = settings.outputs.outbox_dir or Path(settings.db_path).parent / "outbox"
         return cls(

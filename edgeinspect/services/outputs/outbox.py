@@ -22,34 +22,15 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from edgeinspect.services.gateway.reports.database import Database, SQLiteDatabase, Transaction
 from edgeinspect.services.outputs.config import OnFull, OutputsConfig
 from edgeinspect.services.outputs.result import LineResult
+from edgeinspect.services.store.database import Database, SQLiteDatabase, Transaction
+from edgeinspect.services.store.schema import OUTBOX_TABLE
 
 logger = logging.getLogger(__name__)
 
 DROPPED = Counter("edgeinspect_output_dropped", "results an output gave up on", ["output", "reason"])
 LOCAL_FILE = "outbox.db"  # the ingest role's outbox database (the old per-output files were <output>.sqlite)
-
-# One statement per entry (a migration runs them in its transaction; store_schema.py). IF NOT EXISTS: the ingest's
-# own file creates them at every start. SQLite's AUTOINCREMENT never reuses a seq; PostgreSQL's ddl() makes it
-# BIGSERIAL.
-TABLE = [
-    """CREATE TABLE IF NOT EXISTS outbox (
-        seq            INTEGER PRIMARY KEY AUTOINCREMENT,
-        output         TEXT NOT NULL,              -- the output's name (mqtt, webhook0, ...)
-        report_id      TEXT NOT NULL,
-        station        TEXT NOT NULL DEFAULT '',
-        payload        BLOB NOT NULL,              -- LineResult JSON, exactly what the peer receives
-        created_us     INTEGER NOT NULL,
-        holder         TEXT NOT NULL DEFAULT '',   -- the drainer sending it now ('' with no lease)
-        lease_until_us INTEGER NOT NULL DEFAULT 0,
-        tries          INTEGER NOT NULL DEFAULT 0,
-        UNIQUE (output, report_id)
-    )""",
-    "CREATE INDEX IF NOT EXISTS outbox_by_output ON outbox (output, seq)",
-    "CREATE INDEX IF NOT EXISTS outbox_by_station ON outbox (station, output)",
-]
 
 
 def _now_us() -> int:
@@ -217,6 +198,6 @@ def _station_of(payload: bytes) -> str:
 def open_local(folder: Path) -> SQLiteDatabase:
     """The ingest role's outbox database (synchronous=FULL, as the report store): `<folder>/outbox.db`."""
     db = SQLiteDatabase(Path(folder) / LOCAL_FILE)
-    for statement in TABLE:
+    for statement in OUTBOX_TABLE:
         db.execute(statement)
     return db

@@ -20,7 +20,7 @@ from edgeinspect.errors import FailedPrecondition
 from edgeinspect.services.common.channel import channel_options, context_interceptors
 from edgeinspect.services.common.tls import channel_credentials
 from edgeinspect.services.gateway.reports.frames import StoredFrame
-from edgeinspect.services.gateway.reports.store import FrameAnswer, Holder, ReportStore
+from edgeinspect.services.gateway.reports.reader import FrameAnswer, Holder, ReportReader
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
@@ -64,7 +64,7 @@ class ReportImages:
 
     def __init__(
         self,
-        store: ReportStore,
+        store: ReportReader,
         max_message_mb: int = 64,
         tls: TLSConfig | None = None,
         timeout_s: float = PEER_TIMEOUT_S,
@@ -75,7 +75,7 @@ class ReportImages:
         self.timeout_s = timeout_s
 
     @classmethod
-    def for_gateway(cls, store: ReportStore, cfg: GatewaySettings) -> ReportImages:
+    def for_gateway(cls, store: ReportReader, cfg: GatewaySettings) -> ReportImages:
         return cls(store, cfg.server.max_message_mb, peer_tls(cfg.server, cfg.client_tls))
 
     async def image(self, report_id: str, thumbnail: bool, heatmap: bool, metadata: object = ()) -> FrameAnswer:

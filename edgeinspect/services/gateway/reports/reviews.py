@@ -9,9 +9,9 @@ import time
 import uuid
 
 from edgeinspect.errors import InvalidInput
-from edgeinspect.services.gateway.reports.database import Database
-from edgeinspect.services.gateway.reports.store_queries import MAX_CLASS_CHARS
-from edgeinspect.services.gateway.reports.store_schema import report_classes
+from edgeinspect.services.store.database import Database
+from edgeinspect.services.store.queries import MAX_CLASS_CHARS
+from edgeinspect.services.store.schema import report_classes
 from edgeinspect.v1 import inspection_pb2
 from edgeinspect.v1.inspection_pb2 import DefectReport, Review
 

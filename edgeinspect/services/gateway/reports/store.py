@@ -1,7 +1,8 @@
 """The gateway's durable report store: one row per inspection attempt, the report as a proto BLOB beside its
-queryable fields (store_schema.py), the frame it was made from (frames.py), people's reviews (reviews.py), and who
-runs which key (claims.py). SQLite in WAL mode (one gateway, the embedded default) or PostgreSQL (a gateway pair);
-the queries run on both, database.py holds what differs.
+queryable fields (services/store/schema.py), the frame it was made from (frames.py), people's reviews (reviews.py),
+and who runs which key (services/store/claims.py). SQLite in WAL mode (one gateway, the embedded default) or
+PostgreSQL (a gateway pair); the queries run on both, services/store/database.py holds what differs. This file is the
+write path; the reads it inherits are reader.py's.
 
 A row is `pending` from the moment an inspection is admitted (so a retry with the same idempotency key finds it)
 until `complete()` stores the finished DefectReport (`done`) or `fail()` records why it failed (`failed`); a retry
@@ -14,16 +15,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
-from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound, Unavailable
+from edgeinspect.errors import FailedPrecondition, InvalidInput, Unavailable
 from edgeinspect.faults import fault_point
 from edgeinspect.services.gateway.reports import frames as frame_policy
 from edgeinspect.services.gateway.reports import reviews
-from edgeinspect.services.gateway.reports.claims import (
+from edgeinspect.services.gateway.reports.frames import FrameFiles, FrameRow
+from edgeinspect.services.gateway.reports.reader import ReportReader
+from edgeinspect.services.gateway.settings import FrameSettings, GatewaySettings
+from edgeinspect.services.outputs.outbox import OutboxWriter
+from edgeinspect.services.outputs.result import from_report, is_shadow
+from edgeinspect.services.store.claims import (
     FAILED,
     OWNER_LEASE_S,
     PENDING,
@@ -32,63 +35,24 @@ from edgeinspect.services.gateway.reports.claims import (
     Claims,
     now_us,
 )
-from edgeinspect.services.gateway.reports.database import Database, SQLiteDatabase, Transaction, open_database
-from edgeinspect.services.gateway.reports.frames import FrameFiles, FrameRow, StoredFrame
-from edgeinspect.services.gateway.reports.store_queries import (
+from edgeinspect.services.store.database import Database, SQLiteDatabase, Transaction, open_database
+from edgeinspect.services.store.queries import (
     DONE,
-    as_us,
-    check_id,
-    decode_token,
-    encode_token,
-    filters,
-    merge_counts,
-    short_id,
 )
-from edgeinspect.services.gateway.reports.store_schema import index_report, migrate, report_fields
-from edgeinspect.services.gateway.settings import FrameSettings, GatewaySettings
-from edgeinspect.services.outputs.outbox import OutboxWriter
-from edgeinspect.services.outputs.result import from_report, is_shadow
-from edgeinspect.v1 import inspection_pb2
+from edgeinspect.services.store.schema import index_report, migrate, report_fields
 from edgeinspect.v1.inspection_pb2 import DefectReport, Review
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PAGE_SIZE = 50
-MAX_PAGE_SIZE = 500
 # A pending row this old belongs to a gateway that died mid-inspection: a retry may take its key over.
 DEFAULT_PENDING_TTL_S = 3600.0
 # The gateway's own TTL: its deadline plus this, for the report's commit after the last hop.
 PENDING_GRACE_S = 60.0
 
 
-@dataclass(frozen=True)
-class Attempt:
-    report_id: str
-    status: str
-    reason: str
-    previous_attempt_id: str
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Another gateway of the pair whose report this is: its frame files are on that gateway's disk."""
-
-    owner: str
-    address: str  # its public API's host:port from its heartbeat ('' where it advertises none)
-    silent_s: float  # since its last heartbeat
-    live: bool  # heard from within the owner lease
-
-
-@dataclass(frozen=True)
-class FrameAnswer:
-    state: int  # inspection_pb2.ImageState
-    frame: StoredFrame | None = None
-    data: bytes = b""
-    holder: Holder | None = None  # EXPIRED here, but another gateway's report: that gateway may still hold it
-
-
-class ReportStore:
-    """Durable DefectReport store; safe to call from many threads (one connection behind a lock)."""
+class ReportStore(ReportReader):
+    """Durable DefectReport store: claims, completes and fails rows, on top of ReportReader's queries; safe to call
+    from many threads (one connection behind a lock)."""
 
     def __init__(
         self,
@@ -100,20 +64,17 @@ class ReportStore:
         owner: str = "",
         outbox: OutboxWriter | None = None,
     ) -> None:
-        """db: a SQLite file's path or an open Database (database.py); owner: this gateway's name among those
+        """db: a SQLite file's path or an open Database (services/store); owner: this gateway's name among those
         sharing the database ('' where it has one gateway); outbox: the outputs a result for the line is queued for
         (None: none). A PostgreSQL store needs frames.dir set."""
-        self._db: Database = SQLiteDatabase(db) if isinstance(db, Path | str) else db
+        super().__init__(SQLiteDatabase(db) if isinstance(db, Path | str) else db, owner, owner_lease_s)
         # The SQLite file (frames default beside it); None for a database server.
         self.path = self._db.path if isinstance(self._db, SQLiteDatabase) else None
-        self.owner = owner
         self.outbox = outbox if outbox is not None and outbox.outputs else None
         self.claims = Claims(self._db, owner, pending_ttl_s, owner_lease_s)
-        self._lock = threading.Lock()
         migrate(self._db)
         # frames=None: reports only (the frame store is the gateway's choice, from its settings).
         self.frame_settings = frames if frames is not None and frames.keep else None
-        self.frames: FrameFiles | None = None
         if self.frame_settings is not None:
             root = self.frame_settings.dir or (self.path.parent / "frames" if self.path else None)
             if root is None:
@@ -128,7 +89,7 @@ class ReportStore:
         return self.fail_pending(RESTARTED)
 
     def fail_pending(self, reason: str) -> int:
-        """Fails every row this gateway has pending, with `reason` (at start and at stop): claims.py."""
+        """Fails every row this gateway has pending, with `reason` (at start and at stop): services/store/claims.py."""
         with self._lock:
             return self.claims.fail_pending(reason)
 
@@ -146,7 +107,7 @@ class ReportStore:
         raise Unavailable(f"idempotency key {idempotency_key!r} is contended; retry", retry_after_ms=200)
 
     def heartbeat(self) -> None:
-        """This gateway is alive (every HEARTBEAT_S, from the gateway's runtime): claims.py."""
+        """This gateway is alive (every HEARTBEAT_S, from the gateway's runtime): services/store/claims.py."""
         with self._lock:
             self.claims.heartbeat()
 
@@ -297,174 +258,6 @@ class ReportStore:
         with self._lock, self._transaction():
             reviews.insert(self._db, review)
         return review
-
-    # -- reads ----------------------------------------------------------------------------------------------
-
-    def is_pending(self, report_id: str) -> bool:
-        with self._lock:
-            row = self._db.execute("SELECT status FROM reports WHERE report_id = ?", (report_id,)).fetchone()
-        return row is not None and row[0] == PENDING
-
-    def attempts(self, idempotency_key: str) -> list[Attempt]:
-        """Every attempt made with a key, oldest first (failed ones say why)."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT report_id, status, reason, previous_attempt_id FROM reports WHERE idempotency_key = ? "
-                "ORDER BY created_us, report_id",
-                (idempotency_key,),
-            ).fetchall()
-        return [Attempt(*r) for r in rows]
-
-    def _get_done(self, report_id: str) -> DefectReport:
-        check_id(report_id)
-        with self._lock:
-            row = self._db.execute(
-                "SELECT status, reason, report FROM reports WHERE report_id = ?", (report_id,)
-            ).fetchone()
-        if row is None:
-            raise NotFound(f"no report with id {short_id(report_id)}")
-        status, reason, blob = row
-        if status == PENDING:
-            raise NotFound(f"no report with id {short_id(report_id)} yet: the inspection is still in progress")
-        if status == FAILED:
-            raise NotFound(f"no report with id {short_id(report_id)}: the inspection failed ({reason})")
-        return DefectReport.FromString(blob)
-
-    def get(self, report_id: str) -> DefectReport:
-        """The finished report with its latest review; NotFound when absent, still pending, or failed."""
-        report = self._get_done(report_id)
-        self._attach_reviews([report])
-        return report
-
-    def _attach_reviews(self, reports: list[DefectReport]) -> None:
-        with self._lock:
-            reviews.attach_latest(self._db, reports)
-
-    def list(
-        self,
-        *,
-        station: str = "",
-        part: str = "",
-        verdict: int = 0,
-        since: datetime | int | None = None,
-        until: datetime | int | None = None,
-        page_size: int = DEFAULT_PAGE_SIZE,
-        page_token: str = "",
-        camera_id: str = "",
-        defect_class: str = "",
-        review: int = 0,
-    ) -> tuple[list[DefectReport], str]:
-        """Finished reports newest first; since is inclusive, until exclusive (datetimes or epoch µs); ("", ...)
-        token at the end."""
-        if page_size < 0 or page_size > MAX_PAGE_SIZE:
-            raise InvalidInput(f"page_size must be between 0 and {MAX_PAGE_SIZE} (0 means {DEFAULT_PAGE_SIZE})")
-        page_size = page_size or DEFAULT_PAGE_SIZE
-        where, args = filters(
-            station=station, part=part, camera_id=camera_id, verdict=verdict, defect_class=defect_class,
-            review=review, since=since, until=until,
-        )  # fmt: skip
-        if page_token:
-            last_us, last_id = decode_token(page_token)
-            where.append("(r.created_us < ? OR (r.created_us = ? AND r.report_id < ?))")
-            args += [last_us, last_us, last_id]
-        sql = (
-            f"SELECT r.created_us, r.report_id, r.report FROM reports r WHERE {' AND '.join(where)} "
-            "ORDER BY r.created_us DESC, r.report_id DESC LIMIT ?"
-        )
-        with self._lock:
-            # One extra row tells whether another page exists, so the last page ends with an empty token.
-            rows = self._db.execute(sql, (*args, page_size + 1)).fetchall()
-        page = rows[:page_size]
-        next_token = encode_token(page[-1][0], page[-1][1]) if len(rows) > page_size else ""
-        reports = [DefectReport.FromString(blob) for _, _, blob in page]
-        self._attach_reviews(reports)
-        return reports, next_token
-
-    def aggregate(
-        self,
-        *,
-        station: str = "",
-        part: str = "",
-        camera_id: str = "",
-        since: datetime | int | None = None,
-        until: datetime | int | None = None,
-        bucket_s: int = 0,
-    ) -> list[dict]:
-        """Per (station, bucket): total, by verdict name, by class (reports with >= 1 defect of it), reviewed,
-        disagreed. Buckets are aligned to multiples of bucket_s since the epoch (UTC); bucket_s=0 is one bucket
-        starting at `since` (or the epoch)."""
-        if not 0 <= bucket_s <= 100 * 365 * 86400:
-            raise InvalidInput("bucket_seconds must lie in [0, 100 years] (0: one bucket)")
-        where, args = filters(station=station, part=part, camera_id=camera_id, since=since, until=until)
-        if bucket_s:
-            b = bucket_s * 1_000_000
-            # SQLite's % keeps the dividend's sign: ((x % b) + b) % b is the floor remainder.
-            bucket = f"(r.created_us - ((r.created_us % {b}) + {b}) % {b})"
-        else:
-            bucket = str(as_us(since) if since is not None else 0)
-        cond = " AND ".join(where)
-        with self._lock:
-            verdicts = self._db.execute(
-                f"SELECT r.station, {bucket} AS b, r.verdict, COUNT(*), SUM(r.reviewed), SUM(r.disagreed) "
-                f"FROM reports r WHERE {cond} GROUP BY r.station, b, r.verdict",
-                args,
-            ).fetchall()
-            classes = self._db.execute(
-                f"SELECT r.station, {bucket} AS b, c.defect_class, COUNT(*) FROM reports r "
-                f"JOIN report_classes c ON c.report_id = r.report_id WHERE {cond} "
-                "GROUP BY r.station, b, c.defect_class",
-                args,
-            ).fetchall()
-        return merge_counts(verdicts, classes)
-
-    def image(self, report_id: str, thumbnail: bool = False, heatmap: bool = False) -> FrameAnswer:
-        """The report's frame (or thumbnail, or the anomaly gate's heatmap over it): STORED with bytes, EXPIRED
-        after retention, NOT_STORED when none was kept. EXPIRED with a holder: the files are not on this box and the
-        report is another gateway's of the pair (frames.dir is per box unless the pair shares one)."""
-        check_id(report_id)
-        with self._lock:
-            row = self._db.execute(
-                "SELECT r.status, r.frame_sha256, f.nbytes, f.media_type, f.width, f.height, r.report, r.owner, "
-                "g.address, g.seen_us FROM reports r LEFT JOIN frames f ON f.sha256 = r.frame_sha256 "
-                "LEFT JOIN gateways g ON g.owner = r.owner WHERE r.report_id = ?",
-                (report_id,),
-            ).fetchone()
-        if row is None or row[0] != DONE:
-            raise NotFound(f"no report with id {short_id(report_id)}")
-        _, sha, nbytes, kind, width, height, blob, owner, address, seen_us = row
-        if not sha:
-            return FrameAnswer(inspection_pb2.IMAGE_STATE_NOT_STORED)
-        frame = StoredFrame(sha, nbytes or 0, kind or "", width or 0, height or 0)
-        if heatmap:
-            answer = self._heatmap(DefectReport.FromString(blob).anomaly, frame)
-        else:
-            answer = self._frame(frame, thumbnail) if nbytes is not None else None
-        if answer is not None:
-            return answer
-        if nbytes is not None and owner and owner != self.owner:  # its row says it is kept: on its gateway's disk
-            silent_us = now_us() - (seen_us or 0)
-            holder = Holder(owner, address or "", silent_us / 1e6, silent_us < self.claims.owner_lease_us)
-            return FrameAnswer(inspection_pb2.IMAGE_STATE_EXPIRED, frame, holder=holder)
-        return FrameAnswer(inspection_pb2.IMAGE_STATE_EXPIRED, frame)
-
-    def _frame(self, frame: StoredFrame, thumbnail: bool) -> FrameAnswer | None:
-        if self.frames is None:
-            return None
-        data = self.frames.read(frame.sha256, thumbnail) if thumbnail else None
-        if data is not None:
-            return FrameAnswer(
-                inspection_pb2.IMAGE_STATE_STORED, StoredFrame(frame.sha256, len(data), "image/jpeg", 0, 0), data
-            )
-        data = self.frames.read(frame.sha256)
-        return None if data is None else FrameAnswer(inspection_pb2.IMAGE_STATE_STORED, frame, data)
-
-    def _heatmap(self, finding: inspection_pb2.AnomalyFinding, frame: StoredFrame) -> FrameAnswer | None:
-        if not finding.heatmap_stored:
-            return FrameAnswer(inspection_pb2.IMAGE_STATE_NOT_STORED)
-        data = self.frames.read_heatmap(frame.sha256, finding.bank_id) if self.frames is not None else None
-        if data is None:  # pruned with its frame, or on another gateway's disk
-            return None
-        return FrameAnswer(inspection_pb2.IMAGE_STATE_STORED, dataclasses.replace(frame, media_type="image/png"), data)
 
     def close(self) -> None:
         with self._lock:

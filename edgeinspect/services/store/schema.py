@@ -9,9 +9,9 @@ the frame store's rows. It also lets a failed row keep its idempotency key: the 
 Version 2 records which gateway claimed a row (`owner`): gateways sharing one database fail only their own pending
 rows when they restart.
 
-Version 3 adds the line's outbox (services/outputs/outbox.py): a row per output for each stored result, written in
-the report's own transaction and deleted once delivered. The statements are written once for both engines;
-Database.ddl() maps the types.
+Version 3 adds the line's outbox (OUTBOX_TABLE; services/outputs/outbox.py writes and drains it): a row per output
+for each stored result, written in the report's own transaction and deleted once delivered. The statements are
+written once for both engines; Database.ddl() maps the types.
 
 Version 4 adds `gateways`: each gateway of a pair writes its heartbeat there, so another can tell a gateway that
 died mid-inspection (its keys are taken over) from one that is still running them (reports/store.py, claim).
@@ -27,8 +27,7 @@ import logging
 
 from google.protobuf.json_format import MessageToDict
 
-from edgeinspect.services.gateway.reports.database import Database
-from edgeinspect.services.outputs import outbox
+from edgeinspect.services.store.database import Database
 from edgeinspect.v1.inspection_pb2 import DefectReport
 
 log = logging.getLogger(__name__)
@@ -98,6 +97,26 @@ _V2 = [
     "ALTER TABLE reports ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
 ]
 
+# Version 3: the line's outbox (services/outputs/outbox.py writes and drains it). IF NOT EXISTS: the ingest's own file
+# (outbox.open_local) creates it at every start. SQLite's AUTOINCREMENT never reuses a seq; PostgreSQL's ddl() makes
+# it BIGSERIAL.
+OUTBOX_TABLE = [
+    """CREATE TABLE IF NOT EXISTS outbox (
+        seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+        output         TEXT NOT NULL,              -- the output's name (mqtt, webhook0, ...)
+        report_id      TEXT NOT NULL,
+        station        TEXT NOT NULL DEFAULT '',
+        payload        BLOB NOT NULL,              -- LineResult JSON, exactly what the peer receives
+        created_us     INTEGER NOT NULL,
+        holder         TEXT NOT NULL DEFAULT '',   -- the drainer sending it now ('' with no lease)
+        lease_until_us INTEGER NOT NULL DEFAULT 0,
+        tries          INTEGER NOT NULL DEFAULT 0,
+        UNIQUE (output, report_id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS outbox_by_output ON outbox (output, seq)",
+    "CREATE INDEX IF NOT EXISTS outbox_by_station ON outbox (station, output)",
+]
+
 _V4 = [
     "CREATE TABLE gateways (owner TEXT PRIMARY KEY, seen_us INTEGER NOT NULL)",
 ]
@@ -146,7 +165,7 @@ def migrate(db: Database) -> None:
             for statement in _V2:
                 db.execute(db.ddl(statement))
         if version < 3:
-            for statement in outbox.TABLE:
+            for statement in OUTBOX_TABLE:
                 db.execute(db.ddl(statement))
         if version < 4:
             for statement in _V4:

@@ -20,7 +20,7 @@ from psycopg.adapt import Loader
 from psycopg.conninfo import conninfo_to_dict
 
 from edgeinspect.errors import InvalidInput, Unavailable
-from edgeinspect.services.gateway.settings import StoreBackend, StoreSettings
+from edgeinspect.services.store.settings import StoreBackend, StoreSettings
 
 log = logging.getLogger(__name__)
 

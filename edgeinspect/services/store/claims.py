@@ -14,8 +14,8 @@ import time
 import uuid
 
 from edgeinspect.errors import Unavailable
-from edgeinspect.services.gateway.reports.database import Database, Transaction
-from edgeinspect.services.gateway.reports.store_queries import DONE
+from edgeinspect.services.store.database import Database, Transaction
+from edgeinspect.services.store.queries import DONE
 from edgeinspect.v1.inspection_pb2 import DefectReport
 
 log = logging.getLogger(__name__)
