@@ -173,3 +173,15 @@ def test_a_staged_teach_waits_for_its_go_live_figures_before_promote_makes_it_cu
     assert f"@v{staged}" in _ok(_cli("anomaly", "banks", "promote", PART, str(staged), "--banks", str(mine)))
     after = json.loads(_ok(_cli("anomaly", "banks", "list", "--banks", str(mine), "--json")))[0]
     assert after["current"] == staged and after["staged"] is None
+
+
+def test_banks_list_fits_an_80_column_terminal(taught):
+    _, banks = taught
+    env = {**os.environ, "COLUMNS": "80"}
+    cmd = [str(EXE)] if EXE.is_file() else [sys.executable, "-m", "edgeinspect.cli"]
+    run = subprocess.run([*cmd, "anomaly", "banks", "list", "--banks", str(banks)], capture_output=True, text=True,
+                         timeout=120, env=env)  # fmt: skip
+    lines = _ok(run).splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    row = next(line for line in lines if line.strip().startswith(PART))
+    assert "raw-pixel" in row and "1" in row.split()  # the extractor and the current version, unwrapped

@@ -98,3 +98,19 @@ def test_enum_options_list_their_choices():
 
     out = CliRunner().invoke(app, ["up", "--help"], terminal_width=200).output
     assert "fp32|fp16|int8" in out
+
+
+def test_a_down_vision_node_is_named_not_blamed_on_the_gateway(tiny_checkpoint, tmp_path):
+    import signal
+
+    from edgeinspect.stack.launcher import LocalStack, StackOptions
+
+    opts = StackOptions(workdir=tmp_path, checkpoint=tiny_checkpoint, stages=1, allow_unauthenticated=True)
+    with LocalStack(opts) as stack:
+        vision = stack.role("vision")
+        os.kill(vision.pid, signal.SIGKILL)  # no supervisor here: it stays down
+        vision.proc.wait(30)
+        proc = _cli("inspect", str(asset_path("part_ok.jpg")), "--token", "x", "--gateway", stack.gateway_address)
+    line = proc.stderr.strip()
+    assert proc.returncode != 0 and len(line.splitlines()) == 1, proc.stderr + proc.stdout
+    assert "cannot reach the gateway" not in line and "the gateway answered, but its vision node" in line, line

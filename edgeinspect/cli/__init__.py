@@ -56,26 +56,28 @@ def _root(
     """On-prem visual inspection: DeepSeek-VL split across edge boxes, grounded in your defect specs."""
 
 
-app.add_typer(model_app, name="model", help="Checkpoints: generate a tiny one, inspect, export the vision tower.")
-app.command("plan")(plan_command)
-app.add_typer(deploy_app, name="deploy", help="Plant inventory -> compose files, role settings, k3s manifests.")
-app.command("healthcheck")(healthcheck_command)
-app.add_typer(certs_app, name="certs", help="The plant CA: make it, issue box certificates, check expiry.")
-app.add_typer(token_app, name="token", help="Public API bearer tokens: create one (its hash goes in the config).")
-app.add_typer(kb_app, name="kb", help="Knowledge base of defect specs: index a folder, search, stats, verify.")
-app.add_typer(reports_app, name="reports", help="Stored reports: list, show, export (CSV/JSON), review.")
-app.command("ingest")(ingest_command)
-app.add_typer(line_app, name="line", help="The production line: play the PLC side of the OPC UA handshake.")
-app.command("serve")(serve_command)
-app.command("up")(up_command)
-app.command("inspect")(inspect_command)
-app.command("status")(status_command)
-app.command("demo")(demo_command)
-app.command("bench")(bench_command)
-app.command("verify")(verify_command)
-app.command("eval")(eval_command)
-app.add_typer(rollout_app, name="rollout", help="Model versions: shadow a candidate, promote it, roll it back.")
-app.add_typer(anomaly_app, name="anomaly", help="The anomaly gate offline: teach a part from good frames, eval, banks.")
+# Ordered and grouped by what a newcomer does first: start the stack, inspect, watch it, then the tools.
+START, OPERATE, DEPLOY, TOOLS = "Start here", "Run the line", "Deploy to a plant", "Tools"
+app.command("up", rich_help_panel=START, short_help="Start every role on this box (the embedded default).")(up_command)
+app.command("inspect", rich_help_panel=START)(inspect_command)
+app.command("status", rich_help_panel=START, short_help="Every replica's health, the plan in force, the inspections in flight.")(status_command)  # fmt: skip
+app.add_typer(reports_app, name="reports", rich_help_panel=START, help="Stored reports: list, show, export (CSV/JSON), review.")  # fmt: skip
+app.command("demo", rich_help_panel=START, short_help="The embedded default end to end, the anomaly gate included.")(demo_command)  # fmt: skip
+app.add_typer(anomaly_app, name="anomaly", rich_help_panel=OPERATE, help="The anomaly gate: teach a part from good frames, eval, banks.")  # fmt: skip
+app.add_typer(kb_app, name="kb", rich_help_panel=OPERATE, help="Knowledge base of defect specs: index a folder, search, stats, verify.")  # fmt: skip
+app.command("ingest", rich_help_panel=OPERATE)(ingest_command)
+app.add_typer(line_app, name="line", rich_help_panel=OPERATE, help="The production line: play the PLC side of the OPC UA handshake.")  # fmt: skip
+app.command("eval", rich_help_panel=OPERATE)(eval_command)
+app.add_typer(rollout_app, name="rollout", rich_help_panel=OPERATE, help="Model versions: shadow a candidate, promote it, roll it back.")  # fmt: skip
+app.add_typer(deploy_app, name="deploy", rich_help_panel=DEPLOY, help="Plant inventory -> compose files, role settings, k3s manifests.")  # fmt: skip
+app.command("serve", rich_help_panel=DEPLOY, short_help="Serve one role (vision, stage, retrieval, gateway, console, ingest).")(serve_command)  # fmt: skip
+app.add_typer(certs_app, name="certs", rich_help_panel=DEPLOY, help="The plant CA: make it, issue box certificates, check expiry.")  # fmt: skip
+app.add_typer(token_app, name="token", rich_help_panel=DEPLOY, help="Public API bearer tokens: create one (its hash goes in the config).")  # fmt: skip
+app.command("healthcheck", rich_help_panel=DEPLOY, short_help="Exit 0 when a server's grpc.health.v1 Check says SERVING.")(healthcheck_command)  # fmt: skip
+app.add_typer(model_app, name="model", rich_help_panel=TOOLS, help="Checkpoints: generate a tiny one, inspect, export the vision tower.")  # fmt: skip
+app.command("plan", rich_help_panel=TOOLS, short_help="Plan layer ranges over the decoder nodes and print them.")(plan_command)  # fmt: skip
+app.command("verify", rich_help_panel=TOOLS, short_help="Check the cluster's greedy tokens against a single-process reference.")(verify_command)  # fmt: skip
+app.command("bench", rich_help_panel=TOOLS)(bench_command)
 
 
 def _one_line(text: str) -> str:
@@ -87,6 +89,10 @@ def _rpc_message(exc) -> str:
     import grpc
 
     code, details = exc.code(), _one_line(exc.details() or "")
+    if code is grpc.StatusCode.UNAVAILABLE and _gateway_answered(exc):
+        role = next((r for r in ("vision", "stage", "retrieval", "gateway") if r in details.lower()), "")
+        behind = f"its {role} node" if role and role != "gateway" else "a node behind it"
+        return f"the gateway answered, but {behind} is unavailable (UNAVAILABLE): {details}"
     if code is grpc.StatusCode.UNAVAILABLE:
         return f"cannot reach the gateway (UNAVAILABLE: is it running, and is --gateway right?): {details}"
     if code is grpc.StatusCode.UNAUTHENTICATED:
@@ -96,6 +102,19 @@ def _rpc_message(exc) -> str:
     if code is grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"the gateway did not answer in time (DEADLINE_EXCEEDED): {details}"
     return f"{code.name}: {details}"
+
+
+def _gateway_answered(exc) -> bool:
+    """Whether the failure came from a running gateway (its interceptor stamps every call it handles with the
+    request id) rather than from the channel (nothing listening, refused, TLS)."""
+    from edgeinspect.services.common.context import REQUEST_ID_KEY
+    from edgeinspect.services.common.errors import ERROR_CODE_KEY
+
+    try:
+        metadata = (*(exc.initial_metadata() or ()), *(exc.trailing_metadata() or ()))
+    except Exception:  # an error object without call metadata: the channel's own
+        return False
+    return any(key in (REQUEST_ID_KEY, ERROR_CODE_KEY) for key, _ in metadata)
 
 
 def user_error_message(exc: BaseException) -> str | None:

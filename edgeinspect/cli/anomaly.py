@@ -65,7 +65,12 @@ def _stage_progress(console):
 def teach_command(
     part: str = typer.Option(..., "--part", help="part name the bank is for"),
     source: Path = typer.Option(..., "--from", help="folder of good frames (png/jpg/bmp) of this part"),
-    extractor: ExtractorChoice = typer.Option(ExtractorChoice.efficientnet_lite0, "--extractor"),
+    extractor: ExtractorChoice = typer.Option(
+        ExtractorChoice.efficientnet_lite0,
+        "--extractor",
+        help="patch features: efficientnet-lite0 (pretrained CNN, the default), siglip (the checkpoint's own vision "
+        "tower), onnx (the plant's own backbone: -o path=FILE), raw-pixel (no network, for tests)",
+    ),
     option: list[str] = typer.Option([], "--extractor-option", "-o", help="KEY=VALUE for the extractor, repeatable"),
     banks: Path | None = BANKS,
     coreset: float | None = typer.Option(None, "--coreset", help="coreset ratio in (0, 1] (default: measured)"),
@@ -235,6 +240,7 @@ def _print_eval(console, result, roc: Path | None) -> None:
 @banks_app.command("list")
 def banks_list(banks: Path | None = BANKS, as_json: bool = typer.Option(False, "--json")) -> None:
     """Every part with a bank: its current version, extractor, threshold, size."""
+    from rich import box
     from rich.table import Table
 
     store = _store(banks)
@@ -254,15 +260,26 @@ def banks_list(banks: Path | None = BANKS, as_json: bool = typer.Option(False, "
     if not rows:
         typer.echo(f"no banks in {store.root}")
         return
-    table = Table(title=f"anomaly banks in {store.root}")
-    for column in ("part", "current", "staged", "versions", "bank id", "extractor", "threshold", "patches", "created"):
-        table.add_column(column)
+    # Fits 80 columns: the bank id, patch count and the full time are in `banks show` and --json.
+    table = Table(title=f"anomaly banks in {store.root}", box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    for column in ("part", "current", "staged", "versions", "extractor", "threshold", "created"):
+        table.add_column(column, overflow="fold", no_wrap=column in ("extractor", "created"))
     for r in rows:
         threshold = "-" if r["threshold"] is None else f"{r['threshold']:.4g}"
-        table.add_row(r["part"], str(r["current"]), str(r["staged"] or "-"), ",".join(map(str, r["versions"])),
-                      r["bank_id"], r["extractor"],
-                      threshold, str(r["patches"]), r["created_at"])  # fmt: skip
+        table.add_row(r["part"], str(r["current"]), str(r["staged"] or "-"), _version_span(r["versions"]),
+                      r["extractor"], threshold, r["created_at"][:10])  # fmt: skip
     _console().print(table)
+
+
+def _version_span(versions: list[int]) -> str:
+    """1,2,3,5 -> "1-3,5": a long-taught part's history stays one short cell."""
+    spans: list[list[int]] = []
+    for v in sorted(versions):
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 @banks_app.command("show")

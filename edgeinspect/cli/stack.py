@@ -260,7 +260,9 @@ def demo_command(
     ingest_reports: int = typer.Option(3, help="then ingest the sample conveyor video until this many reports"),
     gate: bool = typer.Option(True, "--gate/--no-gate", help="teach a drawn sample part, inspect a good and a bad one"),
 ) -> None:
-    """The embedded default end to end: start every role, inspect the sample part, ingest the sample video."""
+    """The embedded default end to end: start every role, inspect the sample part, ingest the sample video; then the
+    anomaly gate: teach a drawn sample part from good frames and inspect a good and a defective one (--no-gate skips
+    it)."""
     from rich.console import Console
 
     from edgeinspect.assets import sample_image
