@@ -140,7 +140,7 @@ OUTBOX_REFUSED = Counter(
     ["output"],
     registry=None,
 )
-# The gateway's vision and retrieval replicas (services/gateway/replicas.py), per endpoint.
+# The gateway's vision and retrieval replicas (services/gateway/replicas/), per endpoint.
 REPLICA_CALLS = Counter(
     "edgeinspect_replica_calls",
     "calls to a vision or retrieval replica by outcome (ok | retried | failed)",

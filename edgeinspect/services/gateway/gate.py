@@ -21,7 +21,7 @@ import grpc
 
 from edgeinspect.errors import DeadlineExceeded, InvalidInput, Unavailable
 from edgeinspect.services.common.errors import error_code_of, status_for
-from edgeinspect.services.gateway.clients import BANK_VERSION_CODE, VisionClient
+from edgeinspect.services.gateway.replicas.clients import BANK_VERSION_CODE, VisionClient
 from edgeinspect.services.gateway.settings import AnomalyPolicy, GatewayAnomalySettings, StationGate
 from edgeinspect.v1 import inspection_pb2, stage_pb2, vision_pb2
 

@@ -26,10 +26,10 @@ from edgeinspect.services.common import metrics
 from edgeinspect.services.common.context import deadline_var, request_id_var
 from edgeinspect.services.gateway import gate
 from edgeinspect.services.gateway.admission import Admission
-from edgeinspect.services.gateway.clients import RetrievalClient, VisionClient
 from edgeinspect.services.gateway.decode.session import InferenceSession
 from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.decode.text import IncrementalText
+from edgeinspect.services.gateway.replicas.clients import RetrievalClient, VisionClient
 from edgeinspect.services.gateway.reports.build import vlm_report
 from edgeinspect.services.gateway.reports.schema import build_report_grammar, schema_instruction
 from edgeinspect.services.gateway.settings import AnomalyPolicy, GatewaySettings
@@ -376,7 +376,7 @@ class Inspector:
             if exc.code() is grpc.StatusCode.INVALID_ARGUMENT:
                 raise
             return self._without_specs(degraded, f"retrieval unavailable ({exc.code().name})")
-        except (Unavailable, DeadlineExceeded) as exc:  # no retrieval replica usable (services/gateway/replicas.py)
+        except (Unavailable, DeadlineExceeded) as exc:  # no retrieval replica usable (services/gateway/replicas/)
             return self._without_specs(degraded, f"retrieval unavailable ({exc.status})")
         timings.append(
             stage_pb2.StageTiming(

@@ -1,5 +1,5 @@
 """The gateway's readiness: SERVING exactly while a complete route over the decoder stages exists and a vision
-replica (handshaken on our checkpoint: services/gateway/clients.py) is usable. Re-planning is started from here
+replica (handshaken on our checkpoint: services/gateway/replicas/clients.py) is usable. Re-planning is started from here
 when a layer range is left without a stage.
 It follows the live model version: after a rollout promotes or rolls back in process, the new live version's
 route, vision node and re-planner are what health reports on."""

@@ -15,7 +15,6 @@ from edgeinspect.services.common.server import RunningServer, serve_until_signal
 from edgeinspect.services.gateway.api import rollout_servicer
 from edgeinspect.services.gateway.api.servicer import InspectionServicer
 from edgeinspect.services.gateway.backlog import BacklogGuard
-from edgeinspect.services.gateway.clients import RetrievalClient, VisionClient, gateway_identity
 from edgeinspect.services.gateway.decode.pipeline import WireOptions
 from edgeinspect.services.gateway.decode.routing import StageRouter
 from edgeinspect.services.gateway.decode.session import RecoveryPolicy
@@ -23,6 +22,8 @@ from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.disk import gateway_guard
 from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
 from edgeinspect.services.gateway.readiness import Readiness
+from edgeinspect.services.gateway.replicas.clients import RetrievalClient, VisionClient
+from edgeinspect.services.gateway.replicas.health import gateway_identity
 from edgeinspect.services.gateway.reports.images import ReportImages
 from edgeinspect.services.gateway.reports.store import ReportStore, open_gateway_store
 from edgeinspect.services.gateway.rollout.manager import RolloutManager

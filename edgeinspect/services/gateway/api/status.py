@@ -8,7 +8,7 @@ import time
 import grpc
 
 from edgeinspect.services.gateway.inspection import Inspector
-from edgeinspect.services.gateway.replicas import Replica, ReplicaSet
+from edgeinspect.services.gateway.replicas.replica_set import Replica, ReplicaSet
 from edgeinspect.v1 import inspection_pb2, stage_pb2
 
 STATS_TIMEOUT_S = 1.0  # a stopped stage must not hold the status call

@@ -14,28 +14,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from edgeinspect import codec
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.channel import make_channel
-from edgeinspect.services.common.retry import backoff_delays
 from edgeinspect.services.common.tasks import BackgroundTasks
+from edgeinspect.services.gateway.replicas.health import HANDSHAKE_TIMEOUT_S, ban, follow_health, probe_until_serving
 from edgeinspect.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-HANDSHAKE_TIMEOUT_S = 5.0
-PROBE_TIMEOUT_S = 1.0
-# Bans after failures grow 0.5 s, 1 s, 2 s ... up to 30 s; a good step resets the count.
-BAN_DELAYS = backoff_delays(0.5, 2.0, 30.0, attempts=12)
-# Reconnecting a health watch: quick at first (a restart takes a second or two), then every 2 s.
-WATCH_DELAYS = backoff_delays(0.1, 2.0, 2.0, attempts=8)
 
 
 def fmt_range(start: int, end: int) -> str:
@@ -322,59 +314,6 @@ class StageRouter:
         if self.plan_text() != "normal":
             notes.append(f"plan in force: {self.plan_text()}")
         return notes
-
-
-class Bannable(Protocol):
-    """What the ban helpers need of an endpoint (a decoder stage here, a vision or retrieval replica elsewhere)."""
-
-    failures: int
-    banned_until: float
-    ban_reason: str
-
-
-def ban(ep: Bannable) -> float:
-    """Counts a failure and bans `ep` for a growing time (BAN_DELAYS); returns the ban's length."""
-    ep.failures += 1
-    delay = BAN_DELAYS[min(ep.failures - 1, len(BAN_DELAYS) - 1)]
-    ep.banned_until = time.monotonic() + delay
-    return delay
-
-
-async def probe_until_serving(health: health_pb2_grpc.HealthStub, ep: Bannable) -> None:
-    """When the ban ends, a health Check must answer SERVING within PROBE_TIMEOUT_S (a stopped process does not)
-    before the endpoint is used again; otherwise the ban is extended. Returns with the ban lifted."""
-    while True:
-        await asyncio.sleep(max(0.0, ep.banned_until - time.monotonic()))
-        try:
-            reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=PROBE_TIMEOUT_S)
-            if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                break
-        except grpc.aio.AioRpcError:
-            pass
-        ban(ep)
-    ep.banned_until = 0.0
-    ep.ban_reason = ""
-
-
-async def follow_health(
-    health: health_pb2_grpc.HealthStub,
-    on_status: Callable[[bool], Awaitable[None]],
-    on_lost: Callable[[str], None],
-) -> None:
-    """The heartbeat: follows a peer's grpc.health.v1 Watch stream forever. on_status(serving) per reply;
-    on_lost(why) when the stream breaks (a dead process breaks it at once), then reconnects after WATCH_DELAYS."""
-    attempt = 0
-    while True:
-        try:
-            async for reply in health.Watch(health_pb2.HealthCheckRequest(service="")):
-                attempt = 0
-                await on_status(reply.status == health_pb2.HealthCheckResponse.SERVING)
-        except grpc.aio.AioRpcError as exc:
-            on_lost(exc.code().name)
-        else:
-            on_lost("health stream ended")
-        await asyncio.sleep(WATCH_DELAYS[min(attempt, len(WATCH_DELAYS) - 1)])
-        attempt += 1
 
 
 def choose_route(endpoints: list[Endpoint], num_layers: int) -> list[Endpoint] | None:

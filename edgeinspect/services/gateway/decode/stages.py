@@ -7,10 +7,10 @@ import dataclasses
 
 from edgeinspect import codec
 from edgeinspect.models.checkpoint import Checkpoint
-from edgeinspect.services.gateway.clients import gateway_identity
 from edgeinspect.services.gateway.decode.pipeline import MicroBatchGroups, PrefixBook, WireOptions
 from edgeinspect.services.gateway.decode.routing import StageRouter
 from edgeinspect.services.gateway.decode.session import InferenceSession, Journal, RecoveryPolicy
+from edgeinspect.services.gateway.replicas.health import gateway_identity
 from edgeinspect.v1 import stage_pb2, tensor_pb2
 
 

@@ -1,4 +1,4 @@
-"""The gateway's clients of the vision and retrieval replicas (their health, bans and choice: replicas.py); each
+"""The gateway's clients of the vision and retrieval replicas (their health, bans and choice: replica_set.py); each
 holds its role's version policy: vision's anomaly banks, retrieval's KB index."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import time
 
 import grpc
 
-from edgeinspect import PROTOCOL_VERSION, codec
+from edgeinspect import codec
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.errors import error_code_of, upstream_peer
 from edgeinspect.services.common.tasks import BackgroundTasks
 from edgeinspect.services.common.tracing import client_span
-from edgeinspect.services.gateway.decode.routing import HANDSHAKE_TIMEOUT_S
-from edgeinspect.services.gateway.replicas import IndexVersion, Replica, ReplicaSet
-from edgeinspect.v1 import common_pb2, retrieval_pb2, retrieval_pb2_grpc, vision_pb2, vision_pb2_grpc
+from edgeinspect.services.gateway.replicas.health import HANDSHAKE_TIMEOUT_S
+from edgeinspect.services.gateway.replicas.replica_set import IndexVersion, Replica, ReplicaSet
+from edgeinspect.v1 import retrieval_pb2, retrieval_pb2_grpc, vision_pb2, vision_pb2_grpc
 
 log = logging.getLogger(__name__)
 VISION_PUSHBACK_MS = 2000
@@ -323,12 +323,3 @@ def bank_version(bank_id: str) -> int:
     _, _, rest = bank_id.rpartition("@v")
     number = rest.split(":", 1)[0]
     return int(number) if number.isdigit() else -1
-
-
-def gateway_identity(checkpoint_fingerprint: str, tokenizer_fingerprint: str) -> common_pb2.PeerIdentity:
-    return common_pb2.PeerIdentity(
-        protocol_version=PROTOCOL_VERSION,
-        checkpoint_fingerprint=checkpoint_fingerprint,
-        tokenizer_fingerprint=tokenizer_fingerprint,
-        role="gateway",
-    )

@@ -6,7 +6,7 @@ a replica behind on the version in use is held back until it has it). A request 
 loaded usable replica (round robin among equals); a failure that says nothing about the request (UNAVAILABLE,
 DEADLINE_EXCEEDED, CANCELLED: a dead, reset or stalled box) bans that replica with backoff and the request is sent
 to another within its budget, through the project's one retry helper. The pieces (Watch loop, bans, readmission
-probe) are the decoder stages' own (services/gateway/decode/routing.py).
+probe) are the ones the decoder stages' router uses too (health.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from edgeinspect.services.common import metrics
 from edgeinspect.services.common.channel import make_channel
 from edgeinspect.services.common.retry import retry_async
 from edgeinspect.services.common.tasks import BackgroundTasks
-from edgeinspect.services.gateway.decode.routing import ban, follow_health, probe_until_serving
+from edgeinspect.services.gateway.replicas.health import ban, follow_health, probe_until_serving
 
 log = logging.getLogger(__name__)
 
