@@ -94,14 +94,21 @@ def _table(reports) -> None:
     from rich.table import Table
 
     from edgeinspect.services.console.views import classes_of, local_time, verdict_label
+    from edgeinspect.v1 import inspection_pb2
 
     table = Table(title=f"{len(reports)} reports")
     for column in ("report", "when", "station", "camera", "part", "model", "reviewed", "classes"):
         table.add_column(column)
     for r in reports:
         reviewed = f"{verdict_label(r.review.verdict)} ({r.review.reviewer})" if r.HasField("review") else ""
+        # A verdict decided at takt says whether its explanation is still coming (or never will).
+        explaining = {
+            inspection_pb2.EXPLANATION_PENDING: " (explaining)",
+            inspection_pb2.EXPLANATION_FAILED: " (unexplained)",
+        }
         table.add_row(r.report_id[:12], local_time(r.created_time), r.station, r.camera_id, r.part,
-                      verdict_label(r.verdict), reviewed, ", ".join(classes_of(r)))  # fmt: skip
+                      verdict_label(r.verdict) + explaining.get(r.explanation, ""), reviewed,
+                      ", ".join(classes_of(r)))  # fmt: skip
     Console().print(table)
 
 

@@ -102,6 +102,9 @@ class InspectionClient:
         for event in stub.InspectStream(request, metadata=self.metadata, timeout=timeout_s):
             if event.HasField("delta"):
                 on_delta(event.delta.text)
+            elif event.HasField("decision"):  # the line has its verdict; the explanation streams on
+                verdict = inspection_pb2.Verdict.Name(event.decision.verdict).removeprefix("VERDICT_")
+                on_delta(f"[decided at takt: {verdict}; the VLM explains]\n")
             else:
                 report = event.report
         if report is None:
@@ -131,6 +134,9 @@ def print_report(report: inspection_pb2.DefectReport) -> None:
         f"[{VERDICT_STYLE.get(verdict, 'white')}]{verdict.removeprefix('VERDICT_')}[/]"
         + (f"  ({report.verdict_reason})" if report.verdict_reason else ""),
     )
+    explanation = explanation_line(report)
+    if explanation:
+        table.add_row("explanation", explanation)
     table.add_row("station / part", f"{report.station or '-'} / {report.part or '-'}")
     for d in report.defects:
         table.add_row("defect", f"{d.defect_class} ({d.severity}) at {d.location}: {d.evidence}")
@@ -144,3 +150,18 @@ def print_report(report: inspection_pb2.DefectReport) -> None:
     table.add_row("tokens", f"{report.prompt_tokens} prompt, {len(report.generated_token_ids)} generated")
     table.add_row("timings", ", ".join(f"{t.stage} {t.compute_ms + t.wire_ms:.0f} ms" for t in report.timings))
     Console().print(table)
+
+
+def explanation_line(report: inspection_pb2.DefectReport) -> str:
+    """Where a report decided at takt stands ("" for one decided and explained at once)."""
+    state = report.explanation
+    if state == inspection_pb2.EXPLANATION_PENDING:
+        return (
+            f"pending: the verdict went to the line at once; `edgeinspect reports show {report.report_id[:12]}` later"
+        )
+    if state == inspection_pb2.EXPLANATION_DONE:
+        vlm = inspection_pb2.Verdict.Name(report.vlm_verdict).removeprefix("VERDICT_")
+        return f"done after the decision (the VLM's own verdict: {vlm})"
+    if state == inspection_pb2.EXPLANATION_FAILED:
+        return f"failed: {report.explanation_error}"
+    return ""

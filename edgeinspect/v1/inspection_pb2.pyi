@@ -18,6 +18,13 @@ class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERDICT_DEFECT: _ClassVar[Verdict]
     VERDICT_UNCERTAIN: _ClassVar[Verdict]
 
+class Explanation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXPLANATION_UNSPECIFIED: _ClassVar[Explanation]
+    EXPLANATION_PENDING: _ClassVar[Explanation]
+    EXPLANATION_DONE: _ClassVar[Explanation]
+    EXPLANATION_FAILED: _ClassVar[Explanation]
+
 class DecidedBy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DECIDED_BY_UNSPECIFIED: _ClassVar[DecidedBy]
@@ -42,6 +49,10 @@ VERDICT_UNSPECIFIED: Verdict
 VERDICT_OK: Verdict
 VERDICT_DEFECT: Verdict
 VERDICT_UNCERTAIN: Verdict
+EXPLANATION_UNSPECIFIED: Explanation
+EXPLANATION_PENDING: Explanation
+EXPLANATION_DONE: Explanation
+EXPLANATION_FAILED: Explanation
 DECIDED_BY_UNSPECIFIED: DecidedBy
 DECIDED_BY_GATE: DecidedBy
 DECIDED_BY_GATE_AND_VLM: DecidedBy
@@ -176,7 +187,7 @@ class Failover(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., endpoint: _Optional[str] = ..., position: _Optional[int] = ..., reason: _Optional[str] = ..., recovery_ms: _Optional[float] = ..., replayed_tokens: _Optional[int] = ..., route: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DefectReport(_message.Message):
-    __slots__ = ("report_id", "request_id", "idempotency_key", "station", "part", "camera_id", "capture_time", "created_time", "verdict", "defects", "description", "references", "model", "timings", "raw_text", "generated_token_ids", "verdict_reason", "image_sha256", "prompt_tokens", "prompt_token_ids", "review", "previous_attempt_id", "failovers", "degraded", "decode_steps", "jump_forward_tokens", "anomaly")
+    __slots__ = ("report_id", "request_id", "idempotency_key", "station", "part", "camera_id", "capture_time", "created_time", "verdict", "defects", "description", "references", "model", "timings", "raw_text", "generated_token_ids", "verdict_reason", "image_sha256", "prompt_tokens", "prompt_token_ids", "review", "previous_attempt_id", "failovers", "degraded", "decode_steps", "jump_forward_tokens", "anomaly", "explanation", "vlm_verdict", "explained_time", "explanation_error")
     REPORT_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +215,10 @@ class DefectReport(_message.Message):
     DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
     JUMP_FORWARD_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ANOMALY_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    VLM_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    EXPLAINED_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_ERROR_FIELD_NUMBER: _ClassVar[int]
     report_id: str
     request_id: str
     idempotency_key: str
@@ -231,7 +246,11 @@ class DefectReport(_message.Message):
     decode_steps: int
     jump_forward_tokens: int
     anomaly: AnomalyFinding
-    def __init__(self, report_id: _Optional[str] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defects: _Optional[_Iterable[_Union[Defect, _Mapping]]] = ..., description: _Optional[str] = ..., references: _Optional[_Iterable[_Union[Reference, _Mapping]]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[_stage_pb2.StageTiming, _Mapping]]] = ..., raw_text: _Optional[str] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., verdict_reason: _Optional[str] = ..., image_sha256: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., review: _Optional[_Union[Review, _Mapping]] = ..., previous_attempt_id: _Optional[str] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ..., decode_steps: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., anomaly: _Optional[_Union[AnomalyFinding, _Mapping]] = ...) -> None: ...
+    explanation: Explanation
+    vlm_verdict: Verdict
+    explained_time: _timestamp_pb2.Timestamp
+    explanation_error: str
+    def __init__(self, report_id: _Optional[str] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defects: _Optional[_Iterable[_Union[Defect, _Mapping]]] = ..., description: _Optional[str] = ..., references: _Optional[_Iterable[_Union[Reference, _Mapping]]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[_stage_pb2.StageTiming, _Mapping]]] = ..., raw_text: _Optional[str] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., verdict_reason: _Optional[str] = ..., image_sha256: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., review: _Optional[_Union[Review, _Mapping]] = ..., previous_attempt_id: _Optional[str] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ..., decode_steps: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., anomaly: _Optional[_Union[AnomalyFinding, _Mapping]] = ..., explanation: _Optional[_Union[Explanation, str]] = ..., vlm_verdict: _Optional[_Union[Verdict, str]] = ..., explained_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., explanation_error: _Optional[str] = ...) -> None: ...
 
 class AnomalyFinding(_message.Message):
     __slots__ = ("score", "threshold", "bank_id", "extractor_fingerprint", "decided_by", "regions", "heatmap_stored", "policy", "note")
@@ -446,12 +465,14 @@ class TokenDelta(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InspectEvent(_message.Message):
-    __slots__ = ("delta", "report")
+    __slots__ = ("delta", "report", "decision")
     DELTA_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
     delta: TokenDelta
     report: DefectReport
-    def __init__(self, delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., report: _Optional[_Union[DefectReport, _Mapping]] = ...) -> None: ...
+    decision: DefectReport
+    def __init__(self, delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., report: _Optional[_Union[DefectReport, _Mapping]] = ..., decision: _Optional[_Union[DefectReport, _Mapping]] = ...) -> None: ...
 
 class GetReportRequest(_message.Message):
     __slots__ = ("report_id",)

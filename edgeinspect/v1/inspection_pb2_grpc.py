@@ -102,7 +102,8 @@ class InspectionServiceServicer:
     """
 
     def Inspect(self, request, context):
-        """Inspects one image and answers with the stored report (stored before the answer is sent).
+        """Inspects one image and answers with the stored report (stored before the answer is sent); at a station that
+        decides at takt, with the decision (explanation PENDING) while the VLM's explanation completes it later.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

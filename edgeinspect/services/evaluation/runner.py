@@ -102,6 +102,12 @@ def record_from_report(sample: Sample, sha256: str, report: inspection_pb2.Defec
         "part": sample.part,
         "report_id": report.report_id,
         "verdict": inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_"),
+        # Decided at takt: `verdict` is the gate's decision, this the VLM's own in its explanation (absent otherwise).
+        **(
+            {"vlm_verdict": inspection_pb2.Verdict.Name(report.vlm_verdict).removeprefix("VERDICT_")}
+            if report.vlm_verdict
+            else {}
+        ),  # fmt: skip
         "predicted_classes": sorted({normalise_class(d.defect_class) for d in report.defects if d.defect_class}),
         "verdict_reason": report.verdict_reason,
         "latency_ms": None if latency_ms is None else round(latency_ms, 3),

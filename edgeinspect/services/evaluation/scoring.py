@@ -48,6 +48,24 @@ def score(records: Iterable[dict]) -> dict:
         "confusion": {"rows": rows, "columns": list(VERDICTS), "counts": matrix},
         "per_class": per_class(done),
         "latency_ms": latency_summary(latencies),
+        **explanation_figures(done),
+    }
+
+
+def explanation_figures(done: list[dict]) -> dict:
+    """Where reports were decided at takt (the gate's verdict to the line, the VLM's in its explanation): the VLM's
+    own escape and overkill over those reports, beside the decision's figures above ({} where none were)."""
+    explained = [r for r in done if r.get("vlm_verdict")]
+    if not explained:
+        return {}
+    good = [r for r in explained if r["label"] == GOOD]
+    defect = [r for r in explained if r["label"] == DEFECT]
+    return {
+        "explained_after_decision": {
+            "reports": len(explained),
+            "vlm_escape": rate(sum(1 for r in defect if r["vlm_verdict"] == "OK"), len(defect)).as_dict(),
+            "vlm_overkill": rate(sum(1 for r in good if r["vlm_verdict"] == "DEFECT"), len(good)).as_dict(),
+        }
     }
 
 

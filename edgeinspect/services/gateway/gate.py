@@ -55,6 +55,12 @@ class GateOutcome:
         """Under `gate`, a frame the gate did not pass: the VLM explains it and may not simply clear it."""
         return self.policy is AnomalyPolicy.gate and self.score is not None and self.score.verdict != NORMAL
 
+    @property
+    def decides_at_takt(self) -> bool:
+        """A flagged frame whose verdict the VLM cannot change (the station does not let it clear one): the gate's
+        decision goes to the line at once and the VLM's explanation completes the report after (explain.py)."""
+        return self.flagged and not self.station.vlm_may_clear
+
 
 class GateStep:
     """The gateway's side of the gate: Score on a vision replica holding the part's newest bank (clients.py checks
@@ -214,6 +220,50 @@ def ok_report(
         anomaly=finding(outcome, inspection_pb2.DECIDED_BY_GATE, heatmap_stored),
         **fields,
     )
+    report.created_time.GetCurrentTime()
+    if req.HasField("capture_time"):
+        report.capture_time.CopyFrom(req.capture_time)
+    return report
+
+
+def decided_verdict(gate_verdict: int) -> tuple[int, str]:
+    """A flagged frame's verdict before the VLM has spoken: DEFECT above the band, UNCERTAIN inside it (for a
+    person); what combine() gives for a VLM that sees no defect, so the explanation never contradicts the line."""
+    if gate_verdict == UNCERTAIN:
+        return UNSURE, "the anomaly gate scored this frame inside its uncertainty band (decided at takt)"
+    return DEFECT, "the anomaly gate flagged this frame above its threshold (decided at takt)"
+
+
+def decision_report(
+    req: inspection_pb2.InspectRequest, report_id: str, outcome: GateOutcome, **fields
+) -> inspection_pb2.DefectReport:
+    """The report of a flagged frame decided at takt: the gate's verdict, its regions as anomaly defects, and the
+    explanation PENDING (fields: ids, model, timings). The VLM's explanation completes it (explain.py)."""
+    score = outcome.score
+    verdict, reason = decided_verdict(score.verdict)
+    places = "; ".join(where_in_words(r) for r in score.regions) or "the whole frame"
+    report = inspection_pb2.DefectReport(
+        report_id=report_id,
+        idempotency_key=req.idempotency_key,
+        station=req.station,
+        part=req.part,
+        camera_id=req.camera_id,
+        verdict=verdict,
+        verdict_reason=reason,
+        description=(
+            f"The anomaly gate flagged this frame (score {score.score:.3g} over threshold {score.threshold:.3g}, "
+            f"bank {score.bank_id}) at: {places}. The verdict went to the line at once; the VLM's explanation "
+            "completes this report."
+        ),
+        anomaly=finding(outcome, inspection_pb2.DECIDED_BY_GATE, False),
+        explanation=inspection_pb2.EXPLANATION_PENDING,
+        **fields,
+    )
+    evidence = f"anomaly gate score {score.score:.3g} over threshold {score.threshold:.3g}"
+    for region, box in zip(score.regions, boxes(score), strict=True):
+        report.defects.append(
+            inspection_pb2.Defect(defect_class="anomaly", location=where_in_words(region), evidence=evidence, box=box)
+        )
     report.created_time.GetCurrentTime()
     if req.HasField("capture_time"):
         report.capture_time.CopyFrom(req.capture_time)

@@ -15,6 +15,10 @@ class MqttConfig(BaseModel):
     topic: str = Field(
         "edgeinspect/{station}/{camera}/result", description="result topic ({station}, {camera}, {part})"
     )
+    explained_topic: str = Field(
+        "edgeinspect/{station}/{camera}/explained",
+        description="where the explanation of a report decided at takt is published (its result went to `topic`)",
+    )
     last_topic: str = Field(
         "edgeinspect/{station}/last", description="retained last verdict per station ({station}); empty: none"
     )

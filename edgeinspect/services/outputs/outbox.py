@@ -76,7 +76,7 @@ class OutboxWriter:
         db.executemany(
             "INSERT INTO outbox (output, report_id, station, payload, created_us) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (output, report_id) DO NOTHING",
-            [(name, result.report_id, result.station, payload, now) for name in self.outputs],
+            [(name, result.outbox_key, result.station, payload, now) for name in self.outputs],
         )
         if not self.drop_oldest:
             return 0

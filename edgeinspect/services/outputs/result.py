@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
+DECIDED, EXPLAINED = "decided", "explained"  # LineResult.event
 SEVERITY_ORDER = ("critical", "major", "minor")  # worst first; unknown severities rank below these
 
 
@@ -25,13 +26,28 @@ class LineResult:
     # The anomaly gate's finding (score, threshold, bank, decided_by, regions as [x, y, w, h] fractions); empty when
     # the station's policy is off.
     anomaly: dict = field(default_factory=dict)
+    # Decide at takt, explain after: "decided" (the verdict, its explanation to follow), "explained" (the same
+    # report completed: the VLM's classes, `explanation` with its state), "" (decided and explained at once).
+    # Receivers dedupe by report_id + event.
+    event: str = ""
+    explanation: dict = field(default_factory=dict)
+
+    @property
+    def outbox_key(self) -> str:
+        """The outbox row's key: one row per output for a report's result and one for its explanation."""
+        return f"{self.report_id}:{EXPLAINED}" if self.event == EXPLAINED else self.report_id
 
     def to_json(self) -> bytes:
         body = asdict(self)
         body["classes"] = list(self.classes)
         body["capture_time"] = _iso(self.capture_time)
         body["created_time"] = _iso(self.created_time)
-        for optional in ("line", "anomaly"):  # absent rather than empty: older consumers see the same shape
+        for optional in (
+            "line",
+            "anomaly",
+            "event",
+            "explanation",
+        ):  # absent rather than empty: older consumers see the same shape
             if not body[optional]:
                 del body[optional]
         return json.dumps(body, separators=(",", ":")).encode()
@@ -59,8 +75,9 @@ def is_shadow(report) -> bool:
     return report.HasField("model") and report.model.shadow
 
 
-def from_report(report) -> LineResult:
-    """DefectReport (protobuf) -> LineResult."""
+def from_report(report, event: str = "") -> LineResult:
+    """DefectReport (protobuf) -> LineResult; event: DECIDED or EXPLAINED for the two moments of a report decided
+    at takt."""
     from edgeinspect.v1 import inspection_pb2
 
     classes, severity = rank_defects([(d.defect_class, d.severity) for d in report.defects])
@@ -78,7 +95,22 @@ def from_report(report) -> LineResult:
         created_time=created,
         latency_ms=None if capture is None else round((created - capture) * 1e3, 1),
         anomaly=anomaly_of(report),
+        event=event,
+        explanation=explanation_of(report) if event == EXPLAINED else {},
     )
+
+
+def explanation_of(report) -> dict:
+    """The explanation's state as the line sees it: done with the VLM's own verdict, or failed with why."""
+    from edgeinspect.v1 import inspection_pb2
+
+    state = inspection_pb2.Explanation.Name(report.explanation).removeprefix("EXPLANATION_").lower()
+    out: dict = {"state": state}
+    if report.vlm_verdict:
+        out["vlm_verdict"] = inspection_pb2.Verdict.Name(report.vlm_verdict).removeprefix("VERDICT_")
+    if report.explanation_error:
+        out["error"] = report.explanation_error
+    return out
 
 
 def anomaly_of(report) -> dict:

@@ -18,6 +18,9 @@ died mid-inspection (its keys are taken over) from one that is still running the
 
 Version 5 adds the gateway's advertised `address` to its heartbeat row: a gateway asked for a frame that another
 gateway of the pair holds on its own disk reads it from that one's public API (reports/images.py).
+
+Version 6 adds `explanation` to reports ('' none, or pending / done / failed): a report decided at takt whose
+explanation is still pending when its gateway restarts is found and marked failed (its decision stands).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from edgeinspect.v1.inspection_pb2 import DefectReport
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # One statement per entry: executescript() would commit the migration's transaction half way.
 _V1 = [
@@ -127,6 +130,10 @@ _V5 = [
     "ALTER TABLE gateways ADD COLUMN address TEXT NOT NULL DEFAULT ''",
 ]
 
+_V6 = [
+    "ALTER TABLE reports ADD COLUMN explanation TEXT NOT NULL DEFAULT ''",
+]
+
 
 def report_fields(report: DefectReport) -> str:
     """The report as JSON for SQL (token id lists left out: they are large and only the BLOB needs them)."""
@@ -172,6 +179,9 @@ def migrate(db: Database) -> None:
                 db.execute(db.ddl(statement))
         if version < 5:
             for statement in _V5:
+                db.execute(db.ddl(statement))
+        if version < 6:
+            for statement in _V6:
                 db.execute(db.ddl(statement))
         if version != SCHEMA_VERSION:
             db.set_schema_version(SCHEMA_VERSION)

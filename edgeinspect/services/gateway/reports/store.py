@@ -25,7 +25,7 @@ from edgeinspect.services.gateway.reports.frames import FrameFiles, FrameRow
 from edgeinspect.services.gateway.reports.reader import ReportReader
 from edgeinspect.services.gateway.settings import FrameSettings, GatewaySettings
 from edgeinspect.services.outputs.outbox import OutboxWriter
-from edgeinspect.services.outputs.result import from_report, is_shadow
+from edgeinspect.services.outputs.result import DECIDED, EXPLAINED, from_report, is_shadow
 from edgeinspect.services.store.claims import (
     FAILED,
     OWNER_LEASE_S,
@@ -40,7 +40,13 @@ from edgeinspect.services.store.queries import (
     DONE,
 )
 from edgeinspect.services.store.schema import index_report, migrate, report_fields
-from edgeinspect.v1.inspection_pb2 import DefectReport, Review
+from edgeinspect.v1.inspection_pb2 import (
+    EXPLANATION_FAILED,
+    EXPLANATION_PENDING,
+    DefectReport,
+    Explanation,
+    Review,
+)
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +172,8 @@ class ReportStore(ReportReader):
                             (frame.sha256, frame.nbytes, frame.media_type, frame.width, frame.height, now_us()),
                         )
                     if to_line and self.outbox is not None and not is_shadow(report):
-                        self.outbox.add(self._db, from_report(report))
+                        event = DECIDED if report.explanation == EXPLANATION_PENDING else ""
+                        self.outbox.add(self._db, from_report(report, event=event))
                     fault_point("report_in_transaction")
                 fault_point("report_committed")
             except self._db.IntegrityError as exc:
@@ -177,15 +184,72 @@ class ReportStore(ReportReader):
         if frame is not None:
             self.prune_frames()
 
+    def explain(self, explained: DefectReport, to_line: bool = False) -> DefectReport:
+        """Completes a report decided at takt with its explanation (explanation DONE or FAILED): the stored row
+        keeps its verdict, frame and creation time whatever `explained` says; to_line: the explanation's result is
+        queued for every output, in the same transaction, beside the decision's. Returns the report as stored."""
+        with self._lock, self._transaction():
+            row = self._db.execute(
+                "SELECT status, report, created_us FROM reports WHERE report_id = ?", (explained.report_id,)
+            ).fetchone()
+            if row is None or row[0] != DONE:
+                raise FailedPrecondition(f"no decided report {explained.report_id} to explain")
+            decided = DefectReport.FromString(row[1])
+            if decided.explanation != EXPLANATION_PENDING:
+                log.info("report %s was already explained or marked failed: kept", explained.report_id)
+                return decided
+            stored = DefectReport()
+            stored.CopyFrom(explained)
+            # What went to the line stays as sent: the verdict, its reason, when, and the gate's finding.
+            stored.verdict, stored.verdict_reason = decided.verdict, decided.verdict_reason
+            stored.created_time.CopyFrom(decided.created_time)
+            stored.anomaly.CopyFrom(decided.anomaly)
+            if not stored.HasField("explained_time"):
+                stored.explained_time.GetCurrentTime()
+            self._db.execute(
+                "UPDATE reports SET explanation = ?, fields = ?, report = ? WHERE report_id = ?",
+                (explanation_word(stored), report_fields(stored), stored.SerializeToString(), stored.report_id),
+            )
+            index_report(self._db, stored, row[2])
+            if to_line and self.outbox is not None and not is_shadow(stored):
+                self.outbox.add(self._db, from_report(stored, event=EXPLAINED))
+            fault_point("explanation_in_transaction")
+        return stored
+
+    def explanation_failed(self, report_id: str, reason: str, to_line: bool = False) -> DefectReport | None:
+        """The explanation of a decided report could not be made: the decision stands, the report says why."""
+        with self._lock:
+            row = self._db.execute("SELECT report FROM reports WHERE report_id = ?", (report_id,)).fetchone()
+        if row is None:
+            return None
+        failed = DefectReport.FromString(row[0])
+        failed.explanation, failed.explanation_error = EXPLANATION_FAILED, reason[:2000]
+        return self.explain(failed, to_line)
+
+    def fail_unexplained(self, reason: str, to_line: bool = True) -> int:
+        """At gateway start: this gateway's reports whose explanation was pending when it stopped are marked failed
+        (their decisions reached the line; the explanation's event says it will not come)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT report_id FROM reports WHERE explanation = ? AND owner = ?", ("pending", self.owner)
+            ).fetchall()
+        for (report_id,) in rows:
+            self.explanation_failed(report_id, reason, to_line)
+        if rows:
+            log.warning("%d explanations were pending when this gateway stopped: marked failed", len(rows))
+        return len(rows)
+
     def _upsert(self, report: DefectReport, created_us: int, frame_sha: str) -> None:
         # An existing row keeps the key it was claimed with; a report stored without a claim brings its own key.
         self._db.execute(
             "INSERT INTO reports (report_id, idempotency_key, request_id, station, part, camera_id, verdict, "
-            "created_us, status, frame_sha256, fields, report, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "created_us, status, frame_sha256, fields, report, owner, explanation) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (report_id) DO UPDATE SET request_id = excluded.request_id, station = excluded.station, "
             "part = excluded.part, camera_id = excluded.camera_id, verdict = excluded.verdict, "
             "created_us = excluded.created_us, status = excluded.status, reason = '', "
-            "frame_sha256 = excluded.frame_sha256, fields = excluded.fields, report = excluded.report",
+            "frame_sha256 = excluded.frame_sha256, fields = excluded.fields, report = excluded.report, "
+            "explanation = excluded.explanation",
             (
                 report.report_id,
                 report.idempotency_key or None,
@@ -200,6 +264,7 @@ class ReportStore(ReportReader):
                 report_fields(report),
                 report.SerializeToString(),
                 self.owner,  # whose disk its frame is on (a row claimed first keeps its claimer)
+                explanation_word(report),
             ),
         )
 
@@ -273,6 +338,13 @@ class ReportStore(ReportReader):
 
     def _transaction(self) -> Transaction:
         return Transaction(self._db)
+
+
+def explanation_word(report: DefectReport) -> str:
+    """The reports.explanation column: '' (none), pending, done or failed."""
+    if report.explanation == 0:
+        return ""
+    return Explanation.Name(report.explanation).removeprefix("EXPLANATION_").lower()
 
 
 def open_gateway_store(cfg: GatewaySettings) -> ReportStore:
