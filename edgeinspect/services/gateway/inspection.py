@@ -14,14 +14,13 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
 
-from edgeinspect.errors import DeadlineExceeded, EdgeInspectError, InvalidInput, Unavailable
+from edgeinspect.errors import DeadlineExceeded, EdgeInspectError, Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, load_processor
-from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, prompt_ids, prompt_text
 from edgeinspect.services.common import metrics
 from edgeinspect.services.common.context import deadline_var, request_id_var
 from edgeinspect.services.gateway import gate
@@ -29,15 +28,14 @@ from edgeinspect.services.gateway.admission import Admission
 from edgeinspect.services.gateway.decode.session import InferenceSession
 from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.decode.text import IncrementalText
+from edgeinspect.services.gateway.prompt import PromptBuilder
 from edgeinspect.services.gateway.replicas.clients import RetrievalClient, VisionClient
-from edgeinspect.services.gateway.reports.build import vlm_report
-from edgeinspect.services.gateway.reports.schema import build_report_grammar, schema_instruction
+from edgeinspect.services.gateway.reports.build import ModelFacts, vlm_report
 from edgeinspect.services.gateway.settings import AnomalyPolicy, GatewaySettings
 from edgeinspect.services.outputs.fanout import Outputs
-from edgeinspect.v1 import inspection_pb2, retrieval_pb2, stage_pb2
+from edgeinspect.v1 import inspection_pb2, stage_pb2
 
 log = logging.getLogger(__name__)
-MIN_PREFIX_TOKENS = 16  # shorter shared prefixes cost more in bookkeeping than they save
 
 
 @dataclass(frozen=True)
@@ -45,15 +43,6 @@ class Hop:
     """Yielded by Inspector._inspect as each hop starts: a failure from then on is stored as this hop's."""
 
     name: str
-
-
-@dataclass
-class Prompt:
-    ids: list[int]
-    chunks: list[retrieval_pb2.SpecChunk]
-    grammar: object | None
-    budget: int
-    degraded: list[str] = field(default_factory=list)
 
 
 class ReportWriter(Protocol):
@@ -89,7 +78,7 @@ class Inspector:
         self.processor = load_processor(ckpt)
         self.tokenizer = self.processor.tokenizer
         self.eos_id = ckpt.text_config.eos_token_id
-        self.context_limit = ckpt.text_config.max_position_embeddings
+        self.prompts = PromptBuilder(cfg, ckpt, self.processor)
         self.store = store
         self.vision = vision
         self.gate = gate.GateStep(cfg.anomaly, vision)  # the anomaly gate per station (services/gateway/gate.py)
@@ -204,7 +193,7 @@ class Inspector:
         chunks, index_version = [], ""
         if not req.verification:
             chunks, index_version = await self._spec_context(req, timings, deadline, degraded)
-        prompt = self._prompt(req, chunks, gate.gate_instruction(outcome.score) if outcome.flagged else "")
+        prompt = self.prompts.prompt(req, chunks, gate.gate_instruction(outcome.score) if outcome.flagged else "")
         prompt.degraded[:0] = degraded
         yield Hop("decoder stages")
         sampling = stage_pb2.SamplingParams(
@@ -219,7 +208,7 @@ class Inspector:
             prompt.ids,
             enc.visual_tokens,
             sampling,
-            prefix_length=self._prefix_length(prompt.ids),
+            prefix_length=self.prompts.prefix_length(prompt.ids),
             max_positions=len(prompt.ids) + prompt.budget,
         )
         journal = session.journal
@@ -227,7 +216,9 @@ class Inspector:
             async for event in self._generate(session, prompt.budget, deadline, timings, t0):
                 yield event
         yield Hop("store")
-        report = vlm_report(self, req, report_id, session, prompt, index_version, timings, enc.image_sha256)
+        raw = self.tokenizer.decode(journal.generated, skip_special_tokens=True)
+        model = ModelFacts.of(self.ckpt, self.codec, self.router.plan_text())
+        report = vlm_report(model, req, report_id, session, prompt, raw, index_version, timings, enc.image_sha256)
         gate.settle(report, outcome, heatmap_stored=False)
         log.info("report %s: %d tokens, %d failovers", report_id, len(journal.generated), len(session.failovers),
                  extra={"report_id": report_id})  # fmt: skip
@@ -310,52 +301,6 @@ class Inspector:
         # Per decode step: wall time, and the part of it not spent computing in a stage (wire, codec, relay).
         timings.append(stage_pb2.StageTiming(stage="decode_per_token", wire_ms=(t_end - t_first) * 1e3 / decode_steps))
         timings.append(stage_pb2.StageTiming(stage="network_per_token", wire_ms=network_ms / decode_steps))
-
-    def _prompt(self, req, chunks: list[retrieval_pb2.SpecChunk], extra: str = "") -> Prompt:
-        """The prompt ids (system + spec context + image placeholders + instruction). It must fit the model's
-        context with the budget of new tokens: spec chunks are dropped from the end until it does (said in the
-        report), and a prompt that cannot fit even without them is refused naming both numbers."""
-        budget = req.max_new_tokens or self.cfg.max_new_tokens
-        degraded: list[str] = []
-        total = len(chunks)
-        while True:
-            prompt = self._build(req, chunks, budget, extra)
-            need = len(prompt.ids) + budget
-            if need <= self.context_limit:
-                break
-            if not chunks:
-                raise InvalidInput(
-                    f"the prompt is {len(prompt.ids)} tokens and the budget {budget} new tokens: {need} positions, "
-                    f"but the model's context holds {self.context_limit}; shorten the prompt or lower max_new_tokens"
-                )
-            chunks = chunks[:-1]
-        if len(chunks) < total:
-            degraded.append(
-                f"spec context trimmed to fit the model context: {total - len(chunks)} of {total} chunks dropped"
-            )
-        prompt.degraded = degraded
-        return prompt
-
-    def _build(self, req, chunks, budget: int, extra: str = "") -> Prompt:
-        context = "\n".join(f"[{c.doc_id} / {c.section}] {c.text}" for c in chunks)
-        # extra: where the anomaly gate flagged the frame; after the image, so the cached prefix stays shared.
-        instruction = "\n".join(x for x in (req.prompt or DEFAULT_INSTRUCTION, extra) if x)
-        # Verification compares with unconstrained generate(), so it is never constrained.
-        grammar = None
-        if self.cfg.structured_output and not req.verification:
-            grammar = build_report_grammar(chunks, req.part, budget)
-            instruction = f"{instruction}\n{schema_instruction(grammar.vocabulary)}"
-        ids = prompt_ids(self.processor, prompt_text(self.processor, build_messages(instruction, context)))
-        return Prompt(ids, list(chunks), grammar, budget)
-
-    def _prefix_length(self, ids: list[int]) -> int:
-        """The shared prompt prefix (system prompt + spec context): everything before the image, which is the same
-        for every frame of a part; 0 when prefix caching is off or the prefix is too short to be worth it."""
-        image_id = self.ckpt.config.image_token_id
-        if not self.cfg.prefix_cache or image_id not in ids:
-            return 0
-        n = ids.index(image_id)
-        return n if n >= MIN_PREFIX_TOKENS else 0
 
     async def _spec_context(self, req, timings, deadline: float, degraded: list[str]):
         """Spec chunks for the prompt. Spec context is optional: a retrieval node that is down or slow degrades the

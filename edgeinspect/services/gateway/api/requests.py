@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from edgeinspect.errors import InvalidInput
 from edgeinspect.models.anomaly.bank import check_part
+from edgeinspect.services.gateway.prompt import check_prompt
 from edgeinspect.v1 import inspection_pb2
 
-MAX_PROMPT_CHARS = 2000
 MAX_FIELD_CHARS = 128
 MAX_NEW_TOKENS_LIMIT = 2048
 MAX_TEACH_REPORTS = 200  # the vision node's default max_teach_frames: one Teach carries them all
@@ -48,12 +48,6 @@ def check_promote_bank(req: inspection_pb2.PromoteBankRequest) -> inspection_pb2
     if req.version <= 0:
         raise InvalidInput(f"version must be a published bank version (1 or more), got {req.version}")
     return req
-
-
-def check_prompt(prompt: str) -> None:
-    """A request's prompt, or a model version's (it replaces an empty request prompt)."""
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise InvalidInput(f"prompt is {len(prompt)} characters; at most {MAX_PROMPT_CHARS}")
 
 
 def time_arg(request, name: str) -> int | None:

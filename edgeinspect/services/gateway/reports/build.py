@@ -3,35 +3,49 @@
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from edgeinspect import codec
+from edgeinspect.models.checkpoint import Checkpoint
 from edgeinspect.services.common.context import request_id_var
+from edgeinspect.services.gateway.decode.session import InferenceSession
+from edgeinspect.services.gateway.prompt import Prompt, prompt_digest
 from edgeinspect.services.gateway.reports.report_text import parse_report_text
 from edgeinspect.services.gateway.reports.schema import parse_structured
-from edgeinspect.services.gateway.rollout.versions import prompt_digest
 from edgeinspect.v1 import inspection_pb2, stage_pb2
 
-if TYPE_CHECKING:  # the Inspector calls this module: a runtime import would be circular
-    from edgeinspect.services.gateway.decode.session import InferenceSession
-    from edgeinspect.services.gateway.inspection import Inspector, Prompt
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a report records of the model that wrote it: the checkpoint, the wire codec and the plan in force."""
+
+    checkpoint: str
+    checkpoint_fingerprint: str
+    tokenizer_fingerprint: str
+    codec: str
+    plan: str
+
+    @classmethod
+    def of(cls, ckpt: Checkpoint, wire_codec: codec.Codec, plan: str) -> ModelFacts:
+        return cls(str(ckpt.path), ckpt.fingerprint, ckpt.tokenizer_fingerprint, wire_codec.value, plan)
 
 
 def vlm_report(
-    inspector: Inspector,
+    model: ModelFacts,
     req: inspection_pb2.InspectRequest,
     report_id: str,
     session: InferenceSession,
     prompt: Prompt,
+    raw: str,
     index_version: str,
     timings: list[stage_pb2.StageTiming],
     image_sha: str,
 ) -> inspection_pb2.DefectReport:
-    """The DefectReport of a VLM run: the generated text parsed (structured or free text), its references, the
-    model and plan, timings and failovers. `inspector` gives the tokenizer, checkpoint, codec and router."""
+    """The DefectReport of a VLM run: the generated text `raw` parsed (structured or free text), its references, the
+    model and plan, timings and failovers."""
     journal = session.journal
-    raw = inspector.tokenizer.decode(journal.generated, skip_special_tokens=True)
     truncated = session.truncated and raw.strip() != ""
     parsed = parse_structured(raw, truncated) if prompt.grammar else parse_report_text(raw, truncated=truncated)
     now = Timestamp()
@@ -66,13 +80,13 @@ def vlm_report(
             for c in prompt.chunks
         ],
         model=inspection_pb2.ModelInfo(
-            checkpoint=str(inspector.ckpt.path),
-            checkpoint_fingerprint=inspector.ckpt.fingerprint,
-            tokenizer_fingerprint=inspector.ckpt.tokenizer_fingerprint,
-            codec=inspector.codec.value,
+            checkpoint=model.checkpoint,
+            checkpoint_fingerprint=model.checkpoint_fingerprint,
+            tokenizer_fingerprint=model.tokenizer_fingerprint,
+            codec=model.codec,
             partition=session.route_names,
             served=session.served,
-            plan=inspector.router.plan_text(),
+            plan=model.plan,
             prompt_sha256=prompt_digest(journal.prompt_ids, prompt.grammar.grammar_id if prompt.grammar else ""),
         ),
         failovers=session.failovers,

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
 from edgeinspect.services.common.tasks import BackgroundTasks
-from edgeinspect.services.gateway.api.requests import check_prompt
 from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
+from edgeinspect.services.gateway.prompt import check_prompt
 from edgeinspect.services.gateway.reports.store import ReportStore
 from edgeinspect.services.gateway.rollout import versions as v
 from edgeinspect.services.gateway.settings import FrameSettings, GatewaySettings

@@ -3,10 +3,8 @@ database (rollout.json), and the shadow comparison. Pure functions and plain dat
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from array import array
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -192,12 +190,3 @@ def compare(
                 )
             )
     return shadowed, agreed, listed
-
-
-def prompt_digest(ids: list[int], grammar_id: str) -> str:
-    """ModelInfo.prompt_sha256: the prompt's token ids and the report schema's id, hashed together. Two reports
-    with the same digest were asked the same thing under the same constraint (what a model version's prompt and
-    KB change, and what an evaluation records)."""
-    h = hashlib.sha256(array("q", ids).tobytes())
-    h.update(grammar_id.encode())
-    return h.hexdigest()
