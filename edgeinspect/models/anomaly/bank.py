@@ -56,6 +56,7 @@ class Bank:
     created_at: str  # ISO 8601 UTC
     stats: dict = field(default_factory=dict)  # LOO score summary, timings, frame counts, outliers
     border: int = 0  # patch rings at the grid's edge outside the image score (teach.py BORDER)
+    blur: float = 0.0  # Gaussian sigma (patches) over the patch scores before the image score's max; 0: none
 
     @cached_property
     def content_hash(self) -> str:
@@ -64,6 +65,8 @@ class Bank:
         meta = [self.part, self.fingerprint, list(self.grid), self.threshold, list(self.band), self.teach_hashes]
         if self.border:  # what the image score covers decides verdicts too
             meta.append(self.border)
+        if self.blur:  # and how it is smoothed (absent from banks taught before it existed: their hash holds)
+            meta.append(["blur", self.blur])
         h.update(json.dumps(meta, sort_keys=True).encode())
         h.update(np.ascontiguousarray(self.features, dtype=np.float32).tobytes())
         return h.hexdigest()

@@ -400,17 +400,21 @@ def sample_cache_dir() -> Path:
 
 
 def cached_sample_set(seed: int = 0) -> Path:
-    """The full default sample set for `seed`, generated once per generator version and reused (tests, bench).
+    """The full default sample set for `seed`, generated once per generator version and reused (tests, bench)."""
+    return cached_set(
+        sample_cache_dir() / f"v{GENERATOR_VERSION}-seed{seed}", lambda tmp: write_sample_set(tmp, seed=seed)
+    )
 
-    Written to a temporary sibling and renamed into place, so a concurrent or interrupted run never leaves a
-    half-written set behind that a later run would trust."""
-    final = sample_cache_dir() / f"v{GENERATOR_VERSION}-seed{seed}"
+
+def cached_set(final: Path, write: Callable[[Path], dict]) -> Path:
+    """`final`, written once by write(folder) -> summary and reused: written to a temporary sibling and renamed into
+    place, so a concurrent or interrupted run never leaves a half-written set behind that a later run would trust."""
     if (final / "COMPLETE").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
-        summary = write_sample_set(tmp, seed=seed)
+        summary = write(tmp)
         (tmp / "COMPLETE").write_text(json.dumps(summary) + "\n")
         try:
             os.rename(tmp, final)

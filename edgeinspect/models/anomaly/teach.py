@@ -17,7 +17,7 @@ from edgeinspect.errors import InvalidInput
 from edgeinspect.models.anomaly.bank import Bank, check_part
 from edgeinspect.models.anomaly.coreset import greedy_coreset
 from edgeinspect.models.anomaly.features import FeatureExtractor
-from edgeinspect.models.anomaly.scoring import inspected
+from edgeinspect.models.anomaly.scoring import image_score
 from edgeinspect.models.image_io import decode_image
 from edgeinspect.services.vision.settings import VisionSettings
 
@@ -26,6 +26,10 @@ from edgeinspect.services.vision.settings import VisionSettings
 # (1%); escape 4% at 10% and above, 8% at 5%; kNN + heatmap 341 / 58 / 31 / 12 / 6 ms per frame (1 thread, busy
 # 2-core box). 10% keeps AUROC within 0.01 of the full bank (DESIGN §8 found the same) and cuts kNN ~10x.
 CORESET_RATIO = 0.10
+# ... and at most this many patches: at 448 px a frame has 4x the patches of 224 px, and a 10% coreset of 30 frames
+# (9400 patches) cost ~80 s of greedy picks and ~200 ms of kNN per frame on a busy 2-core box. 4096 patches keep
+# kNN near 224 px's cost (2.4 MB at 152 channels); bench/anomaly_photos.py measures the greedy coreset's sizes.
+MAX_BANK_PATCHES = 4096
 # The largest leave-one-out score of N good frames is exceeded by the next good frame with probability 1/(N+1)
 # (~3% at N = 30); 5% headroom above it absorbs lighting drift between the teach session and the line. Frames
 # between the LOO maximum and threshold x (1 + MARGIN) are UNCERTAIN (they go to the VLM), not OK.
@@ -35,6 +39,12 @@ MARGIN = 0.05
 # highest there (mesh image AUROC 0.900, escapes from faint stains). Left out of the image score, the interior gives
 # mesh 1.000. The gate then inspects the frame less its outer 2/28 per side at 224 px (7%): frame the camera with
 # the part inside that margin, as PatchCore's resize-256 + centre-crop-224 does too. Each extractor names its own.
+# The cut comes from held-out frames, not leave-one-out alone. Consecutive teach frames can share content (a surface
+# photographed in overlapping views, a part that barely moves): leave-one-out then finds each frame's patches in its
+# neighbours, and new good parts score above the LOO maximum. On real photographs (bench/anomaly_photos.py) the LOO
+# cut flagged 17% of new good frames at 448 px; holding out a fifth of the set at a time (its patches taken out of
+# the bank together), the cut sits where new frames fall. Folds are a seeded shuffle: the same set, the same cut.
+HELD_OUT_FOLDS = 5
 # Leave-one-out needs 2; the median/MAD outlier rule means little under 5. PatchCore-style banks want 20-30.
 MIN_FRAMES = 5
 # An outlier is far above the rest on both counts: modified z-score (Iglewicz & Hoaglin) over 3.5, and over
@@ -84,7 +94,7 @@ class TeachReport:
     def summary(self) -> str:
         """A few lines for a person at the line."""
         lines = [f"part {self.part}: taught from {len(self.kept)} good frames, {self.patches} bank patches",
-                 f"threshold {self.threshold:.4g} (max leave-one-out score x {1 + self.margin:.2f}), "
+                 f"threshold {self.threshold:.4g} (max held-out score x {1 + self.margin:.2f}), "
                  f"UNCERTAIN band {self.band[0]:.4g}..{self.band[1]:.4g}"]  # fmt: skip
         lines += [f"left out {o.name}: score {o.score:.4g}, {o.robust_z:.1f} MADs above the set's median "
                   "(a defect, another part or a bad shot? check it)" for o in self.outliers]  # fmt: skip
@@ -106,11 +116,17 @@ def teach(
     margin: float = MARGIN,
     min_frames: int = MIN_FRAMES,
     border: int | None = None,
+    folds: int = 1,
+    max_patches: int = MAX_BANK_PATCHES,
 ) -> tuple[Bank, TeachReport]:
     """(name, RGB uint8 frame) pairs of good parts -> an unpublished bank (version 0) and what teaching found.
-    border: patch rings left out of the image score (None: the extractor's own; see "The border" above)."""
+    border: patch rings left out of the image score (None: the extractor's own; see "The border" above).
+    folds: the cut is the highest score of frames held out a fold at a time (1: leave-one-out, the default until
+    the drawn set is re-measured with HELD_OUT_FOLDS).
+    max_patches: the coreset keeps coreset_ratio of the patches, at most this many (the bank records the ratio kept)."""
     check_part(part)
     border = extractor.border if border is None else border
+    blur = float(getattr(extractor, "blur", 0.0))
     min_frames = max(2, min_frames)
     if len(frames) < min_frames:
         raise TeachError(f"teaching part {part!r} needs at least {min_frames} good frames, got {len(frames)}: "
@@ -123,21 +139,22 @@ def teach(
     start = time.perf_counter()
     grid = extractor.extract([frame for _, frame in frames])  # [N, h, w, C]
     features_s = time.perf_counter() - start
+    coreset_ratio = min(coreset_ratio, max_patches / (grid.shape[0] * grid.shape[1] * grid.shape[2]))
     if not 0 <= 2 * border < min(grid.shape[1:3]):
         raise TeachError(f"a border of {border} patch rings leaves nothing of the {grid.shape[1]}x{grid.shape[2]} "
                          "patch grid to inspect")  # fmt: skip
-    loo, coreset = _loo_scores(grid, coreset_ratio, border)
+    loo, held, coreset = _calibration_scores(grid, coreset_ratio, border, blur, folds)
     outliers = _outliers(names, loo)
     keep = [i for i, name in enumerate(names) if name not in {o.name for o in outliers}]
     if len(keep) < min_frames:
         raise TeachError(f"only {len(keep)} of {len(frames)} frames of part {part!r} look alike ({len(outliers)} "
                          f"outliers: {', '.join(o.name for o in outliers)}); need {min_frames}")  # fmt: skip
     if outliers:  # the threshold and the bank come from the kept frames only
-        loo, coreset = _loo_scores(grid[keep], coreset_ratio, border)
+        loo, held, coreset = _calibration_scores(grid[keep], coreset_ratio, border, blur, folds)
     kept_loo = loo  # [N_kept]
     coreset_s = time.perf_counter() - start - features_s
 
-    top = float(kept_loo.max())
+    top = float(max(kept_loo.max(), held.max()))
     threshold, band = cut_at(top, margin)
     n, h, w, c = grid.shape
     kept_grid = grid[keep].reshape(-1, c)  # [N_kept * h * w, C]
@@ -147,6 +164,8 @@ def teach(
         "n_frames": n, "n_kept": len(keep), "outliers": [asdict(o) for o in outliers],
         "loo": {"min": float(kept_loo.min()), "median": med, "max": top,
                 "mad": float(np.median(np.abs(kept_loo - med)))},
+        "held_out": {"folds": min(folds, len(keep)), "median": float(np.median(held)), "max": float(held.max()),
+                     "expected_overkill": _expected_overkill(len(keep))},
         "timings": timings, "margin": margin, "frame_size": list(frames[keep[0]][1].shape[:2]),
         "patches_taught": int(kept_grid.shape[0]),
     }  # fmt: skip
@@ -154,7 +173,7 @@ def teach(
         part=part, version=0, extractor=extractor.describe(), fingerprint=extractor.fingerprint,
         features=np.ascontiguousarray(kept_grid[coreset], dtype=np.float32), grid=(h, w), threshold=threshold,
         band=band, teach_hashes=[frame_hash(frames[i][1]) for i in keep], coreset_ratio=coreset_ratio,
-        created_at=datetime.now(UTC).isoformat(timespec="seconds"), stats=stats, border=border,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"), stats=stats, border=border, blur=blur,
     )  # fmt: skip
     report = TeachReport(part, [names[i] for i in keep], outliers, dict(zip([names[i] for i in keep],
                          map(float, kept_loo), strict=True)), threshold, band, margin, coreset_ratio,
@@ -201,28 +220,50 @@ def _check_frames(frames: Sequence[tuple[str, np.ndarray]]) -> None:
                          f"{', '.join(odd)}; teach from one camera view with one crop")  # fmt: skip
 
 
-def _loo_scores(grid: np.ndarray, ratio: float, border: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Each frame's image score against the bank with that frame's own patches taken out -> (scores [N], coreset
-    indices into grid.reshape(-1, C)). The coreset is built once over all frames; rebuilding it without each frame
-    in turn would cost N coresets for a LOO maximum that differed by +5.0% (board) and 0.0% (metal) on the sample set
-    at 10%, on the safe side (higher)."""
+def _calibration_scores(
+    grid: np.ndarray, ratio: float, border: int = 0, blur: float = 0.0, folds: int = HELD_OUT_FOLDS
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each frame's image score against the bank without its own patches (leave-one-out), and without its whole
+    fold's patches (held out) -> (loo [N], held [N], coreset indices into grid.reshape(-1, C)). The coreset is built
+    once over all frames; rebuilding it without each frame in turn would cost N coresets for a LOO maximum that
+    differed by +5.0% (board) and 0.0% (metal) on the sample set at 10%, on the safe side (higher)."""
     n, h, w, c = grid.shape
     flat = grid.reshape(-1, c)  # [N * P, C], P = h * w patches per frame
     coreset = greedy_coreset(flat, ratio)  # [K]
     owner = coreset // (h * w)  # [K] frame each bank patch came from
     index = faiss.IndexFlatL2(c)
     index.add(np.ascontiguousarray(flat[coreset], dtype=np.float32))
-    scores = np.empty(n, np.float64)
-    for i in range(n):
-        own = np.flatnonzero(owner == i).astype(np.int64)
+
+    def scores_without(frames: np.ndarray) -> np.ndarray:
+        own = np.flatnonzero(np.isin(owner, frames)).astype(np.int64)
         if len(own) == len(coreset):
             raise TeachError(f"the bank is too small to score frames against each other: raise the coreset ratio "
                              f"(now {ratio})")  # fmt: skip
-        # Exact k=1 search over the bank minus this frame's own patches (FAISS skips the selected ids).
+        # Exact k=1 search over the bank minus these frames' own patches (FAISS skips the selected ids).
         skip_own = faiss.SearchParameters(sel=faiss.IDSelectorNot(faiss.IDSelectorBatch(own)))
-        dist, _ = index.search(np.ascontiguousarray(grid[i].reshape(-1, c), dtype=np.float32), 1, params=skip_own)
-        scores[i] = float(np.sqrt(max(float(inspected(dist.reshape(h, w), border).max()), 0.0)))
-    return scores, coreset
+        query = np.ascontiguousarray(grid[frames].reshape(-1, c), dtype=np.float32)
+        dist, _ = index.search(query, 1, params=skip_own)
+        patch = np.sqrt(np.maximum(dist, 0.0)).reshape(len(frames), h, w)
+        return np.array([image_score(p, border, blur) for p in patch])
+
+    loo = np.concatenate([scores_without(np.array([i])) for i in range(n)])
+    held = loo.copy()
+    k = min(folds, n)
+    if k > 1 and k < n:
+        order = np.random.default_rng(0).permutation(n)
+        for f in range(k):
+            out = np.sort(order[f::k])
+            held[out] = scores_without(out)
+    return loo, held, coreset
+
+
+def _expected_overkill(n: int) -> dict:
+    """Of new good frames, the share above the highest of n held-out scores: 1/(n+1) by rank, with the Wilson 95%
+    interval of seeing none of n above it."""
+    from edgeinspect.models.anomaly.evaluate import wilson
+
+    rate = wilson(0, n)
+    return {"rate": round(1 / (n + 1), 4), "ci95": [round(rate.lo, 4), round(rate.hi, 4)], "n": n}
 
 
 def _outliers(names: Sequence[str], scores: np.ndarray) -> list[Outlier]:
