@@ -4,7 +4,9 @@ costs one dictionary lookup.
 
 Points: `report_in_transaction` (ReportStore.complete, the report and its outbox rows written, not committed),
 `report_committed` (committed, before any output was told), `output_sent` (an output's peer took the result, its
-outbox row not yet deleted: the one window where a result is delivered twice, with the same report id).
+outbox row not yet deleted: the one window where a result is delivered twice, with the same report id), `explaining`
+(a decision made at takt is stored and queued, its explanation generated but not stored: services/gateway/explain.py),
+`explanation_in_transaction` (ReportStore.explain, the explanation written, not committed).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ is admitted again once the broker is back and the queue drained."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sqlite3
@@ -23,7 +24,7 @@ from line_peers import Subscriber
 from edgeinspect.assets import asset_path
 from edgeinspect.config import ServerConfig, write_yaml
 from edgeinspect.faults import ENV
-from edgeinspect.services.gateway.settings import GatewaySettings
+from edgeinspect.services.gateway.settings import AnomalyPolicy, GatewayAnomalySettings, GatewaySettings, StationGate
 from edgeinspect.services.line.testing import MosquittoBroker
 from edgeinspect.services.outputs.config import OutputsConfig
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
@@ -46,7 +47,7 @@ def broker(tmp_path_factory):
 class Gateway:
     """One gateway process on its own SQLite store, publishing to `url`; start() again = a restart."""
 
-    def __init__(self, stack, folder: Path, url: str, **outputs) -> None:
+    def __init__(self, stack, folder: Path, url: str, anomaly: GatewayAnomalySettings | None = None, **outputs) -> None:
         cfg = GatewaySettings.load(stack.role("gateway").config_path)
         self.folder = folder
         self.cfg = cfg.model_copy(
@@ -56,6 +57,7 @@ class Gateway:
                 "db_path": folder / "reports.sqlite",
                 "server": ServerConfig(host="127.0.0.1", port=0, port_file=folder / "gateway.port", grace_s=1.0),
                 "outputs": OutputsConfig(mqtt={"url": url, "node": "gw-test"}, retry_max_s=0.5, **outputs),
+                "anomaly": anomaly or cfg.anomaly,
             }
         )
         write_yaml(self.cfg, folder / "gateway.yaml")
@@ -193,3 +195,61 @@ def test_a_full_outbox_refuses_that_station_until_the_broker_is_back(embedded_st
         assert not any("station 'station-x'" in n for n in status.notes)
     finally:
         gateway.stop()
+
+
+def test_a_gateway_killed_between_a_decision_and_its_explanation_loses_neither(embedded_stack, broker, tmp_path):
+    """Decide at takt, explain after (services/gateway/explain.py): the decision reaches the line at once; a gateway
+    SIGKILLed while the VLM explains it marks the explanation failed at its restart and tells the line so; a later
+    decision is explained and both events reach the line once each."""
+    from edgeinspect.models.anomaly.sample import write_sample_set
+    from edgeinspect.v1 import vision_pb2, vision_pb2_grpc
+
+    part, station = "takt-board", "takt-1"
+    write_sample_set(tmp_path / "set", parts=["board"])
+    board = tmp_path / "set" / "board"
+    frames = [p.read_bytes() for p in sorted((board / "train" / "good").glob("*.png"))]
+    with grpc.insecure_channel(embedded_stack.address_of("vision")) as channel:
+        vision_pb2_grpc.VisionServiceStub(channel).Teach(vision_pb2.TeachRequest(part=part, frames=frames), timeout=300)
+    labels = json.loads((board / "defects.json").read_text())
+    flagged = [board / n for n, label in sorted(labels.items()) if label["severity"] == 3][:2]
+    gate_it = GatewayAnomalySettings(stations={station: StationGate(policy=AnomalyPolicy.gate)})
+    sub = Subscriber(broker.port, "edgeinspect/+/+/+", f"takt-{uuid.uuid4().hex[:6]}")
+    gateway = Gateway(embedded_stack, tmp_path, broker.url, anomaly=gate_it, lease_s=2.0)
+
+    def inspect(path: Path) -> inspection_pb2.DefectReport:
+        request = inspection_pb2.InspectRequest(image=path.read_bytes(), station=station, part=part,
+                                                max_new_tokens=8, idempotency_key=uuid.uuid4().hex)  # fmt: skip
+        return gateway.stub().Inspect(request, timeout=120)
+
+    def events(report_id: str) -> list[tuple[str, str]]:
+        return [(topic.rsplit("/", 1)[1], body.get("event", "")) for topic, body, _ in sub.messages
+                if body.get("report_id") == report_id and not topic.endswith("/last")]  # fmt: skip
+
+    try:
+        sub.wait_subscribed()
+        gateway.start(env={ENV: "explaining"})
+        decision = inspect(flagged[0])  # answered at takt; the VLM then explains it and the gateway dies there
+        assert decision.verdict == inspection_pb2.VERDICT_DEFECT
+        assert decision.explanation == inspection_pb2.EXPLANATION_PENDING
+        assert gateway.proc.wait(120) == -9
+        sub.wait_for(lambda s: ("result", "decided") in events(decision.report_id), 30, "the decision on the line")
+
+        gateway.start()  # the restart finds the explanation that never came
+        got = gateway.stub().GetReport(inspection_pb2.GetReportRequest(report_id=decision.report_id), timeout=10)
+        assert got.explanation == inspection_pb2.EXPLANATION_FAILED and "restarted" in got.explanation_error
+        assert got.verdict == decision.verdict and got.anomaly == decision.anomaly  # the decision stands as sent
+        sub.wait_for(lambda s: ("explained", "explained") in events(decision.report_id), 30, "the failed explanation")
+        failed = [b for _, b, _ in sub.messages if b.get("event") == "explained"]
+        assert failed[-1]["explanation"]["state"] == "failed" and failed[-1]["verdict"] == "DEFECT"
+
+        second = inspect(flagged[1])
+        sub.wait_for(lambda s: ("explained", "explained") in events(second.report_id), 120, "the explanation")
+        done = gateway.stub().GetReport(inspection_pb2.GetReportRequest(report_id=second.report_id), timeout=10)
+        assert done.explanation == inspection_pb2.EXPLANATION_DONE and done.generated_token_ids
+        assert done.verdict == second.verdict and done.vlm_verdict != inspection_pb2.VERDICT_UNSPECIFIED
+        time.sleep(1.0)  # a second copy of either event would arrive by now
+        assert sorted(events(second.report_id)) == [("explained", "explained"), ("result", "decided")]
+        assert sorted(events(decision.report_id)) == [("explained", "explained"), ("result", "decided")]
+    finally:
+        gateway.stop()
+        sub.close()

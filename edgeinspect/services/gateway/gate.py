@@ -188,21 +188,24 @@ def settle(report: inspection_pb2.DefectReport, outcome: GateOutcome, heatmap_st
         report.verdict_reason = "; ".join(x for x in (reason, report.verdict_reason) if x)
     if verdict == OK or any(d.HasField("box") for d in report.defects):
         return
-    evidence = f"anomaly gate score {score.score:.3g} over threshold {score.threshold:.3g}"
-    for i, region in enumerate(score.regions):
-        box = boxes(score)[i]
+    for i, defect in enumerate(anomaly_defects(score)):
         if i < len(report.defects):
-            report.defects[i].box.CopyFrom(box)
+            report.defects[i].box.CopyFrom(defect.box)
         else:
-            report.defects.append(
-                inspection_pb2.Defect(
-                    defect_class="anomaly", location=where_in_words(region), evidence=evidence, box=box
-                )
-            )
+            report.defects.append(defect)
+
+
+def anomaly_defects(score: vision_pb2.AnomalyScore) -> list[inspection_pb2.Defect]:
+    """The gate's regions as defects of class `anomaly` (boxes, where in words, the score as evidence)."""
+    evidence = f"anomaly gate score {score.score:.3g} over threshold {score.threshold:.3g}"
+    return [
+        inspection_pb2.Defect(defect_class="anomaly", location=where_in_words(region), evidence=evidence, box=box)
+        for region, box in zip(score.regions, boxes(score), strict=True)
+    ]
 
 
 def ok_report(
-    req: inspection_pb2.InspectRequest, report_id: str, outcome: GateOutcome, heatmap_stored: bool, **fields
+    req: inspection_pb2.InspectRequest, report_id: str, outcome: GateOutcome, **fields
 ) -> inspection_pb2.DefectReport:
     """The report of a good part the gate passed: OK, its finding, and no VLM text (fields: ids, model, timings)."""
     score = outcome.score
@@ -217,7 +220,7 @@ def ok_report(
             f"The anomaly gate found this frame within the part's good set (score {score.score:.3g} below "
             f"{score.threshold:.3g}, bank {score.bank_id}): a good part, no VLM report was made."
         ),
-        anomaly=finding(outcome, inspection_pb2.DECIDED_BY_GATE, heatmap_stored),
+        anomaly=finding(outcome, inspection_pb2.DECIDED_BY_GATE, False),  # the store sets heatmap_stored
         **fields,
     )
     report.created_time.GetCurrentTime()
@@ -259,11 +262,7 @@ def decision_report(
         explanation=inspection_pb2.EXPLANATION_PENDING,
         **fields,
     )
-    evidence = f"anomaly gate score {score.score:.3g} over threshold {score.threshold:.3g}"
-    for region, box in zip(score.regions, boxes(score), strict=True):
-        report.defects.append(
-            inspection_pb2.Defect(defect_class="anomaly", location=where_in_words(region), evidence=evidence, box=box)
-        )
+    report.defects.extend(anomaly_defects(score))
     report.created_time.GetCurrentTime()
     if req.HasField("capture_time"):
         report.capture_time.CopyFrom(req.capture_time)

@@ -28,6 +28,7 @@ from edgeinspect.services.gateway.admission import Admission
 from edgeinspect.services.gateway.decode.session import InferenceSession
 from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.decode.text import IncrementalText
+from edgeinspect.services.gateway.explain import Explanations
 from edgeinspect.services.gateway.prompt import PromptBuilder
 from edgeinspect.services.gateway.replicas.clients import RetrievalClient, VisionClient
 from edgeinspect.services.gateway.reports.build import ModelFacts, vlm_report
@@ -43,6 +44,14 @@ class Hop:
     """Yielded by Inspector._inspect as each hop starts: a failure from then on is stored as this hop's."""
 
     name: str
+
+
+@dataclass(frozen=True)
+class Explained:
+    """The VLM's finished report, not yet stored, with the gate's outcome (Inspector._vlm_steps' last step)."""
+
+    report: inspection_pb2.DefectReport
+    outcome: gate.GateOutcome
 
 
 class ReportWriter(Protocol):
@@ -61,6 +70,12 @@ class ReportWriter(Protocol):
     ) -> None: ...
 
     def fail(self, report_id: str, reason: str) -> None: ...
+
+    def explain(self, explained: inspection_pb2.DefectReport, to_line: bool = False) -> inspection_pb2.DefectReport: ...
+
+    def explanation_failed(
+        self, report_id: str, reason: str, to_line: bool = False
+    ) -> inspection_pb2.DefectReport | None: ...
 
 
 class Inspector:
@@ -90,6 +105,8 @@ class Inspector:
         self._running: set[str] = set()
         # MQTT / webhooks draining the store's outbox: the Gateway's (server.py), shared by every model version
         self.outputs = Outputs.none()
+        # Decide at takt, explain after: the VLM's runs for decisions already on the line (explain.py)
+        self.explanations = Explanations(store, lambda: self.outputs.notify())
 
     def size_admission(self, per_range_batch: list[int]) -> None:
         """Default limits from the stages' batch limits: two sessions per batch slot of the thinnest range (so a
@@ -126,14 +143,18 @@ class Inspector:
                 )
             self._running.add(report_id)
             hop = "start"
+            decided = False  # the report is stored and on the line; what follows is its explanation's (explain.py)
             try:
                 async with aclosing(self._inspect(req, report_id, deadline)) as steps:
                     async for step in steps:
                         if isinstance(step, Hop):
                             hop = step.name
                         else:
+                            decided = decided or step.HasField("decision")
                             yield step
             except BaseException as exc:
+                if decided:  # the caller stopped following the explanation (Inspect answers with the decision)
+                    raise
                 reason = failure_reason(hop, exc)
                 log.warning("report %s failed: %s", report_id, reason, extra={"report_id": report_id})
                 if not req.verification:
@@ -163,12 +184,47 @@ class Inspector:
         yield Hop("anomaly gate")
         gated = self.cfg.anomaly.for_station(req.station).policy is AnomalyPolicy.gate
         score_timeout = _share(deadline, self.cfg.anomaly.score_timeout_s)
+        outcome = None
         if gated:  # the gate first: a good part ends here, before any visual token or decoder step
             outcome = await self.gate.score(req, score_timeout)
             timings.extend(gate.timing(outcome, t0))
             if outcome.decides_ok:
                 yield await self._finish(req, self._gate_report(req, report_id, outcome, timings), outcome, t0)
                 return
+            if outcome.decides_at_takt and not (req.evaluation or req.verification):
+                # The VLM cannot change this verdict: it goes to the line now, the explanation follows (explain.py).
+                yield Hop("store")
+                decision = self._gate_report(req, report_id, outcome, timings, gate.decision_report)
+                stored = await self._finish(req, decision, outcome, t0)
+                # Started before the decision is yielded: a caller answered with it closes this generator there.
+                explain = functools.partial(self._explain_after, req, report_id, outcome, list(timings), t0)
+                job = self.explanations.start(report_id, explain, to_line=True)
+                yield inspection_pb2.InspectEvent(decision=stored.report)
+                async for event in job.follow():
+                    yield event
+                return
+        async for step in self._vlm_steps(req, report_id, outcome, timings, t0, deadline):
+            yield await self._finish(req, step.report, step.outcome, t0) if isinstance(step, Explained) else step
+
+    async def _explain_after(self, req, report_id: str, outcome: gate.GateOutcome, timings, t0: float):
+        """The VLM's run for a decision already stored, as its own task (explain.py): its own deadline and admission
+        slot, not the caller's; yields token deltas, then the explained report (explain.py stores it)."""
+        deadline = time.monotonic() + self.cfg.upstream_timeout_s
+        deadline_var.set(deadline)
+        async with self.admission.slot(self.cfg.upstream_timeout_s):
+            async for step in self._vlm_steps(req, report_id, outcome, timings, t0, deadline):
+                if isinstance(step, Explained):
+                    yield inspection_pb2.InspectEvent(report=step.report)
+                elif not isinstance(step, Hop):
+                    yield step
+
+    async def _vlm_steps(
+        self, req, report_id: str, outcome: gate.GateOutcome | None, timings, t0: float, deadline: float
+    ) -> AsyncGenerator[Hop | inspection_pb2.InspectEvent | Explained, None]:
+        """Vision, retrieval, the decoder stages: Hops, token deltas, then the report (Explained, not yet stored).
+        outcome: the gate's, where it scored first (None: it scores here, alongside Encode)."""
+        gated = outcome is not None
+        score_timeout = _share(deadline, self.cfg.anomaly.score_timeout_s)
         yield Hop("vision")
         t1 = time.perf_counter()
         vision_timeout = _share(deadline, self.cfg.vision_timeout_s)
@@ -219,10 +275,15 @@ class Inspector:
         raw = self.tokenizer.decode(journal.generated, skip_special_tokens=True)
         model = ModelFacts.of(self.ckpt, self.codec, self.router.plan_text())
         report = vlm_report(model, req, report_id, session, prompt, raw, index_version, timings, enc.image_sha256)
+        vlm_verdict = report.verdict
         gate.settle(report, outcome, heatmap_stored=False)
+        if outcome.decides_at_takt:  # two moments (also when run in one go: an eval's frame): the decision stands
+            report.verdict, report.verdict_reason = gate.decided_verdict(outcome.score.verdict)
+            report.vlm_verdict, report.explanation = vlm_verdict, inspection_pb2.EXPLANATION_DONE
+            report.explained_time.GetCurrentTime()
         log.info("report %s: %d tokens, %d failovers", report_id, len(journal.generated), len(session.failovers),
                  extra={"report_id": report_id})  # fmt: skip
-        yield await self._finish(req, report, outcome, t0)
+        yield Explained(report, outcome)
 
     async def _finish(self, req, report, outcome: gate.GateOutcome, t0: float) -> inspection_pb2.InspectEvent:
         """Stores the report (with its frame and the gate's heatmap) and, in the same transaction, its result for the
@@ -245,14 +306,17 @@ class Inspector:
                  extra={"report_id": report.report_id, "verdict": verdict, "decided_by": decided})  # fmt: skip
         return inspection_pb2.InspectEvent(report=report)
 
-    def _gate_report(self, req, report_id: str, outcome: gate.GateOutcome, timings) -> inspection_pb2.DefectReport:
+    def _gate_report(
+        self, req, report_id: str, outcome: gate.GateOutcome, timings, build=gate.ok_report
+    ) -> inspection_pb2.DefectReport:
+        """A report the gate decided alone: a good part (ok_report), or a flagged one decided at takt."""
         model = inspection_pb2.ModelInfo(
             checkpoint=str(self.ckpt.path),
             checkpoint_fingerprint=self.ckpt.fingerprint,
             tokenizer_fingerprint=self.ckpt.tokenizer_fingerprint,
         )
-        return gate.ok_report(
-            req, report_id, outcome, False, request_id=request_id_var.get() or "", model=model, timings=timings,
+        return build(
+            req, report_id, outcome, request_id=request_id_var.get() or "", model=model, timings=timings,
             image_sha256=outcome.score.image_sha256 or hashlib.sha256(req.image).hexdigest(),
         )  # fmt: skip
 

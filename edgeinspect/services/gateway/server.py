@@ -20,6 +20,7 @@ from edgeinspect.services.gateway.decode.routing import StageRouter
 from edgeinspect.services.gateway.decode.session import RecoveryPolicy
 from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.disk import gateway_guard
+from edgeinspect.services.gateway.explain import RESTARTED
 from edgeinspect.services.gateway.inspection import Inspector, ReportWriter
 from edgeinspect.services.gateway.readiness import Readiness
 from edgeinspect.services.gateway.replicas.clients import RetrievalClient, VisionClient
@@ -93,6 +94,7 @@ class Gateway:
         cfg = self.cfg
         self.store = open_gateway_store(cfg)  # SQLite at db_path, or the PostgreSQL database a gateway pair shares
         self.store.recover_interrupted()  # rows a crash left pending: failed, "gateway restarted during inspection"
+        self.store.fail_unexplained(RESTARTED)  # decisions whose explanation a crash cut short: the line is told
         self.store.heartbeat()  # one of a pair: alive before it admits a call (reports/store.py, OWNER_LEASE_S)
         self._heartbeat = asyncio.create_task(self._beat(self.store), name="store-heartbeat")
         self.outputs = Outputs.for_gateway(cfg)  # drains what earlier runs left queued at once
@@ -140,6 +142,8 @@ class Gateway:
         if self.rollout is not None:
             await self.rollout.stop_shadow()  # shadow runs are no calls: the server's stop does not end them
             await self._settle(list(self.rollout.inspectors.values()))
+            for inspector in self.rollout.inspectors.values():  # explanations get the grace too, then are failed
+                await inspector.explanations.close(self.cfg.server.grace_s)
         if self.readiness is not None:
             await self.readiness.close()  # the watcher, re-planners and the live Inspector's channels
         if self.rollout is not None:

@@ -63,14 +63,17 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
         return versions.run(req)
 
     async def Inspect(self, request, context) -> inspection_pb2.DefectReport:
-        """Runs the inspection to the end and answers with the stored report."""
+        """Runs the inspection and answers with the stored report; a decision made at takt is the answer at once
+        (its explanation goes on in the gateway: services/gateway/explain.py)."""
         report = None
         annotate_request(request)
         async with aclosing(await self._run(request)) as events:
             async for event in events:
-                if event.HasField("report"):
-                    report = event.report
+                if event.HasField("report") or event.HasField("decision"):
+                    report = event.report if event.HasField("report") else event.decision
                     annotate_report(report)
+                if event.HasField("decision"):
+                    break
         return report
 
     async def InspectStream(self, request, context):
@@ -79,8 +82,8 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
         annotate_request(request)
         async with aclosing(await self._run(request)) as events:
             async for event in events:
-                if event.HasField("report"):
-                    annotate_report(event.report)
+                if event.HasField("report") or event.HasField("decision"):
+                    annotate_report(event.report if event.HasField("report") else event.decision)
                 yield event
 
     async def GetReport(self, request, context) -> inspection_pb2.DefectReport:

@@ -75,6 +75,18 @@ class RoutingStore(ReportWriter):
         self._shadow_ids.discard(report_id)
         return store.fail(report_id, reason)
 
+    def explain(self, explained: inspection_pb2.DefectReport, to_line: bool = False) -> inspection_pb2.DefectReport:
+        if explained.idempotency_key.startswith(v.SHADOW_KEY):
+            explained.model.shadow = True
+            return self.shadow.explain(explained)
+        return self.live.explain(explained, to_line)
+
+    def explanation_failed(
+        self, report_id: str, reason: str, to_line: bool = False
+    ) -> inspection_pb2.DefectReport | None:
+        stored = self.live.explanation_failed(report_id, reason, to_line)
+        return stored if stored is not None else self.shadow.explanation_failed(report_id, reason)
+
 
 class RolloutManager:
     """Owns the versions' Inspectors, the rollout record and the shadow queue."""
