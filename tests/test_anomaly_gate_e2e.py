@@ -293,3 +293,11 @@ def test_a_staged_good_set_addition_is_not_used_until_promoted_and_promotion_che
     assert promoted.bank_id == staged.bank_id and not promoted.staged
     passed, _ = inspect(api, path, GATED)
     assert passed.verdict == inspection_pb2.VERDICT_OK and passed.anomaly.bank_id == staged.bank_id, passed.anomaly
+
+
+def test_status_says_what_a_flagged_frame_waits_for_at_each_station(stack, api):
+    status = call(api, "GetClusterStatus", inspection_pb2.ClusterStatusRequest())
+    rows = {g.station: (g.policy, g.flagged) for g in status.stations}
+    assert rows[GATED] == ("gate", "decided at takt, explained after")
+    assert rows["*"] == ("vlm", "")  # the stack's default policy: the VLM decides, nothing to wait for
+    assert status.explaining >= 0

@@ -94,3 +94,18 @@ def test_a_restart_marks_a_pending_explanation_failed_and_tells_the_line(store, 
         assert again.fail_unexplained("again") == 0
     finally:
         again.close()
+
+
+def test_a_station_whose_vlm_may_clear_a_flag_says_it_waits_for_the_vlm():
+    from edgeinspect.services.gateway.api.status import station_gates
+    from edgeinspect.services.gateway.settings import AnomalyPolicy, GatewayAnomalySettings, StationGate
+
+    cfg = GatewayAnomalySettings(
+        stations={
+            "press-7": StationGate(policy=AnomalyPolicy.gate),
+            "press-8": StationGate(policy=AnomalyPolicy.gate, vlm_may_clear=True),
+        }
+    )
+    rows = {g.station: g.flagged for g in station_gates(cfg)}
+    assert rows == {"*": "decided at takt, explained after", "press-7": "decided at takt, explained after",
+                    "press-8": "waits for the VLM (it may clear one)"}  # fmt: skip

@@ -97,6 +97,12 @@ def status_command(
         colour = "green" if g.state == "serving" else "red"
         held.add_row(g.address, f"[{colour}]{g.state}[/{colour}]", "<- current" if g.current else "")
     console.print(held)
+    gates = Table("station", "gate policy", "a flagged frame")
+    for g in status.stations:
+        gates.add_row("(every other)" if g.station == "*" else g.station, g.policy, g.flagged or "-")
+    console.print(gates)
+    if status.explaining:
+        console.print(f"  {status.explaining} explanation(s) running after their decision went to the line")
     for note in status.notes:
         console.print(f"  - {escape(note)}")
     raise typer.Exit(0 if status.serving else 1)

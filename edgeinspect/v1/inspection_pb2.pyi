@@ -586,7 +586,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, address: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., inflight: _Optional[int] = ..., served: _Optional[int] = ..., failures: _Optional[int] = ..., last: _Optional[bool] = ..., last_ms: _Optional[float] = ..., banks: _Optional[_Mapping[str, str]] = ..., behind: _Optional[_Iterable[str]] = ..., index_version: _Optional[str] = ..., index_fingerprint: _Optional[str] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("serving", "degraded", "plan", "normal_plan", "stages", "vision", "retrieval", "inflight", "queued", "max_inflight", "max_queued", "failovers", "notes", "vision_replicas", "retrieval_replicas", "retrieval_index")
+    __slots__ = ("serving", "degraded", "plan", "normal_plan", "stages", "vision", "retrieval", "inflight", "queued", "max_inflight", "max_queued", "failovers", "notes", "vision_replicas", "retrieval_replicas", "retrieval_index", "stations", "explaining")
     SERVING_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -603,6 +603,8 @@ class ClusterStatus(_message.Message):
     VISION_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RETRIEVAL_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     RETRIEVAL_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATIONS_FIELD_NUMBER: _ClassVar[int]
+    EXPLAINING_FIELD_NUMBER: _ClassVar[int]
     serving: bool
     degraded: bool
     plan: str
@@ -619,4 +621,16 @@ class ClusterStatus(_message.Message):
     vision_replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     retrieval_replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     retrieval_index: str
-    def __init__(self, serving: _Optional[bool] = ..., degraded: _Optional[bool] = ..., plan: _Optional[str] = ..., normal_plan: _Optional[_Iterable[str]] = ..., stages: _Optional[_Iterable[_Union[StageEndpointStatus, _Mapping]]] = ..., vision: _Optional[str] = ..., retrieval: _Optional[str] = ..., inflight: _Optional[int] = ..., queued: _Optional[int] = ..., max_inflight: _Optional[int] = ..., max_queued: _Optional[int] = ..., failovers: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., vision_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_index: _Optional[str] = ...) -> None: ...
+    stations: _containers.RepeatedCompositeFieldContainer[StationGateStatus]
+    explaining: int
+    def __init__(self, serving: _Optional[bool] = ..., degraded: _Optional[bool] = ..., plan: _Optional[str] = ..., normal_plan: _Optional[_Iterable[str]] = ..., stages: _Optional[_Iterable[_Union[StageEndpointStatus, _Mapping]]] = ..., vision: _Optional[str] = ..., retrieval: _Optional[str] = ..., inflight: _Optional[int] = ..., queued: _Optional[int] = ..., max_inflight: _Optional[int] = ..., max_queued: _Optional[int] = ..., failovers: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., vision_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_index: _Optional[str] = ..., stations: _Optional[_Iterable[_Union[StationGateStatus, _Mapping]]] = ..., explaining: _Optional[int] = ...) -> None: ...
+
+class StationGateStatus(_message.Message):
+    __slots__ = ("station", "policy", "flagged")
+    STATION_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    FLAGGED_FIELD_NUMBER: _ClassVar[int]
+    station: str
+    policy: str
+    flagged: str
+    def __init__(self, station: _Optional[str] = ..., policy: _Optional[str] = ..., flagged: _Optional[str] = ...) -> None: ...

@@ -86,7 +86,23 @@ async def cluster_status(inspector: Inspector) -> inspection_pb2.ClusterStatus:
         if inspector.retrieval
         else [],
         retrieval_index=inspector.retrieval.in_use if inspector.retrieval else "",
+        stations=station_gates(inspector.cfg.anomaly),
+        explaining=len(inspector.explanations.running()),
     )
+
+
+def station_gates(cfg) -> list[inspection_pb2.StationGateStatus]:
+    """Each station's gate policy and what a flagged frame waits for there (GatewayAnomalySettings)."""
+
+    def row(name: str, gate) -> inspection_pb2.StationGateStatus:
+        flagged = ""
+        if gate.policy.value == "gate":
+            flagged = (
+                "waits for the VLM (it may clear one)" if gate.vlm_may_clear else "decided at takt, explained after"
+            )
+        return inspection_pb2.StationGateStatus(station=name, policy=gate.policy.value, flagged=flagged)
+
+    return [row("*", cfg.default), *(row(name, gate) for name, gate in sorted(cfg.stations.items()))]
 
 
 def replica_status(
