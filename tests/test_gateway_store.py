@@ -265,3 +265,16 @@ def test_acknowledged_report_survives_kill_9(tmp_path):
         report = reopened.get(report_id)
         assert (report.station, report.description) == ("st9", "kept")
         assert reopened.claim("durable-key", "req-2") == (report_id, report)
+
+
+def test_a_unique_prefix_of_a_report_id_finds_it_and_an_ambiguous_one_names_the_candidates(store):
+    ids = ["abc1230000000000000000000000000a", "abc1230000000000000000000000000b", "f00d" + "0" * 28]
+    for report_id in ids:
+        store.complete(DefectReport(report_id=report_id, station="st"))
+    assert store.get("f00d").report_id == ids[2]  # `reports list` shows 12 characters: fewer do, while unique
+    assert store.get(ids[0][:31] + "a").report_id == ids[0]
+    with pytest.raises(InvalidInput, match="ambiguous") as ambiguous:
+        store.get("abc123")
+    assert ids[0][:16] in str(ambiguous.value) and "give more characters" in str(ambiguous.value)
+    with pytest.raises(NotFound, match="no report with id 'abd'"):
+        store.get("abd")

@@ -110,10 +110,9 @@ class InspectionServicer(inspection_pb2_grpc.InspectionServiceServicer):
     async def GetReportImage(self, request, context) -> inspection_pb2.ReportImage:
         """The report's frame, thumbnail or anomaly heatmap as kept by the frame store (EXPIRED once pruned); a
         pair's gateway reads one that the other gateway holds from it, as the same caller."""
-        answer = await self.images.image(
-            request.report_id, request.thumbnail, request.heatmap, context.invocation_metadata()
-        )
-        out = inspection_pb2.ReportImage(report_id=request.report_id, state=answer.state, data=answer.data)
+        report_id = await asyncio.to_thread(self.store.resolve, request.report_id)  # a unique prefix will do
+        answer = await self.images.image(report_id, request.thumbnail, request.heatmap, context.invocation_metadata())
+        out = inspection_pb2.ReportImage(report_id=report_id, state=answer.state, data=answer.data)
         if answer.frame is not None:
             out.image_sha256 = answer.frame.sha256
             out.media_type = answer.frame.media_type

@@ -30,6 +30,7 @@ from edgeinspect.v1 import inspection_pb2
 from edgeinspect.v1.inspection_pb2 import DefectReport
 
 DEFAULT_PAGE_SIZE = 50
+FULL_ID_CHARS = 32  # uuid4 hex: a shorter id is a prefix
 MAX_PAGE_SIZE = 500
 
 
@@ -86,8 +87,27 @@ class ReportReader:
             ).fetchall()
         return [Attempt(*r) for r in rows]
 
+    def resolve(self, given: str) -> str:
+        """A report id from the whole id or a unique prefix of it (`reports list` and the console show the first
+        12 characters); NotFound when no id starts so, InvalidInput naming the candidates when several do."""
+        check_id(given)
+        if len(given) >= FULL_ID_CHARS or not given:
+            return given
+        upper = given[:-1] + chr(ord(given[-1]) + 1)  # the ids that start with `given`, on the primary key's index
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT report_id FROM reports WHERE report_id >= ? AND report_id < ? ORDER BY report_id LIMIT 6",
+                (given, upper),
+            ).fetchall()
+        if not rows:
+            raise NotFound(f"no report with id {short_id(given)}")
+        if len(rows) > 1:
+            shown = ", ".join(r[0][:16] for r in rows[:5]) + (", ..." if len(rows) > 5 else "")
+            raise InvalidInput(f"report id {given!r} is ambiguous: it starts {shown}; give more characters")
+        return rows[0][0]
+
     def _get_done(self, report_id: str) -> DefectReport:
-        check_id(report_id)
+        report_id = self.resolve(report_id)
         with self._lock:
             row = self._db.execute(
                 "SELECT status, reason, report FROM reports WHERE report_id = ?", (report_id,)
