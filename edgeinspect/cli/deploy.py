@@ -85,8 +85,9 @@ def render_command(
         written += render.write_certs(inv, rendering, out, certs.ensure_ca(ca))
         if made:
             typer.echo(f"made the plant CA in {ca} (keep {ca / certs.CA_KEY} off the boxes)", err=True)
-    if issue_certs:  # a gateway pair's database DSN and password (0600), never inside a rendered file
+    if issue_certs:  # a gateway pair's database DSN and password, the API tokens (0600), never in a rendered file
         written += render.write_store_secrets(inv, rendering, out, inventory.parent)
+        written += render.write_token_secrets(inv, rendering, out)
     console = Console()
     table = Table(title=f"plant {inv.plant.name}: {len(written)} files in {out}")
     for col in ("service", "box", "address", "layers"):
@@ -96,6 +97,13 @@ def render_command(
         address = f"{inst.box.address}:{inst.port}" if inst.port else "(client)"
         table.add_row(inst.service, inst.box.name, address, layers)
     console.print(table)
+    if issue_certs:
+        from edgeinspect.deploy.next_steps import next_steps
+
+        compose, k8s = target in (Target.compose, Target.all), target in (Target.k8s, Target.all)
+        console.print(f"Next steps (compose/DEPLOY.md); the admin token is in {out / 'secrets' / 'admin_token'}:")
+        for line in next_steps(inv, out, compose, k8s, ca if inv.plant.tls else None):
+            console.print(line, highlight=False, soft_wrap=True)
 
 
 def _ms(seconds: float | None, digits: int = 0) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from edgeinspect.certs import Issued
 from edgeinspect.config import RoleSettings
-from edgeinspect.deploy import compose, dashboard, database, k8s, tls
+from edgeinspect.deploy import compose, dashboard, database, k8s, tls, tokens
 from edgeinspect.deploy.inventory import Inventory, Role
 from edgeinspect.deploy.settings import ingest_settings, role_settings, settings_yaml
 from edgeinspect.deploy.topology import Addressing, Instance, StagePlacement, instances
@@ -271,4 +271,12 @@ def write_store_secrets(inv: Inventory, rendering: Rendering, out: Path, invento
     gateways, the password for PostgreSQL (made once, kept on re-render), or the external DSN file's copy."""
     folders = {rel.split("/", 1)[0] for rel in rendering.files}
     files = database.secret_files(inv, rendering.instances, folders, {ALL_IN_ONE, K8S}, inventory_dir, out)
+    return [database.write_secret(out / rel, text) for rel, text in files.items()]
+
+
+def write_token_secrets(inv: Inventory, rendering: Rendering, out: Path) -> list[Path]:
+    """The API tokens (0600, made once, kept on re-render): out/secrets/admin_token and ingest_token for the operator,
+    the hashes in each gateway folder's secrets/api_tokens.json, the ingest token where ingest runs, k8s/secrets.env."""
+    folders = {rel.split("/", 1)[0] for rel in rendering.files}
+    files = tokens.secret_files(inv, folders, {ALL_IN_ONE, K8S}, out)
     return [database.write_secret(out / rel, text) for rel, text in files.items()]
