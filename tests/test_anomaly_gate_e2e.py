@@ -5,6 +5,7 @@ step), a flagged one by the gate and the VLM and never OK, an admin adds a false
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -208,10 +209,24 @@ def test_policy_vlm_records_the_score_beside_the_vlm_verdict(stack, api, sample)
 
 
 def test_part_without_a_bank_runs_the_vlm_and_says_so(stack, api, sample):
-    report, _ = inspect(api, sample / "test" / "good" / "002.png", GATED, part="HSG-210")
+    report, _ = inspect(api, sample / "test" / "good" / "002.png", VLM_STATION, part="HSG-210")
     assert report.generated_token_ids and report.verdict != inspection_pb2.VERDICT_UNSPECIFIED
     assert report.anomaly.decided_by == inspection_pb2.DECIDED_BY_VLM
     assert "no anomaly bank for part HSG-210" in report.anomaly.note and not report.anomaly.bank_id
+
+
+def test_a_misspelled_part_at_a_gated_station_is_never_passed_and_the_known_parts_are_named(stack, api, sample):
+    report, _ = inspect(api, sample / "test" / "good" / "002.png", GATED, part="baord")
+    assert report.generated_token_ids, "the VLM still describes the frame"
+    assert report.verdict == inspection_pb2.VERDICT_UNCERTAIN, "a part the gate has not judged is never OK here"
+    for said in (report.anomaly.note, report.verdict_reason):
+        assert "no anomaly bank for part 'baord'" in said and f"parts with a bank: {PART}" in said, said
+    shown = subprocess.run(
+        [sys.executable, "-m", "edgeinspect.cli", "reports", "show", report.report_id[:12], "--gateway",
+         stack.gateway_address, "--token", ADMIN],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert shown.returncode == 0 and "UNCERTAIN" in shown.stdout and "'baord'" in shown.stdout, shown.stderr
 
 
 def test_non_admin_token_may_not_change_the_good_set(stack, api, sample):

@@ -138,6 +138,13 @@ def print_report(report: inspection_pb2.DefectReport) -> None:
     if explanation:
         table.add_row("explanation", explanation)
     table.add_row("station / part", f"{report.station or '-'} / {report.part or '-'}")
+    if report.HasField("anomaly"):
+        a = report.anomaly
+        decided = inspection_pb2.DecidedBy.Name(a.decided_by).removeprefix("DECIDED_BY_").lower()
+        score = f"score {a.score:.3g} (threshold {a.threshold:.3g}), " if a.bank_id else ""
+        table.add_row(
+            "anomaly gate", f"{score}policy {a.policy}, decided by {decided}" + (f": {a.note}" if a.note else "")
+        )
     for d in report.defects:
         table.add_row("defect", f"{d.defect_class} ({d.severity}) at {d.location}: {d.evidence}")
     table.add_row("description", report.description[:300])

@@ -40,6 +40,7 @@ class GateOutcome:
     station: StationGate
     score: vision_pb2.AnomalyScore | None = None
     note: str = ""
+    unknown_part: bool = False  # under `gate`, a part no vision node holds a bank for: never OK without a person
 
     @property
     def policy(self) -> AnomalyPolicy:
@@ -94,6 +95,13 @@ class GateStep:
     ) -> GateOutcome:
         if code is grpc.StatusCode.INVALID_ARGUMENT:
             raise InvalidInput(f"the vision node cannot read the image: {details}") from None
+        if code is grpc.StatusCode.NOT_FOUND and station.policy is AnomalyPolicy.gate:
+            # A misspelled part or one not taught yet: the VLM describes it, but a gated station never passes a
+            # part its gate has not judged.
+            known = ", ".join(sorted(self.vision.newest)) or "none yet"
+            note = (f"no anomaly bank for part {part!r} (parts with a bank: {known}): the VLM described it and a "
+                    "person decides; teach the part or fix its name")  # fmt: skip
+            return GateOutcome(station, note=note, unknown_part=True)
         if code is grpc.StatusCode.NOT_FOUND:
             return GateOutcome(station, note=f"no anomaly bank for part {part} yet: the VLM decided")
         if code is grpc.StatusCode.UNIMPLEMENTED:
@@ -176,6 +184,9 @@ def settle(report: inspection_pb2.DefectReport, outcome: GateOutcome, heatmap_st
     regions as defect boxes where the VLM gave none."""
     if outcome.policy is AnomalyPolicy.off:
         return
+    if outcome.unknown_part and report.verdict != DEFECT:
+        report.verdict = UNSURE
+        report.verdict_reason = "; ".join(x for x in (outcome.note, report.verdict_reason) if x)
     flagged = outcome.flagged
     decided_by = inspection_pb2.DECIDED_BY_GATE_AND_VLM if flagged else inspection_pb2.DECIDED_BY_VLM
     report.anomaly.CopyFrom(finding(outcome, decided_by, heatmap_stored))
