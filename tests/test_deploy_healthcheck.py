@@ -54,6 +54,32 @@ async def test_healthcheck_wait_returns_once_the_server_turns_serving():
         await running.stop(0)
 
 
+async def test_the_image_probe_answers_like_the_cli_without_importing_it():
+    """`edgeinspect-healthcheck` (the compose and Kubernetes probe) is the same check, minus the CLI's imports."""
+    running = await start_server([], [], ServerConfig(host="127.0.0.1", port=0), role="test")
+    address = f"127.0.0.1:{running.port}"
+    probe = [sys.executable, "-c", PROBE, address, "--timeout", "2"]
+    try:
+        await running.health.set_serving(True)
+        proc = await asyncio.create_subprocess_exec(*probe, stdout=asyncio.subprocess.PIPE)
+        out, _ = await proc.communicate()
+        assert (proc.returncode, out.decode()) == (0, f"{address}: SERVING\n")
+    finally:
+        await running.stop(0)
+    proc = await asyncio.create_subprocess_exec(*probe, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    assert proc.returncode == 1 and "UNAVAILABLE" in err.decode()
+
+
+# The probe's entry point as the console script runs it; it exits with the CLI and its commands never imported.
+PROBE = """import sys
+from edgeinspect.services.common.health_probe import main
+code = main(sys.argv[1:])
+assert not any(m.startswith(("edgeinspect.cli", "torch", "typer")) for m in sys.modules), "imports too much"
+sys.exit(code)
+"""
+
+
 async def test_healthcheck_wait_gives_up_with_exit_1_when_nothing_answers():
     running = await start_server([], [], ServerConfig(host="127.0.0.1", port=0), role="test")
     address = f"127.0.0.1:{running.port}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from edgeinspect.deploy import render
 from edgeinspect.deploy import tls as deploy_tls
 from edgeinspect.deploy.inventory import Inventory, Role, load_inventory
 from edgeinspect.deploy.topology import StagePlacement
+from edgeinspect.services.console.settings import ConsoleSettings
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.ingest.config import IngestSettings
 from edgeinspect.services.retrieval.settings import RetrievalSettings
@@ -27,7 +30,7 @@ SETTINGS = {
     "retrieval": RetrievalSettings,
     "gateway": GatewaySettings,
 }
-ROLE_CLASSES = {**SETTINGS, "ingest": IngestSettings}
+ROLE_CLASSES = {**SETTINGS, "ingest": IngestSettings, "console": ConsoleSettings}
 BIN = Path(sys.executable).parent
 CAMERAS = (REPO / "compose" / "cameras.example.yaml").read_text()
 
@@ -62,6 +65,21 @@ def test_rendered_compose_files_validate_against_the_compose_spec(rendered):
         [BIN / "check-jsonschema", "--builtin-schema", "vendor.compose-spec", *files], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(
+    shutil.which("docker-compose") is None, reason="needs Debian's docker-compose (tools/docker_engine.sh)"
+)
+def test_rendered_compose_files_load_in_compose_v1_under_the_project_name_of_their_env_file(rendered):
+    """Compose v1 (1.29, what Debian packages) checks its own schema, stricter than the spec: no top-level `name`."""
+    for file in compose_files(rendered):
+        done = subprocess.run(["docker-compose", "-f", file, "config"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (file, done.stderr)
+        assert "COMPOSE_PROJECT_NAME=edgeinspect-line-7" in (file.parent / ".env").read_text()
+        doc = yaml.safe_load(file.read_text())
+        assert "name" not in doc
+        for svc in doc["services"].values():  # docker-py parses these itself: b, k, m, g only (no Kubernetes `Mi`)
+            assert re.fullmatch(r"\d+m", svc["mem_limit"]), svc["mem_limit"]
 
 
 def test_compose_spec_check_rejects_a_broken_file(tmp_path):
@@ -112,7 +130,9 @@ def test_every_depends_on_volume_secret_and_config_reference_resolves(rendered, 
             # every role checks its own health: gRPC roles their port, ingest its metrics port's HTTP health
             test = svc["healthcheck"]["test"]
             server = yaml.safe_load(role_text)["server"]
-            if "port" in server:
+            if name == "console":  # HTTP: its own page answers
+                assert f"http://127.0.0.1:{server['port']}/healthz" in test[-1], f"{path}: {name} healthcheck"
+            elif "port" in server:
                 assert test[-1] == f"127.0.0.1:{server['port']}", f"{path}: {name} healthcheck"
             else:
                 assert f"http://127.0.0.1:{server['metrics_port']}/v2/health/ready" in test[-1], f"{path}: {name}"
@@ -162,7 +182,7 @@ def test_stages_sharing_one_box_batch_as_one_group(rendered):
 def test_all_in_one_names_peers_by_service_and_publishes_only_the_gateway(rendered):
     doc = yaml.safe_load((rendered / "all-in-one" / "compose.yaml").read_text())
     published = [n for n, s in doc["services"].items() if "ports" in s and "profiles" not in s]
-    assert published == ["gateway"]
+    assert published == ["gateway", "console"]  # the API and the console, for the operators
     for name in ("prometheus", "grafana"):  # the optional observability profile: on this machine only
         assert all(p.startswith("127.0.0.1:") for p in doc["services"][name]["ports"]), name
     gateway = GatewaySettings.load(rendered / "all-in-one" / "config" / "gateway.yaml")
@@ -215,7 +235,7 @@ def test_secrets_and_the_renderers_environment_stay_out_of_rendered_files(exampl
     [
         (lambda d: d["boxes"][2]["roles"].remove("gateway"), r"at least 1 box\(es\) with role gateway"),
         (lambda d: d["boxes"][1].update(address="10.20.7.10"), "addresses must be unique"),
-        (lambda d: d["plant"].pop("vision_hef"), "vision_hef"),
+        (lambda d: d["boxes"][0].update(hailo=True), "vision_hef"),  # a Hailo vision box without its compiled tower
         (lambda d: d["boxes"][0].pop("cameras"), "cameras"),
         (lambda d: d["boxes"][1].update(memory_gb=1), "leaves nothing for a stage"),
         (lambda d: d["plant"].update(chained=True), "chained mode was retired: .*; remove `chained`"),
@@ -261,8 +281,8 @@ def test_internal_ports_and_metrics_are_published_on_the_boxs_own_address_only(e
         for name, svc in doc["services"].items():
             for mapping in svc.get("ports", []):
                 host, port, _ = mapping.rsplit(":", 2) if mapping.count(":") == 2 else ("", *mapping.split(":"))
-                if name == "gateway" and port == "50051":
-                    assert host == "", "the public API is published on every interface"
+                if (name, port) in (("gateway", "50051"), ("console", "8080")):
+                    assert host == "", "the public API and the console are published on every interface"
                 elif int(port) >= 51000:  # metrics
                     assert host == (box.metrics_address or box.address), mapping
                 else:

@@ -59,18 +59,19 @@ def compose_services(root: Path, profiles: bool = False) -> dict[str, dict]:
 
 
 def mib(quantity: str) -> int:
-    assert quantity.endswith("Mi"), quantity
-    return int(quantity.removesuffix("Mi"))
+    """MiB of a Kubernetes quantity (`Mi`) or a compose byte value (`m`, what Compose v1 reads)."""
+    assert quantity.endswith(("Mi", "m")), quantity
+    return int(quantity.removesuffix("Mi").removesuffix("m"))
 
 
 def test_every_compose_service_has_memory_and_cpu_limits_and_rotated_logs(plant):
     services = compose_services(plant)
-    assert len(services) == 12  # 6 per-box services + the all-in-one's 6
+    assert len(services) == 14  # 6 per-box services + the all-in-one's 6, a console beside each gateway
     for name, svc in services.items():
         assert 0 < mib(svc["mem_reservation"]) <= mib(svc["mem_limit"]), name
         assert 0 < svc["cpus"] <= 8 and svc["cpu_shares"] > 0, name
     everything = compose_services(plant, profiles=True)
-    assert len(everything) == 16  # + Prometheus and Grafana beside the gateway and in the all-in-one
+    assert len(everything) == 18  # + Prometheus and Grafana beside the gateway and in the all-in-one
     for name, svc in everything.items():
         assert mib(svc["mem_limit"]) > 0 and svc["cpus"] > 0, name
         assert svc["logging"] == {"driver": "json-file", "options": {"max-size": "10m", "max-file": "3"}}, name
@@ -84,24 +85,36 @@ def test_every_role_checks_its_own_health_and_ingest_never_the_image_default(pla
     for name, svc in compose_services(plant).items():
         test = svc["healthcheck"]["test"]
         assert test[0] == "CMD", name
-        if "/ingest-" in name:
+        if name.endswith("/console"):
+            assert "http://127.0.0.1:8080/healthz" in test[-1], name
+        elif "/ingest-" in name:
             assert "http://127.0.0.1:9108/v2/health/ready" in test[-1], name
             assert not any("50051" in part for part in test), name
         else:
-            assert test[1:3] == ["edgeinspect", "healthcheck"] and test[-1].startswith("127.0.0.1:"), name
+            assert test[1] == "edgeinspect-healthcheck" and test[-1].startswith("127.0.0.1:"), name
 
 
 def test_usb_camera_and_hailo_get_their_devices_and_the_background_picture_is_copied(plant):
     services = compose_services(plant)
     ingest = services["cell-pi/ingest-cell-pi"]
     assert ingest["devices"] == ["/dev/video0:/dev/video0"] and ingest["group_add"] == ["44"]
-    assert services["cell-pi/vision"]["devices"] == ["/dev/hailo0:/dev/hailo0"]
+    assert "devices" not in services["cell-pi/vision"]  # the example's vision runs on the Pi's CPU
     picture = (REPO / "compose" / "press-7-empty.jpg").read_bytes()
     for folder in ("cell-pi", "all-in-one", "k8s"):
         assert (plant / folder / "config" / "press-7-empty.jpg").read_bytes() == picture, folder
     pod = yaml.safe_load((plant / "k8s" / "ingest-cell-pi.yaml").read_text())["spec"]["template"]["spec"]
     assert {"name": "video-0", "hostPath": {"path": "/dev/video0", "type": "CharDevice"}} in pod["volumes"]
     assert {"name": "video-0", "mountPath": "/dev/video0"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_a_hailo_vision_box_gets_the_device_and_the_hailo_image(tmp_path):
+    def hailo(data: dict) -> None:
+        data["plant"]["vision_hef"] = "tower.hef"
+        data["boxes"][0]["hailo"] = True
+
+    render_to(inventory(hailo), tmp_path)
+    vision = compose_services(tmp_path)["cell-pi/vision"]
+    assert vision["devices"] == ["/dev/hailo0:/dev/hailo0"] and vision["image"].endswith("-hailo")
 
 
 def test_a_missing_referenced_file_is_an_error_naming_it(tmp_path):

@@ -1,25 +1,16 @@
 """`edgeinspect healthcheck ADDRESS`: exit 0 when the server at ADDRESS reports SERVING on grpc.health.v1.
 
-Container HEALTHCHECKs and compose `depends_on: service_healthy` run it; it imports nothing heavy. With `--wait`
+The check itself is services/common/health_probe.py; container HEALTHCHECKs run it as `edgeinspect-healthcheck`,
+which skips the CLI's imports. With `--wait`
 it keeps asking until the server is SERVING or the time is up: one process that waits for a box to come up,
 instead of a new process per poll.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import typer
-
-POLL_S = 0.25
-# gRPC backs off reconnecting after refused connections (1 s growing by 1.6x to 120 s): polling one channel for a
-# server that takes minutes to start would notice it up to minutes late. Cap the backoff near the poll interval.
-RECONNECT_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.min_reconnect_backoff_ms", 250),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 
 def healthcheck_command(
@@ -34,29 +25,9 @@ def healthcheck_command(
     key: Path | None = typer.Option(None, "--key", help="its private key"),
 ) -> None:
     """Ask a server's grpc.health.v1 Check: exit 0 when SERVING, 1 otherwise (not serving, unreachable)."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from edgeinspect.services.common.health_probe import check
 
-    serving = health_pb2.HealthCheckResponse.SERVING
-    deadline = time.monotonic() + wait
-    if ca is None:
-        channel = grpc.insecure_channel(address, options=RECONNECT_OPTIONS)
-    else:
-        creds = grpc.ssl_channel_credentials(
-            ca.read_bytes(), key.read_bytes() if key else None, cert.read_bytes() if cert else None
-        )
-        channel = grpc.secure_channel(address, creds, options=RECONNECT_OPTIONS)
-    with channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-                status, ok = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status), reply.status == serving
-            except grpc.RpcError as err:
-                status, ok = f"{err.code().name}: {err.details()}", False
-            if ok or time.monotonic() + POLL_S > deadline:
-                break
-            time.sleep(POLL_S)
+    ok, status = check(address, service, timeout, wait, ca, cert, key)
     typer.echo(f"{address}: {status}", err=not ok)
     if not ok:
         raise typer.Exit(1)

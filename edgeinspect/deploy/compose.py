@@ -23,6 +23,9 @@ SECRETS = {
 }
 SECRET_OF_ROLE = {Role.gateway: "api_tokens", Role.ingest: "ingest_token"}
 HAILO_DEVICE = "/dev/hailo0"
+# The image's light health probe (services/common/health_probe.py): a probe through the whole `edgeinspect` CLI
+# outlived the 5 s healthcheck timeout on a box loading its models.
+HEALTHCHECK = ["edgeinspect-healthcheck"]
 USER = 10001  # the image's user; PostgreSQL runs as it too, so one `chown` serves every secret file
 VIDEO_GID = 44  # Debian's `video` group, which owns /dev/video* on the boxes and in the image
 # A Pi's SD card fills with unrotated container logs: three files of 10 MB per service at most.
@@ -78,14 +81,21 @@ def cpu_limit(inst: Instance) -> float:
 
 
 def mebibytes(n: int) -> str:
+    """A Kubernetes quantity in MiB."""
     return f"{n // 2**20}Mi"
 
 
-def http_health_command(port: int) -> list[str]:
-    """A probe of the role's HTTP readiness (/v2/health/ready on its metrics port) with what the image has."""
+def compose_bytes(n: int) -> str:
+    """A compose byte value in MiB: `m` is 2**20 for the engine, and the one spelling both Compose versions read
+    (v2 also takes Kubernetes' `Mi`, v1's docker-py refuses it)."""
+    return f"{n // 2**20}m"
+
+
+def http_health_command(port: int, path: str = "/v2/health/ready") -> list[str]:
+    """A probe of an HTTP readiness endpoint (default: the role's on its metrics port) with what the image has."""
     code = (
         "import sys, urllib.request; "
-        f"sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:{port}/v2/health/ready', timeout=4).status == 200 "
+        f"sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:{port}{path}', timeout=4).status == 200 "
         "else 1)"
     )
     return ["python", "-c", code]
@@ -124,6 +134,8 @@ def _volumes(inv: Inventory, inst: Instance) -> list[dict[str, Any]]:
         vols.append(_bind(ckpt, ckpt, True))
     if inst.role in (Role.vision, Role.stage):  # the vision ONNX export; a stage's compiled decode kernel
         vols.append(_bind(str(plant.cache_dir), str(plant.cache_dir), False))
+    if inst.role is Role.vision:  # the anomaly gate's banks, taught on this box: kept in its folder, not the container
+        vols.append(_bind(str(plant.banks_dir), str(plant.banks_dir), False))
     if inst.role is Role.retrieval:
         vols.append(_bind(str(plant.kb_dir), str(plant.kb_dir), True))
     if inst.role is Role.gateway:
@@ -183,7 +195,7 @@ def _service(
         svc |= gpu_access(inst.box)
     health_tls = tls.healthcheck_args() if inv.plant.tls else []
     if inst.port:
-        test = ["CMD", "edgeinspect", "healthcheck", *health_tls, f"127.0.0.1:{inst.port}"]
+        test = ["CMD", *HEALTHCHECK, *health_tls, f"127.0.0.1:{inst.port}"]
     elif inst.metrics_port:  # ingest serves no gRPC: its own HTTP health, never the image's default address
         test = ["CMD", *http_health_command(inst.metrics_port)]
     else:
@@ -192,15 +204,17 @@ def _service(
         svc["healthcheck"] = {
             "test": test,
             "interval": "15s",
-            "timeout": "5s",
+            # A probe is a new Python process: on a box (or a pilot machine) busy loading its models it took up to
+            # 5 s before it asked anything (the compose test on 2 cores)
+            "timeout": "10s",
             "retries": 3,
             # Loading a checkpoint and passing the canary inference takes minutes on a Pi or a cold disk.
             "start_period": "10m",
         }
     else:
         svc["healthcheck"] = {"disable": True}
-    svc["mem_limit"] = mebibytes(memory_limit_bytes(inv, inst))
-    svc["mem_reservation"] = mebibytes(memory_request_bytes(inv, inst))
+    svc["mem_limit"] = compose_bytes(memory_limit_bytes(inv, inst))
+    svc["mem_reservation"] = compose_bytes(memory_request_bytes(inv, inst))
     svc["cpus"] = cpu_limit(inst)
     # Under contention cores go by each role's share of the box (1024 = one core's weight).
     svc["cpu_shares"] = max(int(inst.box.role_cpus(inst.role) * 1024), 2)
@@ -237,8 +251,8 @@ def _database_service(inv: Inventory, inst: Instance, publish: bool) -> dict[str
         "retries": 5,
         "start_period": "2m",
     }
-    svc["mem_limit"] = mebibytes(memory_limit_bytes(inv, inst))
-    svc["mem_reservation"] = mebibytes(memory_request_bytes(inv, inst))
+    svc["mem_limit"] = compose_bytes(memory_limit_bytes(inv, inst))
+    svc["mem_reservation"] = compose_bytes(memory_request_bytes(inv, inst))
     svc["cpus"] = cpu_limit(inst)
     svc["cpu_shares"] = max(int(inst.box.role_cpus(inst.role) * 1024), 2)
     svc["logging"] = LOGGING
@@ -259,7 +273,6 @@ def _depends_on(inst: Instance, local: list[Instance]) -> list[str]:
 
 def compose_project(
     inv: Inventory,
-    name: str,
     local: list[Instance],
     publish: bool,
     client_ports: dict[str, list[int]],
@@ -273,7 +286,7 @@ def compose_project(
         i.service: _service(inv, i, local, publish, client_ports.get(i.service, []), cameras.get(i.service, []))
         for i in local
     }
-    doc: dict[str, Any] = {"name": name, "services": services}
+    doc: dict[str, Any] = {"services": services}
     if any(i.role is Role.database for i in local):
         doc["volumes"] = {database.VOLUME: {}}
     files = {n: file for n, (file, _) in SECRETS.items()}
@@ -284,6 +297,15 @@ def compose_project(
     if used:
         doc["secrets"] = {n: {"file": files[n]} for n in sorted(used)}
     return doc
+
+
+def project_env(name: str) -> str:
+    """The `.env` beside a compose file: its project name. Compose v2 also reads a top-level `name:`, which
+    Compose v1 (Debian's docker-compose 1.29) refuses as an invalid property; both read COMPOSE_PROJECT_NAME here."""
+    return (
+        "# Rendered by `edgeinspect deploy render`: the compose project's name (containers, networks, volumes).\n"
+        f"COMPOSE_PROJECT_NAME={name}\n"
+    )
 
 
 def _tls_secrets(box: Box) -> dict[str, str]:

@@ -239,7 +239,7 @@ def compose_services(publish_host: str) -> dict[str, dict[str, Any]]:
                 "timeout": "5s",
                 "retries": 3,
             },
-            "mem_limit": "1024Mi",
+            "mem_limit": "1024m",
             "cpus": 1.0,
             "logging": logging,
         },
@@ -270,7 +270,7 @@ def compose_services(publish_host: str) -> dict[str, dict[str, Any]]:
                 },
                 {"type": "volume", "source": "grafana-data", "target": "/var/lib/grafana"},
             ],  # fmt: skip
-            "mem_limit": "512Mi",
+            "mem_limit": "512m",
             "cpus": 1.0,
             "logging": logging,
         },

@@ -128,6 +128,7 @@ class Ports(BaseModel):
     stage_base: int = Field(50060, ge=1, le=65535, description="decoder stage k listens on stage_base + k")
     database: int = Field(5432, ge=1, le=65535, description="PostgreSQL, on the box with role database")
     metrics_offset: int = Field(1000, ge=0, description="Prometheus port = gRPC port + this (0: no metrics)")
+    console: int = Field(8080, ge=1, le=65535, description="the web console (HTTP) beside each gateway")
 
 
 class ModelSizes(BaseModel):
@@ -181,7 +182,8 @@ class Plant(BaseModel):
     )
     data_dir: Path = Field(
         Path("/var/lib/edgeinspect"),
-        description="on every box (and inside the containers, same path): checkpoints/ kb/ reports/ cache/ frames/",
+        description="on every box (and inside the containers, same path): checkpoints/ kb/ reports/ cache/ frames/ "
+        "banks/",
     )
     checkpoint: str = Field(..., description="checkpoint folder name under data_dir/checkpoints")
     vision_hef: str | None = Field(None, description="compiled Hailo HEF under data_dir/checkpoints (Hailo boxes)")
@@ -237,6 +239,12 @@ class Plant(BaseModel):
     def frames_dir(self) -> Path:
         """Writable: frames the ingest role saved with their reports."""
         return self.data_dir / "frames"
+
+    @property
+    def banks_dir(self) -> Path:
+        """Writable: the anomaly gate's banks on a vision box (one folder per part), kept across container
+        recreation like the reports."""
+        return self.data_dir / "banks"
 
     @property
     def cache_dir(self) -> Path:

@@ -10,6 +10,7 @@ from edgeinspect.deploy import database, tls
 from edgeinspect.deploy.compose import (
     CONFIG_DIR,
     HAILO_DEVICE,
+    HEALTHCHECK,
     SECRET_OF_ROLE,
     SECRETS,
     VIDEO_GID,
@@ -53,7 +54,11 @@ def _storage(inv: Inventory, inst: Instance, cameras: list[str]) -> tuple[list[d
     # Checkpoints and the knowledge base are copied onto each box beforehand (they are gigabytes, read at start);
     # reports, the ONNX export and stages' compiled kernels are written where the pod is pinned.
     wanted = {
-        Role.vision: [("checkpoints", "Directory", True), ("cache", "DirectoryOrCreate", False)],
+        Role.vision: [
+            ("checkpoints", "Directory", True),
+            ("cache", "DirectoryOrCreate", False),
+            ("banks", "DirectoryOrCreate", False),
+        ],
         Role.stage: [("checkpoints", "Directory", True), ("cache", "DirectoryOrCreate", False)],
         Role.gateway: [("checkpoints", "Directory", True), ("reports", "DirectoryOrCreate", False)],
         Role.retrieval: [("kb", "Directory", True)],
@@ -109,8 +114,8 @@ def _cores(n: float) -> str:
 
 def _probes(inv: Inventory, inst: Instance) -> dict[str, Any]:
     if inst.port:
-        if inv.plant.tls:  # kubelet's gRPC probe speaks no TLS: ask through `edgeinspect healthcheck` instead
-            command = ["edgeinspect", "healthcheck", *tls.healthcheck_args(), f"127.0.0.1:{inst.port}"]
+        if inv.plant.tls:  # kubelet's gRPC probe speaks no TLS: ask through the image's probe instead
+            command = [*HEALTHCHECK, *tls.healthcheck_args(), f"127.0.0.1:{inst.port}"]
             check: dict[str, Any] = {"exec": {"command": command}}
         else:
             check = {"grpc": {"port": inst.port}}

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from edgeinspect.deploy import tls
-from edgeinspect.deploy.compose import CONFIG_DIR
+from edgeinspect.deploy.compose import CONFIG_DIR, HEALTHCHECK
 from edgeinspect.deploy.netns import Lab
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ class PlantRun:
                 host = svc["healthcheck"]["test"][-1].rsplit(":", 1)[0]
                 port = self.env.get("EDGEINSPECT_SERVER__PORT", cfg["server"]["port"])
                 self.servers.append((netns_of[box], f"{host}:{port}"))
-                options = svc["healthcheck"]["test"][3:-1]  # CMD edgeinspect healthcheck [TLS options] ADDRESS
+                # CMD edgeinspect-healthcheck [TLS options] ADDRESS
+                options = svc["healthcheck"]["test"][1 + len(HEALTHCHECK) : -1]
                 self.health_args[f"{host}:{port}"] = [a.replace(tls.MOUNT, mount) for a in options]
 
     def _tls_mount(self, box_dir: Path, box: str) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from edgeinspect.certs import Issued
 from edgeinspect.config import RoleSettings
-from edgeinspect.deploy import compose, dashboard, database, k8s, tls, tokens
+from edgeinspect.deploy import compose, console, dashboard, database, k8s, tls, tokens
 from edgeinspect.deploy.inventory import Inventory, Role
 from edgeinspect.deploy.settings import ingest_settings, role_settings, settings_yaml
 from edgeinspect.deploy.topology import Addressing, Instance, StagePlacement, instances
@@ -137,9 +137,12 @@ def _compose_files(
         settings = _settings(inv, local, insts, Addressing.box, cameras)
         name = f"edgeinspect-{inv.plant.name}-{box.name}"
         doc = compose.compose_project(
-            inv, name, local, publish=True, client_ports=_client_ports(settings), cameras=_camera_sources(settings)
+            inv, local, publish=True, client_ports=_client_ports(settings), cameras=_camera_sources(settings)
         )
+        files[f"{box.name}/.env"] = compose.project_env(name)
         head = _header(inv, f"Compose file for box {box.name} ({box.address})") + "\n" + plan
+        if Role.gateway in box.roles:
+            files |= _with_console(inv, doc, box.name, local, insts, Addressing.box)
         if Role.gateway in box.roles:  # the plant's Prometheus and Grafana beside the gateway, on request
             targets = {i.service: f"{i.box.metrics_address or i.box.address}:{i.metrics_port}" for i in insts}
             files |= _observability(doc, box.name, targets, compose._ip_or_none(box.address))
@@ -157,10 +160,10 @@ def _compose_files(
         n: s.model_copy(update={"micro_batches": 1}) if isinstance(s, GatewaySettings) else s
         for n, s in settings.items()
     }
-    doc = compose.compose_project(
-        inv, f"edgeinspect-{inv.plant.name}", insts, publish=False, client_ports={}, cameras=_camera_sources(settings)
-    )
+    doc = compose.compose_project(inv, insts, publish=False, client_ports={}, cameras=_camera_sources(settings))
+    files[f"{ALL_IN_ONE}/.env"] = compose.project_env(f"edgeinspect-{inv.plant.name}")
     head = _header(inv, "All-in-one compose file (every role on one machine)") + "\n" + plan
+    files |= _with_console(inv, doc, ALL_IN_ONE, insts, insts, Addressing.service)
     targets = {i.service: f"{i.service}:{i.metrics_port}" for i in insts}
     files |= _observability(doc, ALL_IN_ONE, targets, "127.0.0.1")
     files[f"{ALL_IN_ONE}/compose.yaml"] = compose.compose_yaml(doc, head)
@@ -169,6 +172,16 @@ def _compose_files(
     for box_assets in assets.values():
         files |= {f"{ALL_IN_ONE}/config/{n}": data for n, data in box_assets.items()}
     return files
+
+
+def _with_console(
+    inv: Inventory, doc: dict, folder: str, local: list[Instance], everyone: list[Instance], addressing: Addressing
+) -> dict[str, str | bytes]:
+    """Adds the web console beside the gateway(s) of a compose document; returns its settings file."""
+    doc["services"][console.SERVICE] = console.console_service(inv, local)
+    cfg = console.console_settings(inv, everyone, addressing)
+    text = settings_yaml(cfg, _header(inv, f"console settings ({folder})"))
+    return {f"{folder}/config/{console.CONFIG}": text}
 
 
 def _observability(doc: dict, folder: str, targets: dict[str, str], publish_host: str) -> dict[str, str | bytes]:

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 INGEST_METRICS_PORT = 9108  # the ingest role's /metrics and HTTP health when the cameras file names none
 
 
-def _isolated(cls: type[RoleSettings], data: dict[str, Any]) -> RoleSettings:
+def isolated(cls: type[RoleSettings], data: dict[str, Any]) -> RoleSettings:
     """Validates `data` with `cls` without reading the renderer's own EDGEINSPECT_* environment or files."""
 
     def only_init(settings_cls: type[BaseSettings], *sources: Any, **named: Any) -> tuple[Any, ...]:
@@ -45,7 +45,8 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
     stages = sorted((i for i in everyone if i.stage is not None), key=lambda i: i.stage.index)
 
     if inst.role is Role.vision:
-        data = {**common, "checkpoint": plant.checkpoint_path}
+        # the banks in the box's folder, not the container's: taught ones survive recreating the container
+        data = {**common, "checkpoint": plant.checkpoint_path, "anomaly": {"banks_dir": plant.banks_dir}}
         if inst.box.hailo:
             data |= {"backend": VisionBackend.hailo, "hef_path": plant.data_dir / "checkpoints" / plant.vision_hef}
         else:
@@ -55,7 +56,7 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             }
         if inst.box.uses_gpu(Role.vision):
             data["device"] = "cuda"  # the torch tower there, or ONNX Runtime's TensorRT / CUDA providers
-        return _isolated(VisionSettings, data)
+        return isolated(VisionSettings, data)
     if inst.role is Role.stage:
         st = inst.stage
         data = {
@@ -68,9 +69,9 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
         }
         if inst.box.uses_gpu(Role.stage):
             data["device"] = "cuda"
-        return _isolated(StageSettings, data)
+        return isolated(StageSettings, data)
     if inst.role is Role.retrieval:
-        return _isolated(RetrievalSettings, {**common, "kb_dir": plant.kb_dir})
+        return isolated(RetrievalSettings, {**common, "kb_dir": plant.kb_dir})
     if inst.role is Role.gateway:
         # every replica of vision and retrieval: the gateway sends each request to a healthy one
         peers = {r: [i.address(addressing) for i in everyone if i.role is r] for r in (Role.vision, Role.retrieval)}
@@ -95,7 +96,7 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             data["client_tls"] = tls.client_tls()
         if plant.outputs.enabled:
             data["outputs"] = plant.outputs.model_dump(mode="json", exclude_none=True)
-        return _isolated(GatewaySettings, data)
+        return isolated(GatewaySettings, data)
     raise ValueError(f"role {inst.role} has no settings class")
 
 
@@ -141,7 +142,7 @@ def ingest_settings(
         data["opcua"].setdefault("journal", str(line_dir / "cycles.sqlite"))
     if isinstance(data.get("outputs"), dict):
         data["outputs"].setdefault("outbox_dir", str(line_dir / "outbox"))
-    return _isolated(IngestSettings, data)
+    return isolated(IngestSettings, data)
 
 
 def settings_yaml(settings: RoleSettings, header: str) -> str:
