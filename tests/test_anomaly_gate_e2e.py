@@ -316,3 +316,5 @@ def test_status_says_what_a_flagged_frame_waits_for_at_each_station(stack, api):
     assert rows[GATED] == ("gate", "decided at takt, explained after")
     assert rows["*"] == ("vlm", "")  # the stack's default policy: the VLM decides, nothing to wait for
     assert status.explaining >= 0
+    watched = {(d.station, d.part): d for d in status.drift}  # the good parts the gate passed in this module
+    assert watched[(GATED, PART)].frames >= 1 and watched[(GATED, PART)].bank_id.startswith(f"{PART}@v")

@@ -101,6 +101,11 @@ def status_command(
     for g in status.stations:
         gates.add_row("(every other)" if g.station == "*" else g.station, g.policy, g.flagged or "-")
     console.print(gates)
+    for d in status.drift:
+        if d.frames >= 20:
+            mark = "[red]drifting toward the OK cut[/red]" if d.drifting else "clear"
+            console.print(f"  {d.station} / {d.part}: passed parts' p90 score {100 * d.p90_ratio:.0f}% of the "
+                          f"threshold over {d.frames} frames: {mark}")  # fmt: skip
     if status.explaining:
         console.print(f"  {status.explaining} explanation(s) running after their decision went to the line")
     for note in status.notes:

@@ -586,7 +586,7 @@ class ReplicaStatus(_message.Message):
     def __init__(self, address: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., inflight: _Optional[int] = ..., served: _Optional[int] = ..., failures: _Optional[int] = ..., last: _Optional[bool] = ..., last_ms: _Optional[float] = ..., banks: _Optional[_Mapping[str, str]] = ..., behind: _Optional[_Iterable[str]] = ..., index_version: _Optional[str] = ..., index_fingerprint: _Optional[str] = ...) -> None: ...
 
 class ClusterStatus(_message.Message):
-    __slots__ = ("serving", "degraded", "plan", "normal_plan", "stages", "vision", "retrieval", "inflight", "queued", "max_inflight", "max_queued", "failovers", "notes", "vision_replicas", "retrieval_replicas", "retrieval_index", "stations", "explaining")
+    __slots__ = ("serving", "degraded", "plan", "normal_plan", "stages", "vision", "retrieval", "inflight", "queued", "max_inflight", "max_queued", "failovers", "notes", "vision_replicas", "retrieval_replicas", "retrieval_index", "stations", "explaining", "drift")
     SERVING_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -605,6 +605,7 @@ class ClusterStatus(_message.Message):
     RETRIEVAL_INDEX_FIELD_NUMBER: _ClassVar[int]
     STATIONS_FIELD_NUMBER: _ClassVar[int]
     EXPLAINING_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_FIELD_NUMBER: _ClassVar[int]
     serving: bool
     degraded: bool
     plan: str
@@ -623,7 +624,24 @@ class ClusterStatus(_message.Message):
     retrieval_index: str
     stations: _containers.RepeatedCompositeFieldContainer[StationGateStatus]
     explaining: int
-    def __init__(self, serving: _Optional[bool] = ..., degraded: _Optional[bool] = ..., plan: _Optional[str] = ..., normal_plan: _Optional[_Iterable[str]] = ..., stages: _Optional[_Iterable[_Union[StageEndpointStatus, _Mapping]]] = ..., vision: _Optional[str] = ..., retrieval: _Optional[str] = ..., inflight: _Optional[int] = ..., queued: _Optional[int] = ..., max_inflight: _Optional[int] = ..., max_queued: _Optional[int] = ..., failovers: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., vision_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_index: _Optional[str] = ..., stations: _Optional[_Iterable[_Union[StationGateStatus, _Mapping]]] = ..., explaining: _Optional[int] = ...) -> None: ...
+    drift: _containers.RepeatedCompositeFieldContainer[DriftStatus]
+    def __init__(self, serving: _Optional[bool] = ..., degraded: _Optional[bool] = ..., plan: _Optional[str] = ..., normal_plan: _Optional[_Iterable[str]] = ..., stages: _Optional[_Iterable[_Union[StageEndpointStatus, _Mapping]]] = ..., vision: _Optional[str] = ..., retrieval: _Optional[str] = ..., inflight: _Optional[int] = ..., queued: _Optional[int] = ..., max_inflight: _Optional[int] = ..., max_queued: _Optional[int] = ..., failovers: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., vision_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., retrieval_index: _Optional[str] = ..., stations: _Optional[_Iterable[_Union[StationGateStatus, _Mapping]]] = ..., explaining: _Optional[int] = ..., drift: _Optional[_Iterable[_Union[DriftStatus, _Mapping]]] = ...) -> None: ...
+
+class DriftStatus(_message.Message):
+    __slots__ = ("station", "part", "bank_id", "frames", "p90_ratio", "drifting")
+    STATION_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    BANK_ID_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    P90_RATIO_FIELD_NUMBER: _ClassVar[int]
+    DRIFTING_FIELD_NUMBER: _ClassVar[int]
+    station: str
+    part: str
+    bank_id: str
+    frames: int
+    p90_ratio: float
+    drifting: bool
+    def __init__(self, station: _Optional[str] = ..., part: _Optional[str] = ..., bank_id: _Optional[str] = ..., frames: _Optional[int] = ..., p90_ratio: _Optional[float] = ..., drifting: _Optional[bool] = ...) -> None: ...
 
 class StationGateStatus(_message.Message):
     __slots__ = ("station", "policy", "flagged")

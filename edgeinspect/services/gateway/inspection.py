@@ -28,6 +28,7 @@ from edgeinspect.services.gateway.admission import Admission
 from edgeinspect.services.gateway.decode.session import InferenceSession
 from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.decode.text import IncrementalText
+from edgeinspect.services.gateway.drift import DriftWatch
 from edgeinspect.services.gateway.explain import Explanations
 from edgeinspect.services.gateway.prompt import PromptBuilder
 from edgeinspect.services.gateway.replicas.clients import RetrievalClient, VisionClient
@@ -107,6 +108,7 @@ class Inspector:
         self.outputs = Outputs.none()
         # Decide at takt, explain after: the VLM's runs for decisions already on the line (explain.py)
         self.explanations = Explanations(store, lambda: self.outputs.notify())
+        self.drift = DriftWatch()  # passed parts' scores creeping toward the OK cut (drift.py)
 
     def size_admission(self, per_range_batch: list[int]) -> None:
         """Default limits from the stages' batch limits: two sessions per batch slot of the thinnest range (so a
@@ -289,6 +291,9 @@ class Inspector:
         """Stores the report (with its frame and the gate's heatmap) and, in the same transaction, its result for the
         line's outputs; counts it."""
         heatmap = outcome.score.heatmap_png if outcome.score is not None else b""
+        score = outcome.score
+        if score is not None and score.verdict == gate.NORMAL and not (req.evaluation or req.verification):
+            self.drift.observe(req.station, req.part, score.bank_id, score.score, score.threshold)
         if not req.verification:  # verify's reports are answered only: never stored, never published
             # An eval's labelled frames never reach the plant's systems; a shadow report never does either (store).
             store = functools.partial(

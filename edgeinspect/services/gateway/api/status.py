@@ -88,6 +88,17 @@ async def cluster_status(inspector: Inspector) -> inspection_pb2.ClusterStatus:
         retrieval_index=inspector.retrieval.in_use if inspector.retrieval else "",
         stations=station_gates(inspector.cfg.anomaly),
         explaining=len(inspector.explanations.running()),
+        drift=[
+            inspection_pb2.DriftStatus(
+                station=d.station,
+                part=d.part,
+                bank_id=d.bank_id,
+                frames=d.frames,
+                p90_ratio=d.p90_ratio,
+                drifting=d.drifting,
+            )  # fmt: skip
+            for d in inspector.drift.states()
+        ],
     )
 
 
