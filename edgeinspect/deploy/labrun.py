@@ -50,6 +50,8 @@ class PlantRun:
                 command = svc.get("command") or [""]  # observability services (Prometheus, Grafana) have none
                 if command[0] != "serve" or (roles is not None and command[1] not in roles):
                     continue
+                if svc["healthcheck"]["test"][1:2] != HEALTHCHECK:  # the gRPC roles; not the console (a web client)
+                    continue
                 # The container's /etc/edgeinspect is the box folder's config/: same files, same command; its
                 # mounted secrets are the box folder's secrets/ (the settings name them at the mount: rewritten).
                 mount = self._tls_mount(compose_file.parent, box)
