@@ -16,9 +16,10 @@ DOCKER=/usr/bin/docker  # Debian's client, the engine's own version
 ready() { timeout 10 "$DOCKER" info >/dev/null 2>&1; }
 
 if [ "${1:-}" = stop ]; then
-  if [ -f "$ROOT/dockerd.pid" ] && kill -0 "$(cat "$ROOT/dockerd.pid")" 2>/dev/null; then
-    kill "$(cat "$ROOT/dockerd.pid")"
-    for _ in $(seq 60); do kill -0 "$(cat "$ROOT/dockerd.pid")" 2>/dev/null || break; sleep 1; done
+  pid=$(cat "$ROOT/dockerd.pid" 2>/dev/null || true)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill "$pid"
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     rm -f "$ROOT/dockerd.pid"
     echo "dockerd stopped"
   fi
