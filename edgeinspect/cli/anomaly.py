@@ -74,6 +74,9 @@ def teach_command(
     option: list[str] = typer.Option([], "--extractor-option", "-o", help="KEY=VALUE for the extractor, repeatable"),
     banks: Path | None = BANKS,
     coreset: float | None = typer.Option(None, "--coreset", help="coreset ratio in (0, 1] (default: measured)"),
+    whiten: bool = typer.Option(
+        True, "--whiten/--no-whiten", help="score in units of the good patches' own variation (default: on)"
+    ),
     stage: bool = typer.Option(
         False, "--stage", help="hold the new version back (staged) until `banks promote` after its go-live figures"
     ),
@@ -92,7 +95,8 @@ def teach_command(
         progress.update(task, description=f"opening the {extractor.value} extractor")
         features = open_extractor(extractor.value, **_options(option))
         progress.update(task, description=f"teaching {part} from {len(frames)} frames (features, coreset, threshold)")
-        bank, report = teach(frames, features, part, coreset_ratio=CORESET_RATIO if coreset is None else coreset)
+        ratio = CORESET_RATIO if coreset is None else coreset
+        bank, report = teach(frames, features, part, coreset_ratio=ratio, whiten=whiten)
         progress.update(task, description=f"publishing to {store.root}")
         published = store.publish(bank, stage=stage)
     console.print(report.summary())

@@ -2,6 +2,7 @@
 
     <root>/<part>/v0001/bank.json        metadata (everything but the features)
     <root>/<part>/v0001/features.npy     [K, C] float32 coreset
+    <root>/<part>/v0001/whitening.npy    [C + 1, C] float32 mean and whitening matrix (banks taught with one)
     <root>/<part>/CURRENT                "v0003": the version the gate serves
     <root>/<part>/STAGED                 "v0004": a version written but held back until promoted (optional)
 
@@ -37,6 +38,7 @@ PART_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 VERSION_DIR = re.compile(r"v(\d{4,})")
 FORMAT = 1  # bank.json layout; bump on incompatible change
 CURRENT, STAGED = "CURRENT", "STAGED"  # the part's pointer files: the live version, the held-back one
+ARRAYS = ("features", "whitening")  # Bank fields stored as .npy files beside bank.json, not in it
 
 
 @dataclass
@@ -57,6 +59,9 @@ class Bank:
     stats: dict = field(default_factory=dict)  # LOO score summary, timings, frame counts, outliers
     border: int = 0  # patch rings at the grid's edge outside the image score (teach.py BORDER)
     blur: float = 0.0  # Gaussian sigma (patches) over the patch scores before the image score's max; 0: none
+    # [C + 1, C] float32 (whiten.py): the mean and matrix applied to a frame's patches before kNN; the features are
+    # stored whitened. None in banks taught before it existed (and with --no-whiten): raw features.
+    whitening: np.ndarray | None = None
 
     @cached_property
     def content_hash(self) -> str:
@@ -69,6 +74,9 @@ class Bank:
             meta.append(["blur", self.blur])
         h.update(json.dumps(meta, sort_keys=True).encode())
         h.update(np.ascontiguousarray(self.features, dtype=np.float32).tobytes())
+        if self.whitening is not None:  # absent from older banks: their hash holds
+            h.update(b"whitening")
+            h.update(np.ascontiguousarray(self.whitening, dtype=np.float32).tobytes())
         return h.hexdigest()
 
     @property
@@ -78,7 +86,7 @@ class Bank:
 
     def metadata(self) -> dict:
         """Everything but the features, JSON-able (bank.json, `anomaly banks show`)."""
-        meta = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "features"}
+        meta = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ARRAYS}
         meta.update(format=FORMAT, bank_id=self.bank_id, grid=list(self.grid), band=list(self.band))
         meta["patches"], meta["channels"] = int(self.features.shape[0]), int(self.features.shape[1])
         return meta
@@ -218,27 +226,32 @@ class BankStore:
         try:
             meta = json.loads((folder / "bank.json").read_text())
             features = np.load(folder / "features.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
+            white = folder / "whitening.npy"
+            whitening = np.load(white, allow_pickle=False) if white.exists() else None
         except FileNotFoundError as exc:
             raise NotFound(f"part {part!r} has no bank version {number} in {self.root}") from exc
         except (OSError, ValueError) as exc:
             raise FailedPrecondition(f"bank {folder} is unreadable: {exc}") from exc
         if meta.get("format") != FORMAT:
             raise FailedPrecondition(f"bank {folder} has format {meta.get('format')}, this build reads {FORMAT}")
-        names = {f.name for f in dataclasses.fields(Bank)} - {"features"}
+        names = {f.name for f in dataclasses.fields(Bank)} - set(ARRAYS)
         kwargs = {k: v for k, v in meta.items() if k in names}
         kwargs.update(grid=tuple(meta["grid"]), band=tuple(meta["band"]), version=number)
-        bank = Bank(features=features, **kwargs)
+        bank = Bank(features=features, whitening=whitening, **kwargs)
         if not mmap and bank.bank_id != meta["bank_id"]:
             raise FailedPrecondition(f"bank {folder} does not match its recorded id {meta['bank_id']}: corrupted")
         return bank
 
     @staticmethod
     def _write_version(folder: Path, bank: Bank) -> None:
-        features = np.ascontiguousarray(bank.features, dtype=np.float32)
-        with (folder / "features.npy").open("wb") as f:
-            np.save(f, features, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
+        arrays = {"features": bank.features, "whitening": bank.whitening}
+        for name, array in arrays.items():
+            if array is None:
+                continue
+            with (folder / f"{name}.npy").open("wb") as f:
+                np.save(f, np.ascontiguousarray(array, dtype=np.float32), allow_pickle=False)
+                f.flush()
+                os.fsync(f.fileno())
         write_synced(folder / "bank.json", (json.dumps(bank.metadata(), indent=2, sort_keys=True) + "\n").encode())
         fsync_dir(folder)
 

@@ -127,10 +127,11 @@ class RawPixelExtractor:
 
 # The input size a new bank gets (banks record their own: a bank taught at one size always scores at it). On frames
 # cut from real photographs (bench/anomaly_photos.py: brick, gravel, grass; 256 px frames) 448 px lifted the
-# irregular surfaces' image AUROC from 0.74 / 0.81 (224 px) to 0.86 / 0.86 (`-o input_size=448`); a defect of a few
-# frame pixels is one stride-8 patch at 224 px and vanishes into it. Not yet the default: the drawn set and the
-# gate's timing budget have not been re-measured at 448 px (issue 64).
-DEFAULT_INPUT_SIZE = 224
+# irregular surfaces' image AUROC from 0.74 / 0.81 (224 px) to 0.86 / 0.86; a defect of a few frame pixels is one
+# stride-8 patch at 224 px and vanishes into it. With the bank's whitening (whiten.py) and the held-out cut it is
+# the default since the drawn set held its bounds at it too (bench/README.md has the figures; banks taught at 224
+# keep scoring at 224).
+DEFAULT_INPUT_SIZE = 448
 # Score smoothing pays on a dense grid only: at 448 px (56x56 patches) a sigma of one patch lifted gravel 0.86 -> 0.90
 # (a good frame's top patch is a lone one, a defect lights its neighbours); at 224 px (28x28) it cost 0.02-0.05.
 BLUR_MIN_GRID = 40

@@ -15,6 +15,7 @@ import numpy as np
 from edgeinspect.errors import FailedPrecondition, InvalidInput
 from edgeinspect.models.anomaly.bank import Bank
 from edgeinspect.models.anomaly.features import FeatureExtractor
+from edgeinspect.models.anomaly.whiten import apply_whitening
 
 OK, ANOMALOUS, UNCERTAIN = "OK", "ANOMALOUS", "UNCERTAIN"
 # PatchCore's smoothing, sigma 4 px at the extractor's input size (224 px: half a stride-8 patch), applied there
@@ -99,6 +100,7 @@ class Scorer:
         if len(frame_sizes) != n:
             raise InvalidInput(f"{n} feature grids but {len(frame_sizes)} frame sizes")
         start = time.perf_counter()
+        grid = apply_whitening(grid, self.bank.whitening)  # the bank's features are stored whitened
         squared, _ = self.index.search(np.ascontiguousarray(grid.reshape(-1, c), dtype=np.float32), 1)  # [N*h*w, 1]
         patch = np.sqrt(np.maximum(squared, 0)).reshape(n, h, w)  # [N, h, w] distance to the nearest good patch
         knn_ms = 1000 * (time.perf_counter() - start) / n

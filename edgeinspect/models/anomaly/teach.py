@@ -18,6 +18,7 @@ from edgeinspect.models.anomaly.bank import Bank, check_part
 from edgeinspect.models.anomaly.coreset import greedy_coreset
 from edgeinspect.models.anomaly.features import FeatureExtractor
 from edgeinspect.models.anomaly.scoring import image_score
+from edgeinspect.models.anomaly.whiten import SHRINKAGE, apply_whitening, fit_whitening
 from edgeinspect.models.image_io import decode_image
 from edgeinspect.services.vision.settings import VisionSettings
 
@@ -116,13 +117,15 @@ def teach(
     margin: float = MARGIN,
     min_frames: int = MIN_FRAMES,
     border: int | None = None,
-    folds: int = 1,
+    folds: int = HELD_OUT_FOLDS,
     max_patches: int = MAX_BANK_PATCHES,
+    whiten: bool = True,
 ) -> tuple[Bank, TeachReport]:
     """(name, RGB uint8 frame) pairs of good parts -> an unpublished bank (version 0) and what teaching found.
     border: patch rings left out of the image score (None: the extractor's own; see "The border" above).
-    folds: the cut is the highest score of frames held out a fold at a time (1: leave-one-out, the default until
-    the drawn set is re-measured with HELD_OUT_FOLDS).
+    folds: the cut is the highest score of frames held out a fold at a time (1: leave-one-out alone, as banks
+    taught before 2026-12-07 were cut).
+    whiten: fit whiten.py's whitening on the kept frames' patches; the bank stores it and scores in its units.
     max_patches: the coreset keeps coreset_ratio of the patches, at most this many (the bank records the ratio kept)."""
     check_part(part)
     border = extractor.border if border is None else border
@@ -143,14 +146,26 @@ def teach(
     if not 0 <= 2 * border < min(grid.shape[1:3]):
         raise TeachError(f"a border of {border} patch rings leaves nothing of the {grid.shape[1]}x{grid.shape[2]} "
                          "patch grid to inspect")  # fmt: skip
+    raw = grid  # [N, h, w, C] as the extractor gives them
+
+    def whitened(frames: list[int] | slice) -> tuple[np.ndarray, np.ndarray | None]:
+        if not whiten:
+            return raw[frames], None
+        whitening = fit_whitening(raw[frames].reshape(-1, raw.shape[-1]))
+        return apply_whitening(raw[frames], whitening), whitening
+
+    grid, whitening = whitened(slice(None))
     loo, held, coreset = _calibration_scores(grid, coreset_ratio, border, blur, folds)
     outliers = _outliers(names, loo)
     keep = [i for i, name in enumerate(names) if name not in {o.name for o in outliers}]
     if len(keep) < min_frames:
         raise TeachError(f"only {len(keep)} of {len(frames)} frames of part {part!r} look alike ({len(outliers)} "
                          f"outliers: {', '.join(o.name for o in outliers)}); need {min_frames}")  # fmt: skip
-    if outliers:  # the threshold and the bank come from the kept frames only
-        loo, held, coreset = _calibration_scores(grid[keep], coreset_ratio, border, blur, folds)
+    if outliers:  # the threshold, the whitening and the bank come from the kept frames only
+        kept_white, whitening = whitened(keep)
+        grid = np.empty_like(grid)
+        grid[keep] = kept_white
+        loo, held, coreset = _calibration_scores(kept_white, coreset_ratio, border, blur, folds)
     kept_loo = loo  # [N_kept]
     coreset_s = time.perf_counter() - start - features_s
 
@@ -168,12 +183,14 @@ def teach(
                      "expected_overkill": _expected_overkill(len(keep))},
         "timings": timings, "margin": margin, "frame_size": list(frames[keep[0]][1].shape[:2]),
         "patches_taught": int(kept_grid.shape[0]),
+        "whitening": {"shrinkage": SHRINKAGE} if whitening is not None else None,
     }  # fmt: skip
     bank = Bank(
         part=part, version=0, extractor=extractor.describe(), fingerprint=extractor.fingerprint,
         features=np.ascontiguousarray(kept_grid[coreset], dtype=np.float32), grid=(h, w), threshold=threshold,
         band=band, teach_hashes=[frame_hash(frames[i][1]) for i in keep], coreset_ratio=coreset_ratio,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"), stats=stats, border=border, blur=blur,
+        whitening=whitening,
     )  # fmt: skip
     report = TeachReport(part, [names[i] for i in keep], outliers, dict(zip([names[i] for i in keep],
                          map(float, kept_loo), strict=True)), threshold, band, margin, coreset_ratio,
