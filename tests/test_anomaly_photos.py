@@ -95,14 +95,14 @@ def test_the_default_gate_on_photographs(taught):
 
 @pytest.mark.slow  # 20 teach frames per surface at 448 px: minutes on the shared 2-core box
 def test_the_default_gate_on_the_20_frame_photograph_subset():
-    """The same subset at 448 px without whitening scored brick 0.947, gravel 0.773, grass 0.907, escape 14/45,
-    overkill 9/30 (the previous floors below, from those figures less a margin, kept as the guard until this test's
-    own run with whitening is recorded; issue 64's targets are not met yet)."""
+    """Measured 2026-12-07 at the defaults: brick 0.987, gravel 0.920, grass 0.867, escape 6/45, overkill 10/30 (at
+    448 px without whitening: 0.947 / 0.773 / 0.907, 14/45, 9/30). Floors are those less a margin, a regression
+    guard: issue 64's targets are not met yet."""
     auroc, escape, overkill, figures = _figures(
         _teach_and_eval(photos.cached_photo_set(0, photos.TEXTURES, **SLOW_COUNTS))
     )
-    assert auroc["brick"] >= 0.90 and auroc["gravel"] >= 0.70 and auroc["grass"] >= 0.85, figures
-    assert escape <= 0.45 and overkill <= 0.40, figures
+    assert auroc["brick"] >= 0.95 and auroc["gravel"] >= 0.88 and auroc["grass"] >= 0.83, figures
+    assert escape <= 0.25 and overkill <= 0.45, figures
 
 
 def test_banks_taught_before_the_blur_still_load_and_score_the_same(tmp_path, photo_root):
