@@ -204,6 +204,12 @@ def test_an_outlier_in_the_teach_set_is_reported_and_left_out(frames, raw):
     assert bank.stats["outliers"][0]["name"] == "oops.png"
 
 
+def test_a_frame_a_person_vouched_for_is_never_left_out_as_an_outlier(frames, raw):
+    teach_set, _, defect = frames
+    bank, report = teach([*teach_set, ("vouched.png", defect)], raw, "woven", vouched={"vouched.png"})
+    assert not report.outliers and "vouched.png" in report.kept and len(bank.teach_hashes) == 11
+
+
 def test_frames_of_another_aspect_ratio_are_refused(frames, raw):
     teach_set = list(frames[0][:6])
     wide = ("wide.png", np.zeros((SIZE, 2 * SIZE, 3), np.uint8))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -120,13 +120,15 @@ def teach(
     folds: int = HELD_OUT_FOLDS,
     max_patches: int = MAX_BANK_PATCHES,
     whiten: bool = True,
+    vouched: Collection[str] = (),
 ) -> tuple[Bank, TeachReport]:
     """(name, RGB uint8 frame) pairs of good parts -> an unpublished bank (version 0) and what teaching found.
     border: patch rings left out of the image score (None: the extractor's own; see "The border" above).
     folds: the cut is the highest score of frames held out a fold at a time (1: leave-one-out alone, as banks
     taught before 2026-12-07 were cut).
     whiten: fit whiten.py's whitening on the kept frames' patches; the bank stores it and scores in its units.
-    max_patches: the coreset keeps coreset_ratio of the patches, at most this many (the bank records the ratio kept)."""
+    max_patches: the coreset keeps coreset_ratio of the patches, at most this many (the bank records the ratio kept).
+    vouched: names of frames a person declared good (the console's "add to good set"): never left out as outliers."""
     check_part(part)
     border = extractor.border if border is None else border
     blur = float(getattr(extractor, "blur", 0.0))
@@ -156,7 +158,7 @@ def teach(
 
     grid, whitening = whitened(slice(None))
     loo, held, coreset = _calibration_scores(grid, coreset_ratio, border, blur, folds)
-    outliers = _outliers(names, loo)
+    outliers = [o for o in _outliers(names, loo) if o.name not in vouched]
     keep = [i for i, name in enumerate(names) if name not in {o.name for o in outliers}]
     if len(keep) < min_frames:
         raise TeachError(f"only {len(keep)} of {len(frames)} frames of part {part!r} look alike ({len(outliers)} "

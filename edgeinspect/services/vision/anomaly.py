@@ -388,8 +388,11 @@ class AnomalyGate:
             base = None
         new = self._decode_teach_frames(call.frames, extractor.input_size, base)
         frames = new if base is None else TeachFrames(base.names + new.names, base.frames + new.frames, base.frame_size)
+        # Frames added to a part's good set were vouched for by a person: the outlier rule never drops them.
+        vouched = new.names if call.add_to_current else ()
         with lock:
-            bank, report = teach(list(zip(frames.names, frames.frames, strict=True)), extractor, call.part)
+            bank, report = teach(list(zip(frames.names, frames.frames, strict=True)), extractor, call.part,
+                                 vouched=vouched)  # fmt: skip
         written = teach_frames.save(self.store.root, bank, teach_frames.keep_named(frames, report.kept))
         try:
             published = self.store.publish(bank, stage=call.stage)
