@@ -215,22 +215,17 @@ def anomaly_defects(score: vision_pb2.AnomalyScore) -> list[inspection_pb2.Defec
     ]
 
 
-def ok_report(
+def _gate_report(
     req: inspection_pb2.InspectRequest, report_id: str, outcome: GateOutcome, **fields
 ) -> inspection_pb2.DefectReport:
-    """The report of a good part the gate passed: OK, its finding, and no VLM text (fields: ids, model, timings)."""
-    score = outcome.score
+    """A report the gate decided alone (fields: verdict, description, ids, model, timings): the request's ids, the
+    finding, the times."""
     report = inspection_pb2.DefectReport(
         report_id=report_id,
         idempotency_key=req.idempotency_key,
         station=req.station,
         part=req.part,
         camera_id=req.camera_id,
-        verdict=OK,
-        description=(
-            f"The anomaly gate found this frame within the part's good set (score {score.score:.3g} below "
-            f"{score.threshold:.3g}, bank {score.bank_id}): a good part, no VLM report was made."
-        ),
         anomaly=finding(outcome, inspection_pb2.DECIDED_BY_GATE, False),  # the store sets heatmap_stored
         **fields,
     )
@@ -238,6 +233,18 @@ def ok_report(
     if req.HasField("capture_time"):
         report.capture_time.CopyFrom(req.capture_time)
     return report
+
+
+def ok_report(
+    req: inspection_pb2.InspectRequest, report_id: str, outcome: GateOutcome, **fields
+) -> inspection_pb2.DefectReport:
+    """The report of a good part the gate passed: OK, its finding, and no VLM text (fields: ids, model, timings)."""
+    score = outcome.score
+    description = (
+        f"The anomaly gate found this frame within the part's good set (score {score.score:.3g} below "
+        f"{score.threshold:.3g}, bank {score.bank_id}): a good part, no VLM report was made."
+    )
+    return _gate_report(req, report_id, outcome, verdict=OK, description=description, **fields)
 
 
 def decided_verdict(gate_verdict: int) -> tuple[int, str]:
@@ -256,28 +263,15 @@ def decision_report(
     score = outcome.score
     verdict, reason = decided_verdict(score.verdict)
     places = "; ".join(where_in_words(r) for r in score.regions) or "the whole frame"
-    report = inspection_pb2.DefectReport(
-        report_id=report_id,
-        idempotency_key=req.idempotency_key,
-        station=req.station,
-        part=req.part,
-        camera_id=req.camera_id,
-        verdict=verdict,
-        verdict_reason=reason,
-        description=(
-            f"The anomaly gate flagged this frame (score {score.score:.3g} over threshold {score.threshold:.3g}, "
-            f"bank {score.bank_id}) at: {places}. The verdict went to the line at once; the VLM's explanation "
-            "completes this report."
-        ),
-        anomaly=finding(outcome, inspection_pb2.DECIDED_BY_GATE, False),
-        explanation=inspection_pb2.EXPLANATION_PENDING,
-        **fields,
+    description = (
+        f"The anomaly gate flagged this frame (score {score.score:.3g} over threshold {score.threshold:.3g}, "
+        f"bank {score.bank_id}) at: {places}. The verdict went to the line at once; the VLM's explanation "
+        "completes this report."
     )
-    report.defects.extend(anomaly_defects(score))
-    report.created_time.GetCurrentTime()
-    if req.HasField("capture_time"):
-        report.capture_time.CopyFrom(req.capture_time)
-    return report
+    return _gate_report(
+        req, report_id, outcome, verdict=verdict, verdict_reason=reason, description=description,
+        defects=anomaly_defects(score), explanation=inspection_pb2.EXPLANATION_PENDING, **fields,
+    )  # fmt: skip
 
 
 def timing(outcome: GateOutcome, t0: float) -> list[stage_pb2.StageTiming]:
