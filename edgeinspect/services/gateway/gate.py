@@ -86,18 +86,25 @@ class GateStep:
         try:
             return GateOutcome(station, await self.vision.score(call, timeout_s))
         except grpc.aio.AioRpcError as exc:
-            return self._without_score(station, req.part, exc.code(), exc.details() or "", error_code_of(exc))
+            return self._without_score(station, req, exc.code(), exc.details() or "", error_code_of(exc))
         except (Unavailable, DeadlineExceeded) as exc:  # no replica usable for this part's bank
-            return self._without_score(station, req.part, status_for(exc), str(exc), "")
+            return self._without_score(station, req, status_for(exc), str(exc), "")
 
     def _without_score(
-        self, station: StationGate, part: str, code: grpc.StatusCode, details: str, error_code: str
+        self,
+        station: StationGate,
+        req: inspection_pb2.InspectRequest,
+        code: grpc.StatusCode,
+        details: str,
+        error_code: str,
     ) -> GateOutcome:
+        part = req.part
         if code is grpc.StatusCode.INVALID_ARGUMENT:
             raise InvalidInput(f"the vision node cannot read the image: {details}") from None
-        if code is grpc.StatusCode.NOT_FOUND and station.policy is AnomalyPolicy.gate:
-            # A misspelled part or one not taught yet: the VLM describes it, but a gated station never passes a
-            # part its gate has not judged.
+        named = req.station in self.cfg.stations
+        if code is grpc.StatusCode.NOT_FOUND and station.policy is AnomalyPolicy.gate and named:
+            # At a station configured by name to gate (not the plant-wide default, under which nothing changes
+            # until a part is taught), a misspelled or untaught part is described by the VLM but never passed.
             known = ", ".join(sorted(self.vision.newest)) or "none yet"
             note = (f"no anomaly bank for part {part!r} (parts with a bank: {known}): the VLM described it and a "
                     "person decides; teach the part or fix its name")  # fmt: skip
