@@ -61,7 +61,7 @@ def test_a_frame_on_the_other_gateways_disk_names_its_holder_and_address(pair_st
         answer = b.image(report_id, **kind)
         assert answer.state == IMAGE_STATE_EXPIRED and answer.data == b""
         assert (answer.holder.owner, answer.holder.address, answer.holder.live) == ("gw-a", "10.0.0.7:50051", True)
-    assert a._db.schema_version() == SCHEMA_VERSION == 5
+    assert a._db.schema_version() == SCHEMA_VERSION >= 5  # 5 added the address a holder is reached at
 
 
 def test_each_gateway_of_a_pair_prunes_only_the_frames_on_its_own_disk(pair_stores):
