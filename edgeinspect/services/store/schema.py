@@ -135,6 +135,10 @@ _V6 = [
 ]
 
 
+# Each version's statements after the first, in order: a database at version v runs every step above v.
+_STEPS = [(2, _V2), (3, OUTBOX_TABLE), (4, _V4), (5, _V5), (6, _V6)]
+
+
 def report_fields(report: DefectReport) -> str:
     """The report as JSON for SQL (token id lists left out: they are large and only the BLOB needs them)."""
     doc = MessageToDict(report, preserving_proto_field_name=True)
@@ -168,21 +172,10 @@ def migrate(db: Database) -> None:
         elif version == 0:
             for statement in _V1:
                 db.execute(db.ddl(statement))
-        if version < 2:
-            for statement in _V2:
-                db.execute(db.ddl(statement))
-        if version < 3:
-            for statement in OUTBOX_TABLE:
-                db.execute(db.ddl(statement))
-        if version < 4:
-            for statement in _V4:
-                db.execute(db.ddl(statement))
-        if version < 5:
-            for statement in _V5:
-                db.execute(db.ddl(statement))
-        if version < 6:
-            for statement in _V6:
-                db.execute(db.ddl(statement))
+        for target, statements in _STEPS:
+            if version < target:
+                for statement in statements:
+                    db.execute(db.ddl(statement))
         if version != SCHEMA_VERSION:
             db.set_schema_version(SCHEMA_VERSION)
         db.commit()
