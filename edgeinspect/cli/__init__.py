@@ -58,26 +58,34 @@ def _root(
 
 # Ordered and grouped by what a newcomer does first: start the stack, inspect, watch it, then the tools.
 START, OPERATE, DEPLOY, TOOLS = "Start here", "Run the line", "Deploy to a plant", "Tools"
-app.command("up", rich_help_panel=START, short_help="Start every role on this box (the embedded default).")(up_command)
-app.command("inspect", rich_help_panel=START)(inspect_command)
-app.command("status", rich_help_panel=START, short_help="Every replica's health, the plan in force, the inspections in flight.")(status_command)  # fmt: skip
-app.add_typer(reports_app, name="reports", rich_help_panel=START, help="Stored reports: list, show, export (CSV/JSON), review.")  # fmt: skip
-app.command("demo", rich_help_panel=START, short_help="The embedded default end to end, the anomaly gate included.")(demo_command)  # fmt: skip
-app.add_typer(anomaly_app, name="anomaly", rich_help_panel=OPERATE, help="The anomaly gate: teach a part from good frames, eval, banks.")  # fmt: skip
-app.add_typer(kb_app, name="kb", rich_help_panel=OPERATE, help="Knowledge base of defect specs: index a folder, search, stats, verify.")  # fmt: skip
-app.command("ingest", rich_help_panel=OPERATE)(ingest_command)
-app.add_typer(line_app, name="line", rich_help_panel=OPERATE, help="The production line: play the PLC side of the OPC UA handshake.")  # fmt: skip
-app.command("eval", rich_help_panel=OPERATE)(eval_command)
-app.add_typer(rollout_app, name="rollout", rich_help_panel=OPERATE, help="Model versions: shadow a candidate, promote it, roll it back.")  # fmt: skip
-app.add_typer(deploy_app, name="deploy", rich_help_panel=DEPLOY, help="Plant inventory -> compose files, role settings, k3s manifests.")  # fmt: skip
-app.command("serve", rich_help_panel=DEPLOY, short_help="Serve one role (vision, stage, retrieval, gateway, console, ingest).")(serve_command)  # fmt: skip
-app.add_typer(certs_app, name="certs", rich_help_panel=DEPLOY, help="The plant CA: make it, issue box certificates, check expiry.")  # fmt: skip
-app.add_typer(token_app, name="token", rich_help_panel=DEPLOY, help="Public API bearer tokens: create one (its hash goes in the config).")  # fmt: skip
-app.command("healthcheck", rich_help_panel=DEPLOY, short_help="Exit 0 when a server's grpc.health.v1 Check says SERVING.")(healthcheck_command)  # fmt: skip
-app.add_typer(model_app, name="model", rich_help_panel=TOOLS, help="Checkpoints: generate a tiny one, inspect, export the vision tower.")  # fmt: skip
-app.command("plan", rich_help_panel=TOOLS, short_help="Plan layer ranges over the decoder nodes and print them.")(plan_command)  # fmt: skip
-app.command("verify", rich_help_panel=TOOLS, short_help="Check the cluster's greedy tokens against a single-process reference.")(verify_command)  # fmt: skip
-app.command("bench", rich_help_panel=TOOLS)(bench_command)
+COMMANDS = [  # (name, panel, command, one line for the list; None: the command's own docstring)
+    ("up", START, up_command, "Start every role on this box (the embedded default)."),
+    ("inspect", START, inspect_command, None),
+    ("status", START, status_command, "Every replica's health, the plan in force, the inspections in flight."),
+    ("demo", START, demo_command, "The embedded default end to end, the anomaly gate included."),
+    ("ingest", OPERATE, ingest_command, None),
+    ("eval", OPERATE, eval_command, None),
+    ("serve", DEPLOY, serve_command, "Serve one role (vision, stage, retrieval, gateway, console, ingest)."),
+    ("healthcheck", DEPLOY, healthcheck_command, "Exit 0 when a server's grpc.health.v1 Check says SERVING."),
+    ("plan", TOOLS, plan_command, "Plan layer ranges over the decoder nodes and print them."),
+    ("verify", TOOLS, verify_command, "Check the cluster's greedy tokens against a single-process reference."),
+    ("bench", TOOLS, bench_command, None),
+]
+GROUPS = [  # (name, panel, sub-app, one line for the list)
+    ("reports", START, reports_app, "Stored reports: list, show, export (CSV/JSON), review."),
+    ("anomaly", OPERATE, anomaly_app, "The anomaly gate: teach a part from good frames, eval, banks."),
+    ("kb", OPERATE, kb_app, "Knowledge base of defect specs: index a folder, search, stats, verify."),
+    ("line", OPERATE, line_app, "The production line: play the PLC side of the OPC UA handshake."),
+    ("rollout", OPERATE, rollout_app, "Model versions: shadow a candidate, promote it, roll it back."),
+    ("deploy", DEPLOY, deploy_app, "Plant inventory -> compose files, role settings, k3s manifests."),
+    ("certs", DEPLOY, certs_app, "The plant CA: make it, issue box certificates, check expiry."),
+    ("token", DEPLOY, token_app, "Public API bearer tokens: create one (its hash goes in the config)."),
+    ("model", TOOLS, model_app, "Checkpoints: generate a tiny one, inspect, export the vision tower."),
+]
+for name, panel, command, line in COMMANDS:
+    app.command(name, rich_help_panel=panel, short_help=line)(command)
+for name, panel, sub_app, line in GROUPS:
+    app.add_typer(sub_app, name=name, rich_help_panel=panel, help=line)
 
 
 def _one_line(text: str) -> str:
