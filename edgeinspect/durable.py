@@ -4,6 +4,8 @@ rename or a new file itself durable (POSIX leaves a new directory entry in the p
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 
@@ -22,3 +24,19 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_folder(final: Path, files: dict[str, bytes]) -> None:
+    """Creates folder `final` holding `files` (name -> bytes) whole or not at all: written and fsynced under a
+    temporary name beside it, then renamed into place."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
+    try:
+        for name, data in files.items():
+            write_synced(tmp / name, data)
+        fsync_dir(tmp)
+        os.rename(tmp, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

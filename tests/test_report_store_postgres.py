@@ -173,7 +173,7 @@ def test_an_empty_database_migrates_once_when_gateways_start_together(postgres_s
     assert db.schema_version() == SCHEMA_VERSION
     assert db.execute("SELECT COUNT(*) FROM report_schema").fetchone()[0] == 1
     tables = {r[0] for r in db.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
-    assert tables == {"reports", "report_classes", "reviews", "frames", "report_schema", "outbox", "gateways"}
+    assert tables == {"reports", "report_classes", "reviews", "frames", "report_schema", "outbox", "gateways", "banks"}
     sql = "SELECT column_name FROM information_schema.columns WHERE table_name = 'reports'"
     columns = {r[0] for r in db.execute(sql)}
     assert {"owner", "idempotency_key", "created_us", "report"} <= columns

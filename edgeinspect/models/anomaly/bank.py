@@ -11,6 +11,11 @@ temp file + fsync + rename + directory fsync. A crash at any point leaves the pr
 STAGED is swapped the same way. A part has at most one staged version: a newer staged teach supersedes it (it stays
 on disk as an old version). Promote swaps CURRENT first, then drops STAGED: a crash between the two leaves a STAGED
 that names the current version, which reads as nothing staged.
+
+A version moves between stores (vision boxes with their own bank folders) as a BankArchive: a deterministic tar of
+its folder's files and its teach frames (<part>/frames/<hash16>/, services/vision/teach_frames.py), addressed by its
+sha256. An import is written whole under a temporary name and renamed into place like a publish; it keeps the
+version number, so every store names one bank the same way.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
+import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeinspect.durable import fsync_dir, write_synced
+from edgeinspect.durable import fsync_dir, write_folder, write_synced
 from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
 
 PART_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -39,6 +46,9 @@ VERSION_DIR = re.compile(r"v(\d{4,})")
 FORMAT = 1  # bank.json layout; bump on incompatible change
 CURRENT, STAGED = "CURRENT", "STAGED"  # the part's pointer files: the live version, the held-back one
 ARRAYS = ("features", "whitening")  # Bank fields stored as .npy files beside bank.json, not in it
+FRAMES = "frames"  # <part>/frames/<content hash 16>/: a version's kept teach frames (services/vision/teach_frames.py)
+VERSION_FILES = ("bank.json", "features.npy", "whitening.npy")  # what a version folder may hold
+FRAME_MEMBER = re.compile(rf"{FRAMES}/([0-9a-f]{{16}})/([A-Za-z0-9][A-Za-z0-9._-]{{0,63}})")
 
 
 @dataclass
@@ -90,6 +100,22 @@ class Bank:
         meta.update(format=FORMAT, bank_id=self.bank_id, grid=list(self.grid), band=list(self.band))
         meta["patches"], meta["channels"] = int(self.features.shape[0]), int(self.features.shape[1])
         return meta
+
+
+@dataclass(frozen=True)
+class BankArchive:
+    """One published version as it travels between stores: a deterministic tar of its files, and its sha256."""
+
+    part: str
+    version: int
+    bank_id: str
+    staged: bool  # the version is its store's staged one (held back), not its current one
+    data: bytes  # tar: bank.json, features.npy[, whitening.npy][, frames/<hash16>/...]
+    sha256: str
+
+    @staticmethod
+    def digest(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
 
 
 def default_banks_dir() -> Path:
@@ -195,6 +221,102 @@ class BankStore:
             fsync_dir(part_dir)
         return bank
 
+    def export_archive(self, part: str, version: int) -> BankArchive:
+        """A published version (and its teach frames where kept) as a BankArchive; NotFound where there is none."""
+        bank = self.load(part, version)  # NotFound / corrupted before anything is read for the archive
+        folder = self.root / part / _dirname(bank.version)
+        files = [(name, folder / name) for name in VERSION_FILES if (folder / name).is_file()]
+        frames = self.root / part / FRAMES / bank.content_hash[:16]
+        if frames.is_dir():
+            named = ((f"{FRAMES}/{frames.name}/{f.name}", f) for f in frames.iterdir())
+            files += [(name, f) for name, f in named if FRAME_MEMBER.fullmatch(name) and f.is_file()]
+        data = _tar(files)
+        staged = self.staged_version(part) == bank.version
+        return BankArchive(part, bank.version, bank.bank_id, staged, data, BankArchive.digest(data))
+
+    def import_archive(self, archive: BankArchive) -> tuple[Bank, bool]:
+        """Installs another store's version under its own number (its teach frames too); returns it and whether it
+        is this store's staged version now. A version already held with the same content writes nothing; its
+        pointers still follow the archive: a live version newer than CURRENT becomes current, a staged one newer
+        than CURRENT and STAGED becomes staged. InvalidInput where the archive is not a whole bank of its part and
+        version (nothing written), FailedPrecondition where this store holds that version number with other content."""
+        part, number = check_part(archive.part), int(archive.version)
+        if number < 1:
+            raise InvalidInput(f"part {part!r}: bank version must be 1 or more, got {number}")
+        if BankArchive.digest(archive.data) != archive.sha256:
+            raise InvalidInput(f"the archive of part {part!r} v{number} does not match its sha256 {archive.sha256[:12]}"
+                               " (corrupted in transit?): nothing was imported")  # fmt: skip
+        members = _untar(archive.data, part, number)
+        part_dir = self.root / part
+        part_dir.mkdir(parents=True, exist_ok=True)
+        with _locked(part_dir):
+            tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=part_dir))
+            try:
+                bank = self._install_version(tmp, members, part, number)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            self._install_frames(part_dir, bank, members)
+            staged = self._follow_pointers(part_dir, number, archive.staged)
+        return self._read(part, number), staged
+
+    def _install_version(self, tmp: Path, members: dict[str, bytes], part: str, number: int) -> Bank:
+        """The archive's version files written and checked in `tmp`, then renamed into place (unless held)."""
+        for name in VERSION_FILES:
+            if name in members:
+                write_synced(tmp / name, members[name])
+        fsync_dir(tmp)
+        what = f"the archive of part {part!r} v{number}"
+        try:
+            bank = self._read_folder(tmp, part, number)
+        except NotFound:
+            raise InvalidInput(f"{what} is not a whole bank: it lacks bank.json or features.npy") from None
+        except FailedPrecondition as exc:
+            raise InvalidInput(f"{what} is not a whole bank: {_reason(exc)}") from None
+        if bank.part != part:
+            raise InvalidInput(f"{what} holds a bank of part {bank.part!r}")
+        hashes = {m.group(1) for m in map(FRAME_MEMBER.fullmatch, members) if m}
+        if hashes - {bank.content_hash[:16]}:
+            raise InvalidInput(f"{what} holds teach frames of another bank than {bank.bank_id}")
+        final = self.root / part / _dirname(number)
+        if final.exists():
+            held = self._read(part, number)
+            if held.content_hash != bank.content_hash:
+                raise FailedPrecondition(
+                    f"part {part!r}: this store holds another v{number} ({held.bank_id}) than the one imported "
+                    f"({bank.bank_id}); a version number names one bank: remove one of them by hand"
+                )
+            return held
+        os.rename(tmp, final)  # the version appears whole or not at all
+        fsync_dir(final.parent)
+        return bank
+
+    @staticmethod
+    def _install_frames(part_dir: Path, bank: Bank, members: dict[str, bytes]) -> None:
+        """The archive's teach frames, under the bank's content hash, unless already there (same content)."""
+        frames = {n.rsplit("/", 1)[1]: data for n, data in members.items() if n.startswith(f"{FRAMES}/")}
+        final = part_dir / FRAMES / bank.content_hash[:16]
+        if frames and not final.is_dir():
+            write_folder(final, frames)
+
+    def _follow_pointers(self, part_dir: Path, number: int, staged: bool) -> bool:
+        """CURRENT or STAGED moved to an imported version where it is newer; returns whether it is staged here."""
+        part = part_dir.name
+        current = self.current_version(part)
+        newer = current is None or number > current
+        if staged:
+            held = self.staged_version(part)
+            if newer and (held is None or number >= held):
+                if held != number:
+                    self._set_pointer(part_dir, STAGED, number)
+                return True
+            return False
+        if newer:
+            self._set_pointer(part_dir, CURRENT, number)
+        if self._pointer(part, STAGED) == number:  # promoted where it came from: nothing staged here either
+            (part_dir / STAGED).unlink(missing_ok=True)
+            fsync_dir(part_dir)
+        return False
+
     def _numbers(self, part: str) -> list[int]:
         part_dir = self.root / part
         if not part_dir.is_dir():
@@ -222,7 +344,9 @@ class BankStore:
         return int(match.group(1))
 
     def _read(self, part: str, number: int, mmap: bool = False) -> Bank:
-        folder = self.root / part / _dirname(number)
+        return self._read_folder(self.root / part / _dirname(number), part, number, mmap)
+
+    def _read_folder(self, folder: Path, part: str, number: int, mmap: bool = False) -> Bank:
         try:
             meta = json.loads((folder / "bank.json").read_text())
             features = np.load(folder / "features.npy", mmap_mode="r" if mmap else None, allow_pickle=False)
@@ -266,6 +390,39 @@ class BankStore:
 
 def _dirname(number: int) -> str:
     return f"v{number:04d}"
+
+
+def _reason(exc: Exception) -> str:
+    """An error's text without the temporary folder it names (a peer reads it)."""
+    return re.sub(r"\S*\.tmp-\S*", "the archive", str(exc))
+
+
+def _tar(files: list[tuple[str, Path]]) -> bytes:
+    """The files as a tar whose bytes depend on their names and contents only (sorted, no times, owners or modes)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, path in sorted(files):
+            data = path.read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _untar(data: bytes, part: str, number: int) -> dict[str, bytes]:
+    """An archive's members by name: regular files named as export_archive names them, nothing else."""
+    members: dict[str, bytes] = {}
+    what = f"the archive of part {part!r} v{number}"
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            for info in tar:
+                allowed = info.name in VERSION_FILES or FRAME_MEMBER.fullmatch(info.name)
+                if not info.isreg() or not allowed or info.name in members:
+                    raise InvalidInput(f"{what} holds {info.name!r}, not a bank file")
+                members[info.name] = tar.extractfile(info).read()
+    except (tarfile.TarError, EOFError):
+        raise InvalidInput(f"{what} is not a tar archive") from None
+    return members
 
 
 @contextlib.contextmanager

@@ -21,6 +21,9 @@ gateway of the pair holds on its own disk reads it from that one's public API (r
 
 Version 6 adds `explanation` to reports ('' none, or pending / done / failed): a report decided at takt whose
 explanation is still pending when its gateway restarts is found and marked failed (its decision stands).
+
+Version 7 adds `banks`: every anomaly bank version taught through a gateway, as the archive a vision node exports
+(services/store/banks.py), so a vision box with its own banks folder, new or back from a failure, is given it.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from edgeinspect.v1.inspection_pb2 import DefectReport
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # One statement per entry: executescript() would commit the migration's transaction half way.
 _V1 = [
@@ -134,9 +137,24 @@ _V6 = [
     "ALTER TABLE reports ADD COLUMN explanation TEXT NOT NULL DEFAULT ''",
 ]
 
+_V7 = [
+    """CREATE TABLE banks (
+        part       TEXT NOT NULL,
+        version    INTEGER NOT NULL,              -- the number every vision node holds it under
+        bank_id    TEXT NOT NULL,                 -- PART@vN:hash8, as vision Info lists it
+        sha256     TEXT NOT NULL,                 -- of archive
+        archive    BLOB NOT NULL,                 -- the version's tar, as vision ExportBank gives it
+        nbytes     INTEGER NOT NULL,
+        staged     INTEGER NOT NULL DEFAULT 0,    -- held back until promoted (1), or live (0)
+        created_us INTEGER NOT NULL,
+        origin     TEXT NOT NULL DEFAULT '',      -- host:port of the vision node it was exported from
+        PRIMARY KEY (part, version)
+    )""",
+]
+
 
 # Each version's statements after the first, in order: a database at version v runs every step above v.
-_STEPS = [(2, _V2), (3, OUTBOX_TABLE), (4, _V4), (5, _V5), (6, _V6)]
+_STEPS = [(2, _V2), (3, OUTBOX_TABLE), (4, _V4), (5, _V5), (6, _V6), (7, _V7)]
 
 
 def report_fields(report: DefectReport) -> str:

@@ -12,9 +12,7 @@ frames. Frames are stored at the extractor's square input size, which is all the
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +20,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from edgeinspect.durable import fsync_dir, write_synced
+from edgeinspect.durable import write_folder
 from edgeinspect.models.anomaly.bank import Bank
 
 FOLDER = "frames"
@@ -52,22 +50,14 @@ def save(root: Path, bank: Bank, kept: TeachFrames) -> Path | None:
     final = folder_of(root, bank)
     if final.is_dir():  # the same content taught again: the frames are the same too
         return None
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
-    try:
-        for i, frame in enumerate(kept.frames):
-            ok, png = cv2.imencode(".png", cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-            if not ok:
-                raise OSError(f"could not encode teach frame {kept.names[i]} as PNG")
-            write_synced(tmp / f"{i:04d}.png", png.tobytes())
-        meta = {"frame_size": list(kept.frame_size), "names": list(kept.names)}
-        write_synced(tmp / META, json.dumps(meta, indent=2).encode())
-        fsync_dir(tmp)
-        os.rename(tmp, final)
-        fsync_dir(final.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    files = {}
+    for i, frame in enumerate(kept.frames):
+        ok, png = cv2.imencode(".png", cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+        if not ok:
+            raise OSError(f"could not encode teach frame {kept.names[i]} as PNG")
+        files[f"{i:04d}.png"] = png.tobytes()
+    files[META] = json.dumps({"frame_size": list(kept.frame_size), "names": list(kept.names)}, indent=2).encode()
+    write_folder(final, files)
     return final
 
 
