@@ -165,3 +165,27 @@ class TeachResponse(_message.Message):
     outliers: _containers.RepeatedScalarFieldContainer[str]
     teach_ms: float
     def __init__(self, bank: _Optional[_Union[AnomalyBank, _Mapping]] = ..., outliers: _Optional[_Iterable[str]] = ..., teach_ms: _Optional[float] = ...) -> None: ...
+
+class ExportBankRequest(_message.Message):
+    __slots__ = ("part", "version")
+    PART_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    part: str
+    version: int
+    def __init__(self, part: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class BankArchive(_message.Message):
+    __slots__ = ("part", "version", "bank_id", "sha256", "archive", "staged")
+    PART_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BANK_ID_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    ARCHIVE_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
+    part: str
+    version: int
+    bank_id: str
+    sha256: str
+    archive: bytes
+    staged: bool
+    def __init__(self, part: _Optional[str] = ..., version: _Optional[int] = ..., bank_id: _Optional[str] = ..., sha256: _Optional[str] = ..., archive: _Optional[bytes] = ..., staged: _Optional[bool] = ...) -> None: ...

@@ -60,6 +60,16 @@ class VisionServiceStub:
                 request_serializer=edgeinspect_dot_v1_dot_vision__pb2.PromoteRequest.SerializeToString,
                 response_deserializer=edgeinspect_dot_v1_dot_vision__pb2.AnomalyBank.FromString,
                 _registered_method=True)
+        self.ExportBank = channel.unary_unary(
+                '/edgeinspect.v1.VisionService/ExportBank',
+                request_serializer=edgeinspect_dot_v1_dot_vision__pb2.ExportBankRequest.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_vision__pb2.BankArchive.FromString,
+                _registered_method=True)
+        self.ImportBank = channel.unary_unary(
+                '/edgeinspect.v1.VisionService/ImportBank',
+                request_serializer=edgeinspect_dot_v1_dot_vision__pb2.BankArchive.SerializeToString,
+                response_deserializer=edgeinspect_dot_v1_dot_vision__pb2.AnomalyBank.FromString,
+                _registered_method=True)
 
 
 class VisionServiceServicer:
@@ -108,6 +118,24 @@ class VisionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportBank(self, request, context):
+        """One published bank version (and its kept teach frames) as a deterministic tar and its sha256: what the gateway
+        stores and hands to vision nodes with their own banks folder. NOT_FOUND when there is no such version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportBank(self, request, context):
+        """Installs another node's bank version under its own number, atomically; CURRENT moves to it when it is newer
+        (STAGED, where it was staged there). The same version with the same content is a no-op. INVALID_ARGUMENT when
+        the archive does not match its sha256 or is not a whole bank (nothing written); FAILED_PRECONDITION when this
+        node holds that version number with other content.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VisionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -134,6 +162,16 @@ def add_VisionServiceServicer_to_server(servicer, server):
             'Promote': grpc.unary_unary_rpc_method_handler(
                     servicer.Promote,
                     request_deserializer=edgeinspect_dot_v1_dot_vision__pb2.PromoteRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_vision__pb2.AnomalyBank.SerializeToString,
+            ),
+            'ExportBank': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportBank,
+                    request_deserializer=edgeinspect_dot_v1_dot_vision__pb2.ExportBankRequest.FromString,
+                    response_serializer=edgeinspect_dot_v1_dot_vision__pb2.BankArchive.SerializeToString,
+            ),
+            'ImportBank': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportBank,
+                    request_deserializer=edgeinspect_dot_v1_dot_vision__pb2.BankArchive.FromString,
                     response_serializer=edgeinspect_dot_v1_dot_vision__pb2.AnomalyBank.SerializeToString,
             ),
     }
@@ -272,6 +310,60 @@ class VisionService:
             target,
             '/edgeinspect.v1.VisionService/Promote',
             edgeinspect_dot_v1_dot_vision__pb2.PromoteRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_vision__pb2.AnomalyBank.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportBank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.VisionService/ExportBank',
+            edgeinspect_dot_v1_dot_vision__pb2.ExportBankRequest.SerializeToString,
+            edgeinspect_dot_v1_dot_vision__pb2.BankArchive.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportBank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/edgeinspect.v1.VisionService/ImportBank',
+            edgeinspect_dot_v1_dot_vision__pb2.BankArchive.SerializeToString,
             edgeinspect_dot_v1_dot_vision__pb2.AnomalyBank.FromString,
             options,
             channel_credentials,

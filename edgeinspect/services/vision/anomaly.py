@@ -24,7 +24,7 @@ from prometheus_client import Counter, Gauge, Histogram, Info
 
 from edgeinspect.errors import EdgeInspectError, FailedPrecondition, InvalidInput, NotFound
 from edgeinspect.models.anomaly import golive
-from edgeinspect.models.anomaly.bank import Bank, BankStore
+from edgeinspect.models.anomaly.bank import Bank, BankArchive, BankStore
 from edgeinspect.models.anomaly.features import FeatureExtractor, open_extractor
 from edgeinspect.models.anomaly.scoring import AnomalyResult, Scorer, heatmap_png
 from edgeinspect.models.anomaly.teach import ASPECT_TOLERANCE, MAX_ASPECT, Outlier, TeachError, teach
@@ -357,6 +357,21 @@ class AnomalyGate:
                 self._staged.pop(part, None)
         log.info("promoted %s to current%s", bank.bank_id, " (forced)" if force else "")
         return bank
+
+    # ---- move a bank between nodes ------------------------------------------------------------------------
+
+    def export_bank(self, part: str, version: int) -> BankArchive:
+        """A published version as an archive for another node (blocking: reads the version's files)."""
+        return self.store.export_archive(part, version)
+
+    def import_bank(self, archive: BankArchive) -> tuple[Bank, bool]:
+        """Installs another node's version (models/anomaly/bank.py import_archive) and holds it at once where it
+        became current; returns it and whether it is staged here (blocking)."""
+        with self._teach_lock:  # a teach here numbers its version after the imported one
+            bank, staged = self.store.import_archive(archive)
+        self.refresh()
+        log.info("imported anomaly bank %s%s", bank.bank_id, " (staged)" if staged else "")
+        return bank, staged
 
     def _teach(self, call: TeachCall) -> tuple[Bank, list[Outlier], int]:
         limit = self.settings.max_teach_frames

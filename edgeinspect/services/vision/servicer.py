@@ -10,7 +10,7 @@ import grpc
 import edgeinspect
 from edgeinspect.codec import Codec, codec_from_proto, encode_frame, wire_nbytes
 from edgeinspect.errors import FailedPrecondition, InvalidInput, Unavailable
-from edgeinspect.models.anomaly.bank import Bank, check_part
+from edgeinspect.models.anomaly.bank import Bank, BankArchive, check_part
 from edgeinspect.services.common.metrics import WIRE_BYTES
 from edgeinspect.services.vision.anomaly import AnomalyGate, ScoreCall, TeachCall
 from edgeinspect.services.vision.encoder import EncodeResult, VisionEncoder
@@ -143,10 +143,27 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
     ) -> vision_pb2.AnomalyBank:
         """Makes the part's staged bank version current (its go-live figures checked unless forced)."""
         gate = self._gate()
-        if request.version <= 0:
-            raise InvalidInput(f"version must be a published bank version (1 or more), got {request.version}")
-        bank = await asyncio.to_thread(gate.promote, check_part(request.part), request.version, request.force)
+        bank = await asyncio.to_thread(gate.promote, check_part(request.part), _version(request.version), request.force)
         return _bank_proto(bank, _frames(bank))
+
+    async def ExportBank(
+        self, request: vision_pb2.ExportBankRequest, context: grpc.aio.ServicerContext
+    ) -> vision_pb2.BankArchive:
+        """One published bank version as a deterministic tar and its sha256."""
+        gate = self._gate()
+        archive = await asyncio.to_thread(gate.export_bank, check_part(request.part), _version(request.version))
+        return vision_pb2.BankArchive(part=archive.part, version=archive.version, bank_id=archive.bank_id,
+                                      sha256=archive.sha256, archive=archive.data, staged=archive.staged)  # fmt: skip
+
+    async def ImportBank(
+        self, request: vision_pb2.BankArchive, context: grpc.aio.ServicerContext
+    ) -> vision_pb2.AnomalyBank:
+        """Installs another node's bank version, checked against its sha256 (same content held: a no-op)."""
+        gate = self._gate()
+        archive = BankArchive(check_part(request.part), _version(request.version), request.bank_id, request.staged,
+                              request.archive, request.sha256)  # fmt: skip
+        bank, staged = await asyncio.to_thread(gate.import_bank, archive)
+        return _bank_proto(bank, _frames(bank), staged=staged)
 
 
 VERDICTS = {
@@ -154,6 +171,12 @@ VERDICTS = {
     "ANOMALOUS": vision_pb2.ANOMALY_VERDICT_ANOMALOUS,
     "UNCERTAIN": vision_pb2.ANOMALY_VERDICT_UNCERTAIN,
 }
+
+
+def _version(version: int) -> int:
+    if version <= 0:
+        raise InvalidInput(f"version must be a published bank version (1 or more), got {version}")
+    return version
 
 
 def _frames(bank: Bank) -> int:
