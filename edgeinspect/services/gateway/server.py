@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from pathlib import Path
@@ -31,7 +32,9 @@ from edgeinspect.services.gateway.rollout.manager import RolloutManager
 from edgeinspect.services.gateway.rollout.versions import apply_record
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.outputs.fanout import Outputs
+from edgeinspect.services.store.banks import BankVersions
 from edgeinspect.services.store.claims import HEARTBEAT_S, STOPPED
+from edgeinspect.services.store.database import open_database
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -40,12 +43,12 @@ SERVICE_NAME = inspection_pb2.DESCRIPTOR.services_by_name["InspectionService"].f
 SETTLE_S = 5.0
 
 
-async def connect(cfg: GatewaySettings, store: ReportWriter) -> Inspector:
+async def connect(cfg: GatewaySettings, store: ReportWriter, banks: BankVersions | None = None) -> Inspector:
     """Builds the Inspector over live views of the upstreams; nothing here waits for them to be up (readiness
-    follows them: services/gateway/readiness.py)."""
+    follows them: services/gateway/readiness.py). banks: the published anomaly banks its vision replicas are given."""
     ckpt = await asyncio.to_thread(open_checkpoint, cfg.checkpoint)
     mb = cfg.server.max_message_mb
-    vision = VisionClient(cfg.vision, mb, cfg.client_tls, checkpoint_fingerprint=ckpt.fingerprint)
+    vision = VisionClient(cfg.vision, mb, cfg.client_tls, checkpoint_fingerprint=ckpt.fingerprint, banks=banks)
     retrieval = RetrievalClient(cfg.retrieval, mb, cfg.client_tls, cfg.retrieval_index) if cfg.retrieval else None
     router = StageRouter(
         cfg.stages,
@@ -83,6 +86,7 @@ class Gateway:
     def __init__(self, cfg: GatewaySettings) -> None:
         self.cfg = apply_record(cfg)  # a promoted model version survives a restart (rollout/versions.py)
         self.store: ReportStore | None = None
+        self.banks: BankVersions | None = None  # published anomaly banks, on a connection of their own
         self.outputs: Outputs | None = None
         self.rollout: RolloutManager | None = None
         self.running: RunningServer | None = None
@@ -97,6 +101,9 @@ class Gateway:
         self.store.fail_unexplained(RESTARTED)  # decisions whose explanation a crash cut short: the line is told
         self.store.heartbeat()  # one of a pair: alive before it admits a call (reports/store.py, OWNER_LEASE_S)
         self._heartbeat = asyncio.create_task(self._beat(self.store), name="store-heartbeat")
+        # The same database, migrated by the store above; a connection of its own so that a bank's archive never
+        # waits behind (or holds up) a report's commit.
+        self.banks = BankVersions(open_database(cfg.store, cfg.db_path))
         self.outputs = Outputs.for_gateway(cfg)  # drains what earlier runs left queued at once
         # free-space floors; the line's outbox per station
         servicer = InspectionServicer(
@@ -105,7 +112,7 @@ class Gateway:
             BacklogGuard(self.outputs),
             ReportImages.for_gateway(self.store, cfg),
         )
-        self.rollout = RolloutManager(cfg, self.store, connect)
+        self.rollout = RolloutManager(cfg, self.store, functools.partial(connect, banks=self.banks))
         auth = [public_auth(cfg.api_tokens, cfg.token_rate_per_s, cfg.token_burst, cfg.allow_unauthenticated)]
         self.running = await start_server(
             [
@@ -126,7 +133,7 @@ class Gateway:
                     cfg.server.host,
                 )
             await asyncio.to_thread(self.store.advertise, address)
-        self.inspector = await connect(cfg, self.store)
+        self.inspector = await connect(cfg, self.store, self.banks)
         self.inspector.outputs = self.outputs
         servicer.versions = await self.rollout.attach(self.inspector)  # per-station version routing and the shadow
         self.readiness = Readiness(self.inspector, self.running.health, live=self.rollout.live_inspector)
@@ -153,6 +160,8 @@ class Gateway:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
+        if self.banks is not None:
+            self.banks.close()  # after every VisionClient (readiness, rollout): none syncs any more
         if self.store is not None:
             # A call the grace cut short and that could not record its failure in SETTLE_S: failed here, by owner.
             await asyncio.to_thread(self.store.fail_pending, STOPPED)

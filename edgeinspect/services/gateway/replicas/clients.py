@@ -1,5 +1,6 @@
 """The gateway's clients of the vision and retrieval replicas (their health, bans and choice: replica_set.py); each
-holds its role's version policy: vision's anomaly banks, retrieval's KB index."""
+holds its role's version policy: vision's anomaly banks (given to every replica through the store: bank_sync.py),
+retrieval's KB index."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from edgeinspect.errors import Unavailable
 from edgeinspect.services.common.errors import error_code_of, upstream_peer
 from edgeinspect.services.common.tasks import BackgroundTasks
 from edgeinspect.services.common.tracing import client_span
+from edgeinspect.services.gateway.replicas.bank_sync import BankSync, bank_version
 from edgeinspect.services.gateway.replicas.health import HANDSHAKE_TIMEOUT_S
 from edgeinspect.services.gateway.replicas.replica_set import IndexVersion, Replica, ReplicaSet
+from edgeinspect.services.store.banks import BankVersions
 from edgeinspect.v1 import retrieval_pb2, retrieval_pb2_grpc, vision_pb2, vision_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -29,13 +32,23 @@ INDEX_POLL_S = 1.0  # how often a retrieval replica's KB index is asked again
 class VisionClient:
     """The gateway's vision replicas: Encode, Score and Teach on a usable one. A replica is handshaken on our
     checkpoint fingerprint and its anomaly banks; Score of a part goes only to replicas holding the newest bank of
-    that part seen on any replica (a replica behind is used again once it has reloaded it)."""
+    that part seen on any replica (a replica behind is used again once it has it: it reloads a shared banks folder,
+    or is given the version from the store by `banks`)."""
 
-    def __init__(self, addresses: list[str], max_message_mb: int, tls=None, checkpoint_fingerprint: str = ""):
+    def __init__(
+        self,
+        addresses: list[str],
+        max_message_mb: int,
+        tls=None,
+        checkpoint_fingerprint: str = "",
+        banks: BankVersions | None = None,
+    ):
         self.fingerprint = checkpoint_fingerprint  # "": not checked (tools that only teach)
         self.replicas: ReplicaSet[vision_pb2_grpc.VisionServiceStub] = ReplicaSet(
             "vision", addresses, vision_pb2_grpc.VisionServiceStub, max_message_mb, tls, handshake=self._handshake
         )
+        # The store's published banks, given to replicas that lack them (None: no store, e.g. tools that only teach)
+        self.bank_sync = BankSync(self.replicas, banks) if banks is not None else None
         self.newest: dict[str, str] = {}  # part -> the newest bank_id seen on any replica (what Score expects)
         self._versions: dict[str, int] = {}  # part -> that bank's version number
         self._following = BackgroundTasks("vision replicas")  # the bank-version poll
@@ -66,11 +79,14 @@ class VisionClient:
             rep.mismatch = f"vision node {rep.address} runs checkpoint {theirs}, this gateway {self.fingerprint}"
             return
         rep.banks = {}
-        self._observe(rep, info.banks)
+        self._observe(rep, info)
 
-    def _observe(self, rep: Replica, banks) -> None:
+    def _observe(self, rep: Replica, info: vision_pb2.VisionInfo) -> None:
         """A replica's banks from its Info. A bank that changed on a replica that stayed up (a teach, a reload, a
-        rollback) is the newest of its part; a replica seen afresh only moves a part forward by version."""
+        rollback, an import) is the newest of its part; a replica seen afresh only moves a part forward by version."""
+        banks = info.banks
+        if self.bank_sync is not None:
+            self.bank_sync.observe(rep, info)
         for bank in banks:
             held = rep.banks.get(bank.part)
             changed = held is not None and held != bank.bank_id
@@ -88,16 +104,25 @@ class VisionClient:
     async def refresh(self, rep: Replica) -> None:
         """Reads the replica's banks again (it reloads new versions from its disk within its reload_interval_s)."""
         info = await rep.stub.Info(vision_pb2.InfoRequest(), timeout=HANDSHAKE_TIMEOUT_S)
-        self._observe(rep, info.banks)
+        self._observe(rep, info)
 
     async def _follow_banks(self) -> None:
         """Every BANK_POLL_S each usable replica's banks are read again: a new version one of them loaded becomes
-        the newest, and a replica behind is back in use for that part once it has it."""
+        the newest, and a replica behind is back in use for that part once it has it (given by the bank sync)."""
         while True:
             await asyncio.sleep(BANK_POLL_S)
-            for rep in self.replicas.usable():
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    await self.refresh(rep)
+            await self._refresh_all()
+            await self._sync_banks()
+
+    async def _sync_banks(self) -> None:
+        """One bank-sync pass (bank_sync.py), after a teach or promote here and on every poll; a failed pass is
+        logged and the next one tries again (the loop outlives a report database that is restarting)."""
+        if self.bank_sync is None:
+            return
+        try:
+            await self.bank_sync.sync()
+        except Exception as exc:
+            log.warning("anomaly bank sync pass failed: %s", exc)
 
     # -- calls ----------------------------------------------------------------------------------------------------
 
@@ -195,6 +220,7 @@ class VisionClient:
         if not reply.bank.staged:  # a staged version is nobody's newest until promoted
             rep.banks[reply.bank.part] = reply.bank.bank_id
             self.learned(reply.bank.part, reply.bank.bank_id, reply.bank.version)
+        await self._published_on(rep, reply.bank)
         return reply
 
     async def promote(self, request: vision_pb2.PromoteRequest, timeout_s: float) -> vision_pb2.AnomalyBank:
@@ -204,7 +230,21 @@ class VisionClient:
             bank = await rep.stub.Promote(request, timeout=timeout_s)
         rep.banks[bank.part] = bank.bank_id
         self.learned(bank.part, bank.bank_id, bank.version)
+        await self._published_on(rep, bank)
         return bank
+
+    async def _published_on(self, rep: Replica, bank: vision_pb2.AnomalyBank) -> None:
+        """After a teach or promote on `rep`: the version goes to the store and the other replicas now, not at the
+        next poll. The call succeeded whatever happens here: a version not moved yet is moved by a later pass."""
+        if self.bank_sync is None:
+            return
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.refresh(rep)  # its staged versions too: it is not given its own version back
+        try:
+            await self.bank_sync.publish(rep, bank.part, bank.version)
+        except Exception as exc:
+            log.warning("part %s v%d not published for the other vision replicas yet: %s", bank.part, bank.version, exc)
+        await self._sync_banks()
 
 
 class RetrievalClient:
@@ -316,10 +356,3 @@ class RetrievalClient:
 def newer(index: IndexVersion, than: IndexVersion | None) -> bool:
     """`index` was built after `than` (the version name orders two built in the same second in one folder)."""
     return than is None or (index.created_at, index.version) > (than.created_at, than.version)
-
-
-def bank_version(bank_id: str) -> int:
-    """The version number in a bank id 'PART@vN:hash8' (-1 when it has none)."""
-    _, _, rest = bank_id.rpartition("@v")
-    number = rest.split(":", 1)[0]
-    return int(number) if number.isdigit() else -1
