@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 DEFAULT_SYSTEM = (
     "You are an industrial visual inspection assistant. You inspect one part per image against the plant's "
     "defect specifications and write a defect report."
@@ -12,12 +14,22 @@ DEFAULT_INSTRUCTION = (
 )
 
 
-def build_messages(instruction: str = DEFAULT_INSTRUCTION, context: str = "", system: str = DEFAULT_SYSTEM) -> list:
-    """Chat messages with one image; spec context goes into the system turn, before the image."""
+def build_messages(
+    instruction: str = DEFAULT_INSTRUCTION,
+    context: str = "",
+    system: str = DEFAULT_SYSTEM,
+    captions: Sequence[str] = (),
+) -> list:
+    """Chat messages with one image; spec context goes into the system turn, before the image. With captions: one
+    image per caption, each followed by its caption (the words that tell the model which image is which), so that
+    everything before the first image stays the one-image prompt's (the stages' cached prefix)."""
     system_text = f"{system}\n\nDefect specifications:\n{context}" if context else system
+    shown: list[dict] = [{"type": "image"}]
+    if captions:
+        shown = [item for caption in captions for item in ({"type": "image"}, {"type": "text", "text": f"{caption}\n"})]
     return [
         {"role": "system", "content": system_text},
-        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": instruction}]},
+        {"role": "user", "content": [*shown, {"type": "text", "text": instruction}]},
     ]
 
 
@@ -26,6 +38,6 @@ def prompt_text(processor, messages: list) -> str:
 
 
 def prompt_ids(processor, text: str) -> list[int]:
-    """Token ids with the image placeholder expanded to num_image_tokens copies, as DeepseekVLProcessor does."""
+    """Token ids with each image placeholder expanded to num_image_tokens copies, as DeepseekVLProcessor does."""
     expanded = text.replace(processor.image_token, processor.image_token * processor.num_image_tokens)
     return list(processor.tokenizer(expanded)["input_ids"])

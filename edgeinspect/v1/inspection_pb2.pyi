@@ -135,7 +135,7 @@ class Reference(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., section: _Optional[str] = ..., score: _Optional[float] = ..., index_version: _Optional[str] = ..., path: _Optional[str] = ..., page: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("checkpoint", "checkpoint_fingerprint", "tokenizer_fingerprint", "partition", "codec", "plan", "shadow", "prompt_sha256", "served")
+    __slots__ = ("checkpoint", "checkpoint_fingerprint", "tokenizer_fingerprint", "partition", "codec", "plan", "shadow", "prompt_sha256", "served", "images")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class ModelInfo(_message.Message):
     SHADOW_FIELD_NUMBER: _ClassVar[int]
     PROMPT_SHA256_FIELD_NUMBER: _ClassVar[int]
     SERVED_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     checkpoint: str
     checkpoint_fingerprint: str
     tokenizer_fingerprint: str
@@ -154,7 +155,18 @@ class ModelInfo(_message.Message):
     shadow: bool
     prompt_sha256: str
     served: _containers.RepeatedCompositeFieldContainer[StageServed]
-    def __init__(self, checkpoint: _Optional[str] = ..., checkpoint_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., partition: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ..., plan: _Optional[str] = ..., shadow: _Optional[bool] = ..., prompt_sha256: _Optional[str] = ..., served: _Optional[_Iterable[_Union[StageServed, _Mapping]]] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[PromptImage]
+    def __init__(self, checkpoint: _Optional[str] = ..., checkpoint_fingerprint: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., partition: _Optional[_Iterable[str]] = ..., codec: _Optional[str] = ..., plan: _Optional[str] = ..., shadow: _Optional[bool] = ..., prompt_sha256: _Optional[str] = ..., served: _Optional[_Iterable[_Union[StageServed, _Mapping]]] = ..., images: _Optional[_Iterable[_Union[PromptImage, _Mapping]]] = ...) -> None: ...
+
+class PromptImage(_message.Message):
+    __slots__ = ("role", "box", "report_id")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    BOX_FIELD_NUMBER: _ClassVar[int]
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    box: BoundingBox
+    report_id: str
+    def __init__(self, role: _Optional[str] = ..., box: _Optional[_Union[BoundingBox, _Mapping]] = ..., report_id: _Optional[str] = ...) -> None: ...
 
 class StageServed(_message.Message):
     __slots__ = ("layers", "address", "device", "weights")

@@ -23,7 +23,7 @@ from edgeinspect.errors import DeadlineExceeded, EdgeInspectError, Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, load_processor
 from edgeinspect.services.common import metrics
 from edgeinspect.services.common.context import deadline_var, request_id_var
-from edgeinspect.services.gateway import gate
+from edgeinspect.services.gateway import evidence, gate
 from edgeinspect.services.gateway.admission import Admission
 from edgeinspect.services.gateway.decode.session import InferenceSession
 from edgeinspect.services.gateway.decode.stages import StageCluster
@@ -33,6 +33,7 @@ from edgeinspect.services.gateway.explain import Explanations
 from edgeinspect.services.gateway.prompt import PromptBuilder
 from edgeinspect.services.gateway.replicas.clients import RetrievalClient, VisionClient
 from edgeinspect.services.gateway.reports.build import ModelFacts, vlm_report
+from edgeinspect.services.gateway.reports.reader import ReportReader
 from edgeinspect.services.gateway.settings import AnomalyPolicy, GatewaySettings
 from edgeinspect.services.outputs.fanout import Outputs
 from edgeinspect.v1 import inspection_pb2, stage_pb2
@@ -96,6 +97,9 @@ class Inspector:
         self.eos_id = ckpt.text_config.eos_token_id
         self.prompts = PromptBuilder(cfg, ckpt, self.processor)
         self.store = store
+        # Good frames for a flagged part's explanation (evidence.py): the live store reads them back; a rollout's
+        # RoutingStore (shadow runs) has no reads, and its explanations show no reference.
+        self.good_frames = store if isinstance(store, ReportReader) else None
         self.vision = vision
         self.gate = gate.GateStep(cfg.anomaly, vision)  # the anomaly gate per station (services/gateway/gate.py)
         self.retrieval = retrieval
@@ -251,7 +255,9 @@ class Inspector:
         chunks, index_version = [], ""
         if not req.verification:
             chunks, index_version = await self._spec_context(req, timings, deadline, degraded)
-        prompt = self.prompts.prompt(req, chunks, gate.gate_instruction(outcome.score) if outcome.flagged else "")
+        visual_tokens, shown = await self._evidence(req, outcome, enc, deadline, timings)
+        extra = gate.gate_instruction(outcome.score) if outcome.flagged else ""
+        prompt = self.prompts.prompt(req, chunks, extra, shown.captions if shown else ())
         prompt.degraded[:0] = degraded
         yield Hop("decoder stages")
         sampling = stage_pb2.SamplingParams(
@@ -264,7 +270,7 @@ class Inspector:
         session = self.stages.session(
             f"{report_id}-{uuid.uuid4().hex[:8]}",
             prompt.ids,
-            enc.visual_tokens,
+            visual_tokens,
             sampling,
             prefix_length=self.prompts.prefix_length(prompt.ids),
             max_positions=len(prompt.ids) + prompt.budget,
@@ -277,6 +283,8 @@ class Inspector:
         raw = self.tokenizer.decode(journal.generated, skip_special_tokens=True)
         model = ModelFacts.of(self.ckpt, self.codec, self.router.plan_text())
         report = vlm_report(model, req, report_id, session, prompt, raw, index_version, timings, enc.image_sha256)
+        if shown is not None:
+            report.model.images.extend(shown.shown)
         vlm_verdict = report.verdict
         gate.settle(report, outcome, heatmap_stored=False)
         if outcome.decides_at_takt:  # two moments (also when run in one go: an eval's frame): the decision stands
@@ -286,6 +294,26 @@ class Inspector:
         log.info("report %s: %d tokens, %d failovers", report_id, len(journal.generated), len(session.failovers),
                  extra={"report_id": report_id})  # fmt: skip
         yield Explained(report, outcome)
+
+    async def _evidence(self, req, outcome: gate.GateOutcome, enc, deadline: float, timings):
+        """The prompt's visual tokens, and what it shows beside the frame: for the explanation of a part the gate
+        flagged (decided at takt), the flagged region cut from the full-resolution frame and a good frame of the part
+        (evidence.py), encoded on the vision node and joined after the frame's in the prompt's order."""
+        if not (outcome.decides_at_takt and self.cfg.explain_with_evidence):
+            return enc.visual_tokens, None
+        shown = await asyncio.to_thread(evidence.collect, req.image, outcome.score, req.part, self.good_frames)
+        if not shown.images:
+            return enc.visual_tokens, None
+        t0, timeout = time.perf_counter(), _share(deadline, self.cfg.vision_timeout_s)
+        encoded = await asyncio.gather(
+            *(self.vision.encode(i, self.codec, self.cfg.zstd, timeout) for i in shown.images)
+        )
+        ms = sum(e.encode_ms for e in encoded)
+        timings.append(
+            stage_pb2.StageTiming(stage="vision_evidence", compute_ms=ms, wire_ms=(time.perf_counter() - t0) * 1e3 - ms)
+        )
+        frames = [enc.visual_tokens, *(e.visual_tokens for e in encoded)]
+        return evidence.join_frames(frames, self.codec, self.cfg.zstd), shown
 
     async def _finish(self, req, report, outcome: gate.GateOutcome, t0: float) -> inspection_pb2.InspectEvent:
         """Stores the report (with its frame and the gate's heatmap) and, in the same transaction, its result for the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from edgeinspect.errors import InvalidInput
@@ -55,16 +56,21 @@ class PromptBuilder:
         self.image_token_id = ckpt.config.image_token_id
 
     def prompt(
-        self, req: inspection_pb2.InspectRequest, chunks: list[retrieval_pb2.SpecChunk], extra: str = ""
+        self,
+        req: inspection_pb2.InspectRequest,
+        chunks: list[retrieval_pb2.SpecChunk],
+        extra: str = "",
+        captions: Sequence[str] = (),
     ) -> Prompt:
         """The prompt ids (system + spec context + image placeholders + instruction). It must fit the model's
         context with the budget of new tokens: spec chunks are dropped from the end until it does (said in the
-        report), and a prompt that cannot fit even without them is refused naming both numbers."""
+        report), and a prompt that cannot fit even without them is refused naming both numbers. captions: one image
+        per caption (the evidence of a flagged part, evidence.py); none: the frame alone."""
         budget = req.max_new_tokens or self.cfg.max_new_tokens
         degraded: list[str] = []
         total = len(chunks)
         while True:
-            prompt = self._build(req, chunks, budget, extra)
+            prompt = self._build(req, chunks, budget, extra, captions)
             need = len(prompt.ids) + budget
             if need <= self.context_limit:
                 break
@@ -81,7 +87,7 @@ class PromptBuilder:
         prompt.degraded = degraded
         return prompt
 
-    def _build(self, req, chunks, budget: int, extra: str = "") -> Prompt:
+    def _build(self, req, chunks, budget: int, extra: str, captions: Sequence[str]) -> Prompt:
         context = "\n".join(f"[{c.doc_id} / {c.section}] {c.text}" for c in chunks)
         # extra: where the anomaly gate flagged the frame; after the image, so the cached prefix stays shared.
         instruction = "\n".join(x for x in (req.prompt or DEFAULT_INSTRUCTION, extra) if x)
@@ -90,7 +96,8 @@ class PromptBuilder:
         if self.cfg.structured_output and not req.verification:
             grammar = build_report_grammar(chunks, req.part, budget)
             instruction = f"{instruction}\n{schema_instruction(grammar.vocabulary)}"
-        ids = prompt_ids(self.processor, prompt_text(self.processor, build_messages(instruction, context)))
+        messages = build_messages(instruction, context, captions=captions)
+        ids = prompt_ids(self.processor, prompt_text(self.processor, messages))
         return Prompt(ids, list(chunks), grammar, budget)
 
     def prefix_length(self, ids: list[int]) -> int:

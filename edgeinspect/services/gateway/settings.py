@@ -199,6 +199,11 @@ class GatewaySettings(RoleSettings):
     anomaly: GatewayAnomalySettings = Field(
         default_factory=GatewayAnomalySettings, description="the anomaly gate per station (policy, VLM clearing)"
     )
+    explain_with_evidence: bool = Field(
+        True,
+        description="a gate-flagged part's explanation shows the VLM the flagged region cut from the full-resolution "
+        "frame and a good frame of the part beside the frame (False: the frame alone)",
+    )
 
     @field_validator("vision", "retrieval", mode="before")
     @classmethod
