@@ -1,9 +1,9 @@
 """A bank taught through the gateway reaches every vision box (issue 69, item 2), as real processes on loopback:
 three vision nodes, each with a banks folder of its own (as on separate boxes), a decoder stage and the gateway. A
 part taught from reviewed reports is exported from the node that taught it, published in the report database and
-pushed to the other node; a third node started later with an empty folder catches up by itself. ImportBank refuses
-an archive that does not match its sha256, and another bank under a number the node holds, in words that name no
-internal address."""
+pushed to the other node; a third node started later with an empty folder catches up by itself; a staged addition is
+staged on every node and a promote on any one makes it current on all. ImportBank refuses an archive that does not
+match its sha256, and another bank under a number the node holds, in words that name no internal address."""
 
 from __future__ import annotations
 
@@ -89,15 +89,22 @@ def wait_for_bank(stack: LocalStack, names: list[str], bank_id: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def taught(stack, api, good_frames) -> inspection_pb2.AnomalyBankVersion:
-    """Part taught through the gateway's public API from five reports a person reviewed OK."""
+def reviewed(api, good_frames) -> list[str]:
+    """Five reports of the part whose frames a person reviewed OK (the VLM inspected them: no bank yet)."""
+    ids = []
     for frame in good_frames[:5]:
         request = inspection_pb2.InspectRequest(image=frame, station=STATION, part=PART, max_new_tokens=4)
         report = api("Inspect", request)
         api("ReviewReport", inspection_pb2.ReviewReportRequest(report_id=report.report_id,
                                                                verdict=inspection_pb2.VERDICT_OK))  # fmt: skip
-    request = inspection_pb2.TeachFromReportsRequest(station=STATION, part=PART, last_n=5)
-    return api("TeachFromReports", request)
+        ids.append(report.report_id)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def taught(stack, api, reviewed) -> inspection_pb2.AnomalyBankVersion:
+    """Part taught through the gateway's public API from the reviewed reports."""
+    return api("TeachFromReports", inspection_pb2.TeachFromReportsRequest(station=STATION, part=PART, last_n=5))
 
 
 def test_a_bank_taught_through_the_gateway_reaches_the_other_box_and_the_store(stack, taught):
@@ -173,3 +180,30 @@ def test_import_bank_refuses_a_wrong_sha256_and_another_bank_under_a_held_number
         assert "127.0.0.1" not in details and str(stack.opts.workdir) not in details and "/" not in details
         assert "Traceback" not in details and "Error" not in details, details
     assert bank_of(stack, "vision1") == taught.bank_id, "a refused import changes nothing"
+
+
+def test_a_staged_version_is_staged_on_every_box_and_a_promote_on_any_makes_it_current_on_all(
+    stack, api, taught, reviewed
+):
+    names = [n for n in ("vision", "vision1", "vision2") if stack.role(n).proc.poll() is None]
+    wait_for_bank(stack, names, taught.bank_id)
+    # An addition builds on the part's teach frames: they travel with the bank, so any box can take it.
+    staged = api("AddToGoodSet", inspection_pb2.AddToGoodSetRequest(report_id=reviewed[0], stage=True))
+    assert staged.staged and staged.version == 2
+    deadline = time.monotonic() + WITHIN_S
+    while True:
+        infos = {n: vision(stack, n, "Info", vision_pb2.InfoRequest()) for n in names}
+        held = {n: [b.bank_id for b in info.staged_banks] for n, info in infos.items()}
+        if held == dict.fromkeys(names, [staged.bank_id]):
+            break
+        assert time.monotonic() < deadline, f"{staged.bank_id} is not staged on every box within {WITHIN_S}s: {held}"
+        time.sleep(0.3)
+    assert {n: bank_of(stack, n) for n in names} == dict.fromkeys(names, taught.bank_id), "staged is not current"
+    promoted = api("PromoteBank", inspection_pb2.PromoteBankRequest(part=PART, version=2, force=True))
+    assert promoted.bank_id == staged.bank_id and not promoted.staged
+    wait_for_bank(stack, names, staged.bank_id)
+    versions = BankVersions(SQLiteDatabase(stack.opts.workdir / "reports.sqlite"))
+    try:
+        assert [(b.version, b.staged) for b in versions.newest()] == [(2, False)]
+    finally:
+        versions.close()
