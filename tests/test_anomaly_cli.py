@@ -152,6 +152,28 @@ def test_eval_adopt_publishes_the_operating_point_as_a_new_version_and_rollback_
     assert json.loads(_ok(_cli("anomaly", "banks", "show", PART, "--banks", str(mine))))["bank_id"] == before["bank_id"]
 
 
+def test_eval_adopt_refuses_an_operating_point_resting_on_a_handful_of_defects_unless_forced(taught, tmp_path):
+    # Three defective frames: whatever the cut, 0 of 3 escaping still allows an escape up to ~56% (Wilson 95%).
+    base, banks = taught
+    mine, few = tmp_path / "banks", tmp_path / "few"
+    shutil.copytree(banks, mine)
+    shutil.copytree(base / "set" / PART / "test" / "good", few / PART / "test" / "good")
+    defects = sorted(p for p in (base / "set" / PART / "test").rglob("*.png") if p.parent.name != "good")[:3]
+    for frame in defects:
+        (few / PART / "test" / frame.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(frame, few / PART / "test" / frame.parent.name / frame.name)
+    before = _tree_digest(mine)
+    args = ["anomaly", "eval", str(few), "--part", PART, "--banks", str(mine), "--target-escape", "0", "--adopt"]
+    refused = _cli(*args)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "rests on 3 defective frames" in refused.stderr and "--force" in refused.stderr, refused.stderr
+    assert _tree_digest(mine) == before  # nothing published
+    adopted = json.loads(_ok(_cli(*args, "--force", "--json")))["adopted"]
+    assert adopted["n_defect"] == 3 and adopted["escape_ci95"][1] > 0.5
+    shown = json.loads(_ok(_cli("anomaly", "banks", "show", PART, "--banks", str(mine))))
+    assert shown["bank_id"] == adopted["bank_id"] and shown["stats"]["threshold_from_labels"]["forced"] is True
+
+
 def test_a_staged_teach_waits_for_its_go_live_figures_before_promote_makes_it_current(taught, tmp_path):
     base, banks = taught
     mine = tmp_path / "banks"

@@ -24,6 +24,8 @@ class ExtractorChoice(StrEnum):
     onnx = "onnx"
 
 
+# eval --adopt: the highest escape (upper end of its Wilson 95% interval) an operating point may rest on by default.
+ADOPT_ESCAPE_BOUND = 0.20
 BANKS = typer.Option(None, "--banks", help="bank folder (default: $EDGEINSPECT_BANKS, else var/embedded/banks)")
 
 
@@ -124,6 +126,13 @@ def eval_command(
         help="publish a new bank version whose OK cut is the operating point for --target-escape on these labelled "
         "frames (the scored version stays for `banks rollback`)",
     ),
+    escape_bound: float = typer.Option(
+        ADOPT_ESCAPE_BOUND,
+        "--escape-bound",
+        help="--adopt: refuse an operating point whose escape could be above this (upper end of its Wilson 95% "
+        "interval: too few defective frames to rest a cut on)",
+    ),
+    force: bool = typer.Option(False, "--force", help="--adopt: adopt even past --escape-bound"),
     golive: bool = typer.Option(
         False,
         "--golive",
@@ -154,14 +163,16 @@ def eval_command(
                           progress=lambda done, total: progress.update(task, completed=done, total=total))  # fmt: skip
     if roc is not None:
         roc_png([result], roc)
-    adopted = _adopt(banks, bank, result, root) if adopt else None
+    adopted = _adopt(banks, bank, result, root, escape_bound, force) if adopt else None
     if as_json:
         typer.echo(json.dumps({**result.to_json(), **({"adopted": adopted} if adopted else {})}, indent=2))
         return
     _print_eval(console, result, roc)
     if adopted:
-        console.print(f"adopted: {adopted['bank_id']} is current, OK below {adopted['ok_below']:.4g} (operating point "
-                      f"for {target_escape:.1%} escape); `edgeinspect anomaly banks rollback {bank.part} "
+        console.print(f"adopted: {adopted['bank_id']} is current, OK cut {bank.band[0]:.4g} -> "
+                      f"{adopted['ok_below']:.4g} (operating point for {target_escape:.1%} escape, resting on "
+                      f"{result.n_defect} defective and {result.n_good} good frames: escape up to "
+                      f"{adopted['escape_ci95'][1]:.1%} at 95%); `edgeinspect anomaly banks rollback {bank.part} "
                       f"{bank.version}` goes back")  # fmt: skip
 
 
@@ -196,20 +207,31 @@ def _golive(banks: Path | None, part: str, version: int | None, part_dir: Path, 
         raise typer.Exit(1)
 
 
-def _adopt(banks: Path | None, bank, result, root: Path) -> dict:
-    """Publishes the bank with the operating point's threshold; what was published, for the output."""
+def _adopt(banks: Path | None, bank, result, root: Path, escape_bound: float, force: bool) -> dict:
+    """Publishes the bank with the operating point's threshold; what was published, for the output. An operating
+    point chosen on a handful of defects can move the cut anywhere: its escape's Wilson 95% interval must end under
+    `escape_bound` (0 of 16 defects escaping just does at 20%), else it is refused unless `force`."""
+    from edgeinspect.errors import InvalidInput
+    from edgeinspect.models.anomaly.evaluate import wilson
     from edgeinspect.models.anomaly.teach import with_labelled_threshold
 
     op = result.operating
     if op.get("threshold") is None:
-        from edgeinspect.errors import InvalidInput
-
         raise InvalidInput("--adopt needs defective frames in the labelled set to choose an operating point")
+    escape = wilson(round(op["escape"] * result.n_defect), result.n_defect)
+    if escape.hi > escape_bound and not force:
+        raise InvalidInput(
+            f"not adopted: the operating point rests on {result.n_defect} defective frames, so its escape could be as "
+            f"high as {escape.hi:.0%} (Wilson 95%), over the {escape_bound:.0%} bound; it would move the OK cut from "
+            f"{bank.band[0]:.4g} to {op['threshold']:.4g}. Label more defective frames, or pass --force"
+        )
     evidence = {"root": str(root), "target_escape": op["target_escape"], "escape": op["escape"],
-                "overkill": op["overkill"], "n_good": result.n_good, "n_defect": result.n_defect}  # fmt: skip
+                "overkill": op["overkill"], "n_good": result.n_good, "n_defect": result.n_defect,
+                "escape_ci95": [escape.lo, escape.hi], "forced": escape.hi > escape_bound}  # fmt: skip
     published = _store(banks).publish(with_labelled_threshold(bank, op["threshold"], evidence))
     return {"bank_id": published.bank_id, "version": published.version, "ok_below": published.band[0],
-            "threshold": published.threshold}  # fmt: skip
+            "threshold": published.threshold, "ok_below_before": bank.band[0],
+            "escape_ci95": [round(escape.lo, 4), round(escape.hi, 4)], "n_defect": result.n_defect}  # fmt: skip
 
 
 def _print_eval(console, result, roc: Path | None) -> None:
