@@ -112,16 +112,28 @@ async def test_http_stream_from_ffmpeg_is_sampled_every_nth_frame(tmp_path, fmt)
          "-listen", "1", url]
     )  # fmt: skip
     try:
-        cam = camera("http", url, sampling=SamplingConfig(every_n=5), open_timeout_s=10, reconnect_base_s=0.5)
+        # `-listen 1` serves one client and exits when it leaves: a first open given up on (probing a stream takes
+        # seconds of it, more on a loaded box) would leave nothing to reconnect to, so the open gets ffmpeg's whole run.
+        cam = camera("http", url, sampling=SamplingConfig(every_n=5), open_timeout_s=40, reconnect_base_s=0.5)
         sink, metrics = RecordingSink(), IngestMetrics(CollectorRegistry())
         ingestor = Ingestor(settings_for([cam], tmp_path, max_in_flight=8), sink, metrics)
         ingestor.settings.cameras[0].max_in_flight = 8
-        await run_until(ingestor, lambda: len(sink.reports) >= 4, 30, "4 reports over HTTP")
+        try:
+            await run_until(ingestor, lambda: len(sink.reports) >= 4, 60, "4 reports over HTTP")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; ffmpeg {_ended(ffmpeg)}") from None
     finally:
         stop_process(ffmpeg)
     read = m(metrics, "frames_read_total", camera="http")
     assert m(metrics, "frames_sampled_total", camera="http") == math.ceil(read / 5)
     assert len(sink.reports) >= 4
+
+
+def _ended(proc) -> str:
+    """A stream server process when a test timed out waiting on it: still running, or its exit and stderr."""
+    if proc.poll() is None:
+        return "was still running"
+    return f"exited {proc.returncode}: {proc.stderr.read().decode(errors='replace')[-800:]}"
 
 
 @pytest.mark.skipif(not (have("ffmpeg") and have("rtsp-server-perl")), reason="needs ffmpeg and rtsp-server-perl")
