@@ -197,6 +197,31 @@ def test_a_staged_teach_waits_for_its_go_live_figures_before_promote_makes_it_cu
     assert after["current"] == staged and after["staged"] is None
 
 
+def test_a_damaged_version_is_listed_as_damaged_and_banks_remove_deletes_it(taught, tmp_path):
+    _, banks = taught
+    mine = tmp_path / "banks"
+    shutil.copytree(banks, mine)
+    shutil.copytree(mine / PART, mine / "bracket")  # a second part, untouched by the damage
+    before = {r["part"]: r for r in json.loads(_ok(_cli("anomaly", "banks", "list", "--banks", str(mine), "--json")))}
+    current, held = before[PART]["current"], before[PART]["versions"]
+    damaged = mine / PART / f"v{max(held) + 1:04d}"
+    shutil.copytree(mine / PART / f"v{current:04d}", damaged)
+    features = damaged / "features.npy"
+    features.write_bytes(features.read_bytes()[:100])  # a disk that lost the end of the file
+    listed = {r["part"]: r for r in json.loads(_ok(_cli("anomaly", "banks", "list", "--banks", str(mine), "--json")))}
+    assert listed[PART]["current"] == current and listed[PART]["versions"] == held
+    assert list(listed[PART]["damaged"]) == [str(max(held) + 1)] and not listed["bracket"]["damaged"]
+    table = _ok(_cli("anomaly", "banks", "list", "--banks", str(mine)))
+    assert "1 damaged" in table and f"banks remove {PART} {max(held) + 1}" in table
+    refused = _cli("anomaly", "banks", "remove", PART, str(current), "--banks", str(mine))
+    assert refused.returncode != 0 and "current version" in refused.stderr and "Traceback" not in refused.stderr
+    removed = _cli("anomaly", "banks", "remove", PART, str(max(held) + 1), "--banks", str(mine))
+    assert f"v{max(held) + 1} removed" in _ok(removed)
+    assert not damaged.exists()
+    again = json.loads(_ok(_cli("anomaly", "banks", "list", "--banks", str(mine), "--json")))
+    assert all(not r["damaged"] for r in again) and {r["part"] for r in again} == {PART, "bracket"}
+
+
 def test_banks_list_fits_an_80_column_terminal(taught):
     _, banks = taught
     env = {**os.environ, "COLUMNS": "80"}

@@ -272,10 +272,12 @@ def banks_list(banks: Path | None = BANKS, as_json: bool = typer.Option(False, "
     store = _store(banks)
     rows = []
     for part in store.list_parts():
-        bank = store.current(part)
+        damaged = store.damaged(part)  # listed, never in the way of the part's other versions or of other parts
+        current = store.current_version(part)
+        bank = store.current(part) if current is not None and current not in damaged else None
         versions = [b.version for b in store.versions(part)]
-        rows.append({"part": part, "current": bank.version if bank else None, "staged": store.staged_version(part),
-                     "versions": versions,
+        rows.append({"part": part, "current": current, "staged": store.staged_version(part),
+                     "versions": versions, "damaged": {str(n): why for n, why in damaged.items()},
                      "bank_id": bank.bank_id if bank else "", "extractor": bank.extractor.get("name") if bank else "",
                      "threshold": bank.threshold if bank else None,
                      "patches": int(bank.features.shape[0]) if bank else 0,
@@ -292,9 +294,14 @@ def banks_list(banks: Path | None = BANKS, as_json: bool = typer.Option(False, "
         table.add_column(column, overflow="fold", no_wrap=column in ("extractor", "created"))
     for r in rows:
         threshold = "-" if r["threshold"] is None else f"{r['threshold']:.4g}"
-        table.add_row(r["part"], str(r["current"]), str(r["staged"] or "-"), _version_span(r["versions"]),
+        span = _version_span(r["versions"]) + (f" ({len(r['damaged'])} damaged)" if r["damaged"] else "")
+        table.add_row(r["part"], str(r["current"]), str(r["staged"] or "-"), span,
                       r["extractor"], threshold, r["created_at"][:10])  # fmt: skip
     _console().print(table)
+    for r in rows:
+        for number, why in r["damaged"].items():
+            _console().print(f"[red]{r['part']} v{number} is damaged[/red] ({why}): "
+                             f"`edgeinspect anomaly banks remove {r['part']} {number}` deletes it")  # fmt: skip
 
 
 def _version_span(versions: list[int]) -> str:
@@ -331,6 +338,17 @@ def banks_rollback(
     """Make an earlier bank version of a part current again."""
     bank = _store(banks).rollback(part, version)
     typer.echo(f"{part}: current bank is now {bank.bank_id}")
+
+
+@banks_app.command("remove")
+def banks_remove(
+    part: str = typer.Argument(..., help="part name"),
+    version: int = typer.Argument(..., help="the version to delete (a damaged one too; never the current one)"),
+    banks: Path | None = BANKS,
+) -> None:
+    """Delete one bank version of a part, e.g. a damaged one `banks list` names."""
+    _store(banks).remove(part, version)
+    typer.echo(f"{part}: v{version} removed")
 
 
 @banks_app.command("promote")

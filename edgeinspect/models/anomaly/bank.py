@@ -144,8 +144,41 @@ class BankStore:
         return sorted(p.name for p in self.root.iterdir() if PART_NAME.fullmatch(p.name) and self._numbers(p.name))
 
     def versions(self, part: str) -> list[Bank]:
-        """Every published version of a part, oldest first (features memory-mapped, not read)."""
-        return [self._read(check_part(part), n, mmap=True) for n in self._numbers(part)]
+        """Every readable published version of a part, oldest first (features memory-mapped, not read); a damaged
+        one is left out here and named by damaged()."""
+        return [bank for bank in self._each_version(part) if isinstance(bank, Bank)]
+
+    def damaged(self, part: str) -> dict[int, str]:
+        """The versions of a part that cannot be read (a disk error, a file cut short), each with why."""
+        return {n: why for n, why in zip(self._numbers(part), self._each_version(part), strict=True)
+                if isinstance(why, str)}  # fmt: skip
+
+    def _each_version(self, part: str) -> list[Bank | str]:
+        out: list[Bank | str] = []
+        for number in self._numbers(check_part(part)):
+            try:
+                out.append(self._read(part, number, mmap=True))
+            except (NotFound, FailedPrecondition) as exc:
+                out.append(_reason(exc))
+        return out
+
+    def remove(self, part: str, version: int) -> None:
+        """Deletes one version (a damaged one too); never the current one: roll back to another first. A staged
+        version removed is no longer staged."""
+        part_dir = self.root / check_part(part)
+        folder = part_dir / _dirname(int(version))
+        if not folder.is_dir():
+            raise NotFound(f"part {part!r} has no bank version {version} in {self.root}")
+        with _locked(part_dir):
+            if self.current_version(part) == int(version):
+                raise FailedPrecondition(f"part {part!r}: v{version} is the current version: `banks rollback` to "
+                                         "another version first")  # fmt: skip
+            if self.staged_version(part) == int(version):
+                (part_dir / STAGED).unlink()
+            doomed = part_dir / f".tmp-removed-{_dirname(int(version))}"
+            os.rename(folder, doomed)  # the version disappears whole, then its files go
+            fsync_dir(part_dir)
+            shutil.rmtree(doomed, ignore_errors=True)
 
     def current(self, part: str) -> Bank | None:
         """The version CURRENT names, or None where the part has none."""
@@ -356,6 +389,8 @@ class BankStore:
             raise NotFound(f"part {part!r} has no bank version {number} in {self.root}") from exc
         except (OSError, ValueError) as exc:
             raise FailedPrecondition(f"bank {folder} is unreadable: {exc}") from exc
+        if not isinstance(meta, dict) or any(key not in meta for key in ("grid", "band", "bank_id")):
+            raise FailedPrecondition(f"bank {folder} is unreadable: its bank.json lacks what a bank records")
         if meta.get("format") != FORMAT:
             raise FailedPrecondition(f"bank {folder} has format {meta.get('format')}, this build reads {FORMAT}")
         names = {f.name for f in dataclasses.fields(Bank)} - set(ARRAYS)
