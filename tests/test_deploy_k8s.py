@@ -3,6 +3,9 @@ per layer range pinned to its box, configuration and secrets wired by name."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import kubernetes_validate
@@ -12,6 +15,7 @@ import yaml
 from edgeinspect.deploy import render
 from edgeinspect.deploy.inventory import load_inventory
 from edgeinspect.deploy.planning import plan_stages
+from edgeinspect.services.console.settings import ConsoleSettings
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.services.stage.settings import StageSettings
 
@@ -132,9 +136,10 @@ def test_every_pod_mounts_its_boxs_certificate_and_every_internal_channel_is_mtl
         mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
         assert mounts["tls"]["mountPath"] == "/run/secrets/edgeinspect-tls" and mounts["tls"]["readOnly"]
         settings = yaml.safe_load(config[f"{name}.yaml"])
-        if name.startswith("ingest-"):
+        if name.startswith("ingest-") or name == "console":
             assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]  # no key for a client
-            assert settings["gateway_tls"]["ca"] == "/run/secrets/edgeinspect-tls/ca.crt"
+            client_tls = settings["client_tls" if name == "console" else "gateway_tls"]
+            assert client_tls == {"ca": "/run/secrets/edgeinspect-tls/ca.crt"}
             continue
         tls = settings["server"]["tls"]
         assert tls["cert"] == "/run/secrets/edgeinspect-tls/box.crt"
@@ -143,3 +148,46 @@ def test_every_pod_mounts_its_boxs_certificate_and_every_internal_channel_is_mtl
     assert gateway["client_tls"]["key"] == "/run/secrets/edgeinspect-tls/box.key"
     for text in config.values():
         assert "PRIVATE KEY" not in text and "sha256:" not in text
+
+
+def test_the_console_runs_beside_the_gateway_as_in_compose(manifests):
+    _, docs = manifests
+    deployments, services = of_kind(docs, "Deployment"), of_kind(docs, "Service")
+    gateway, console = (deployments[n]["spec"]["template"]["spec"] for n in ("gateway", "console"))
+    (container,) = console["containers"]
+    assert (
+        container["image"] == gateway["containers"][0]["image"] and console["nodeSelector"] == gateway["nodeSelector"]
+    )
+    assert container["args"] == ["serve", "console", "--config", "/etc/edgeinspect/console.yaml"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert not [e for e in container["env"] if "valueFrom" in e]  # operators sign in with their own API tokens
+    config = of_kind(docs, "ConfigMap")["edgeinspect-config"]["data"]
+    settings = ConsoleSettings.model_validate(yaml.safe_load(config["console.yaml"]))
+    port = settings.server.port
+    assert container["ports"] == [{"name": "http", "containerPort": port}]
+    assert (
+        settings.gateway
+        == f"gateway:{GatewaySettings.model_validate(yaml.safe_load(config['gateway.yaml'])).server.port}"
+    )
+    spec = services["console"]["spec"]
+    assert spec["type"] == "LoadBalancer" and spec["ports"] == [{"name": "http", "port": port, "targetPort": "http"}]
+    assert spec["selector"].items() <= deployments["console"]["spec"]["template"]["metadata"]["labels"].items()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_kustomize_builds_the_console_on_the_generated_config_and_ca(tmp_path):
+    """`kubectl kustomize` of a `deploy render --ca` output (no cluster: a client-side build only)."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "edgeinspect.cli", "deploy", "render", "-i", str(EXAMPLE), "-o",
+                           str(out), "--target", "k8s", "--ca", str(tmp_path / "pki")],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    built = subprocess.run(["kubectl", "kustomize", str(out / "k8s")], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    docs = [d for d in yaml.safe_load_all(built.stdout) if d]
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    pod = of_kind(docs, "Deployment")["console"]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert ("ConfigMap", volumes["config"]["configMap"]["name"]) in names  # the hashed name kustomize generated
+    assert ("Secret", volumes["tls"]["secret"]["secretName"]) in names and ("Service", "console") in names

@@ -174,6 +174,22 @@ def test_every_address_in_the_settings_reaches_the_role_it_names(rendered, examp
     assert gateway.micro_batches == len(stage_boxes)  # one micro-batch group per memory bus holding stages
 
 
+def test_the_inventorys_anomaly_policies_reach_every_gateway(example, tmp_path):
+    anomaly = {"default": {"policy": "vlm"}, "stations": {"press-7": {"policy": "gate", "vlm_may_clear": True}}}
+    data = example.model_dump(mode="json")
+    data["plant"]["anomaly"] = anomaly
+    inv = Inventory.model_validate(data)  # as a plant engineer's file is
+    render.write(render.render(inv, placements(inv, [0, 14, 24]), render.Target.all, {"cell-pi": CAMERAS}), tmp_path)
+    for folder in ("line-server", "all-in-one"):
+        gate = GatewaySettings.load(tmp_path / folder / "config" / "gateway.yaml").anomaly
+        assert gate.default.policy == "vlm" and gate.for_station("press-7").policy == "gate", folder
+        assert gate.for_station("press-7").vlm_may_clear and gate.for_station("press-8").policy == "vlm"
+    example_gateway = render.render(
+        example, placements(example, [0, 14, 24]), render.Target.compose, {"cell-pi": CAMERAS}
+    )
+    assert "anomaly:" not in example_gateway.files["line-server/config/gateway.yaml"]  # unset: the gateway's defaults
+
+
 def test_stages_sharing_one_box_batch_as_one_group(rendered):
     gateway = GatewaySettings.load(rendered / "all-in-one" / "config" / "gateway.yaml")
     assert len(gateway.stages) >= 2 and gateway.micro_batches == 1

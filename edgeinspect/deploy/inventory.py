@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from edgeinspect.config import CHAINED_RETIRED, WeightsDtype, WireCodec, refuse_retired
 from edgeinspect.models.planner import GpuSpec
+from edgeinspect.services.gateway.settings import GatewayAnomalySettings
 from edgeinspect.services.outputs.config import OutputsConfig
 
 GIB = 1024**3
@@ -216,6 +217,11 @@ class Plant(BaseModel):
         default_factory=OutputsConfig,
         description="where the gateway sends each result (MQTT, webhooks); passwords and secrets via "
         "EDGEINSPECT_OUTPUTS__... at start, not in this file",
+    )
+    anomaly: GatewayAnomalySettings = Field(
+        default_factory=GatewayAnomalySettings,
+        description="the anomaly gate per station, as the gateway's `anomaly` settings: `default` and `stations` "
+        "(name -> policy gate | vlm | off, vlm_may_clear, vlm_when_gate_fails); unset: every station gates",
     )
 
     @model_validator(mode="before")

@@ -33,13 +33,22 @@ GPU_RUNTIME_CLASS = "nvidia"  # k3s registers it when it finds the NVIDIA contai
 UID = 10001
 
 
-def _labels(inv: Inventory, inst: Instance) -> dict[str, str]:
+def labels(inv: Inventory, component: str, role: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "edgeinspect",
         "app.kubernetes.io/instance": inv.plant.name,
-        "app.kubernetes.io/component": inst.service,
-        "edgeinspect.io/role": inst.role.value,
+        "app.kubernetes.io/component": component,
+        "edgeinspect.io/role": role,
     }
+
+
+def _labels(inv: Inventory, inst: Instance) -> dict[str, str]:
+    return labels(inv, inst.service, inst.role.value)
+
+
+def selector(labels: dict[str, str]) -> dict[str, str]:
+    """What a Deployment and its Service select their pods by."""
+    return {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
 
 
 def _host_path(name: str, path: str, kind: str) -> dict[str, Any]:
@@ -123,6 +132,11 @@ def _probes(inv: Inventory, inst: Instance) -> dict[str, Any]:
         check = {"httpGet": {"path": "/v2/health/ready", "port": "metrics"}}
     else:
         return {}
+    return probes(check)
+
+
+def probes(check: dict[str, Any]) -> dict[str, Any]:
+    """Startup, readiness and liveness probes asking `check`."""
     return {
         # SERVING only once the model is loaded and a canary inference passed: minutes on a Pi.
         "startupProbe": {**copy.deepcopy(check), "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 60},
@@ -186,19 +200,9 @@ def deployment(
     """The instance's Deployment; `cameras`: an ingest instance's camera sources (V4L2 ones get their device);
     `line_ports`: (name, port) an ingest instance serves the line on (trigger, OPC UA), published on its box."""
     cameras = cameras or []
-    labels = _labels(inv, inst)
-    selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
     volumes, mounts = _storage(inv, inst, cameras)
     # Layer ranges and reserves were planned against this box's memory and speed: pin to it, and to its type.
-    node_selector = {BOX_TYPE_LABEL: inst.box.box_type, "kubernetes.io/hostname": inst.box.name}
-    pod: dict[str, Any] = {
-        "nodeSelector": node_selector,
-        "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID, "runAsNonRoot": True},
-        "terminationGracePeriodSeconds": 10,
-        "containers": [_container(inv, inst, mounts, cameras, line_ports or [])],
-        "volumes": volumes + [{"name": "tmp", "emptyDir": {}}],
-    }
-    pod["containers"][0]["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
+    pod = pod_spec(inst.box, _container(inv, inst, mounts, cameras, line_ports or []), volumes)
     if inst.box.uses_gpu(inst.role):
         pod["runtimeClassName"] = GPU_RUNTIME_CLASS
     if inst.role is Role.ingest and video_devices(cameras):
@@ -206,18 +210,36 @@ def deployment(
     annotations = {}
     if inst.metrics_port:
         annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(inst.metrics_port)}
+    return deployment_doc(inst.service, _labels(inv, inst), pod, annotations)
+
+
+def pod_spec(box: Box, container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """One container pinned to `box` (and its type) as the image's user, with a writable /tmp."""
+    container["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
+    return {
+        "nodeSelector": {BOX_TYPE_LABEL: box.box_type, "kubernetes.io/hostname": box.name},
+        "securityContext": {"runAsUser": UID, "runAsGroup": UID, "fsGroup": UID, "runAsNonRoot": True},
+        "terminationGracePeriodSeconds": 10,
+        "containers": [container],
+        "volumes": volumes + [{"name": "tmp", "emptyDir": {}}],
+    }
+
+
+def deployment_doc(
+    name: str, labels: dict[str, str], pod: dict[str, Any], annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     template_meta: dict[str, Any] = {"labels": labels}
     if annotations:
         template_meta["annotations"] = annotations
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": inst.service, "labels": labels},
+        "metadata": {"name": name, "labels": labels},
         "spec": {
             "replicas": 1,
             # One model copy per box: never start the new pod beside the old one.
             "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": selector},
+            "selector": {"matchLabels": selector(labels)},
             "template": {"metadata": template_meta, "spec": pod},
         },
     }
@@ -228,10 +250,7 @@ def service(inv: Inventory, inst: Instance) -> dict[str, Any]:
     ports = [{"name": "grpc", "port": inst.port, "targetPort": "grpc", "appProtocol": "grpc"}]
     if inst.metrics_port:
         ports.append({"name": "metrics", "port": inst.metrics_port, "targetPort": "metrics"})
-    spec: dict[str, Any] = {
-        "selector": {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")},
-        "ports": ports,
-    }
+    spec: dict[str, Any] = {"selector": selector(labels), "ports": ports}
     # The public API leaves the cluster through k3s' built-in ServiceLB; everything else stays inside. A gateway
     # pair is not load-balanced: clients hold both addresses and must reach the one they choose (a retry goes to
     # the other on purpose), and ServiceLB cannot give two Services one port. Each gateway is published on its
@@ -271,7 +290,6 @@ def statefulset(inv: Inventory, inst: Instance) -> dict[str, Any]:
     PersistentVolumeClaim (k3s: local-path on that box), the password from the store Secret, TLS with the box's
     certificate."""
     labels = _labels(inv, inst)
-    selector = {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
     check = {"exec": {"command": database.ready_command(inv)}}
     mounts = [
         {"name": "data", "mountPath": database.DATA_DIR},
@@ -320,7 +338,7 @@ def statefulset(inv: Inventory, inst: Instance) -> dict[str, Any]:
         "spec": {
             "serviceName": inst.service,
             "replicas": 1,
-            "selector": {"matchLabels": selector},
+            "selector": {"matchLabels": selector(labels)},
             "template": {"metadata": {"labels": labels}, "spec": pod},
             "volumeClaimTemplates": [claim],
         },
@@ -332,7 +350,7 @@ def headless_service(inv: Inventory, inst: Instance) -> dict[str, Any]:
     labels = _labels(inv, inst)
     spec = {
         "clusterIP": "None",
-        "selector": {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")},
+        "selector": selector(labels),
         "ports": [{"name": "postgres", "port": inst.port, "targetPort": "postgres"}],
     }
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": inst.service, "labels": labels}, "spec": spec}

@@ -210,7 +210,10 @@ def _k8s_files(
     line_ports = _line_ports(settings)
     for box_assets in assets.values():
         configs |= box_assets
-    docs = {"namespace.yaml": [k8s.namespace(inv)]}
+    # The web console beside the gateway, as in the compose files.
+    cfg = console.console_settings(inv, insts, Addressing.service)
+    configs[console.CONFIG] = settings_yaml(cfg, _header(inv, "console settings (Kubernetes)"))
+    docs = {"namespace.yaml": [k8s.namespace(inv)], f"{console.SERVICE}.yaml": console.k8s_objects(inv, insts)}
     for inst in insts:
         if inst.role is Role.database:
             docs[f"{inst.service}.yaml"] = [k8s.statefulset(inv, inst), k8s.headless_service(inv, inst)]

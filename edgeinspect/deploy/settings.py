@@ -96,6 +96,8 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             data["client_tls"] = tls.client_tls()
         if plant.outputs.enabled:
             data["outputs"] = plant.outputs.model_dump(mode="json", exclude_none=True)
+        if "anomaly" in plant.model_fields_set:  # the stations' gate policies, as the inventory names them
+            data["anomaly"] = plant.anomaly.model_dump(mode="json", exclude_unset=True)
         return isolated(GatewaySettings, data)
     raise ValueError(f"role {inst.role} has no settings class")
 
