@@ -99,7 +99,7 @@ def test_fingerprints_follow_name_layers_and_normalisation(raw, effnet):
     described = effnet.describe()
     assert open_extractor(described["name"], **described["options"]).fingerprint == effnet.fingerprint
     # The default input is 448 px since issue 64 (real photographs): a 56x56 grid of stride-8 patches.
-    assert described["grid"] == [56, 56] and described["channels"] == 152
+    assert described["grid"] == [56, 56] and described["channels"] == 120  # blocks 4 + 7: 40 + 80
     assert raw.describe()["grid"] == [28, 28] and raw.describe()["channels"] == 192
 
 

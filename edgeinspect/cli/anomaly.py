@@ -19,6 +19,7 @@ app.add_typer(banks_app, name="banks", help="Taught banks: list parts, show one,
 
 class ExtractorChoice(StrEnum):
     efficientnet_lite0 = "efficientnet-lite0"
+    efficientnet_lite1 = "efficientnet-lite1"
     raw_pixel = "raw-pixel"
     siglip = "siglip"
     onnx = "onnx"

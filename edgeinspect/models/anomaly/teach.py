@@ -29,7 +29,7 @@ from edgeinspect.services.vision.settings import VisionSettings
 CORESET_RATIO = 0.10
 # ... and at most this many patches: at 448 px a frame has 4x the patches of 224 px, and a 10% coreset of 30 frames
 # (9400 patches) cost ~80 s of greedy picks and ~200 ms of kNN per frame on a busy 2-core box. 4096 patches keep
-# kNN near 224 px's cost (2.4 MB at 152 channels); bench/anomaly_photos.py measures the greedy coreset's sizes.
+# kNN near 224 px's cost (1.9 MB at 120 channels); bench/anomaly_photos.py measures the greedy coreset's sizes.
 MAX_BANK_PATCHES = 4096
 # The largest leave-one-out score of N good frames is exceeded by the next good frame with probability 1/(N+1)
 # (~3% at N = 30); 5% headroom above it absorbs lighting drift between the teach session and the line. Frames

