@@ -37,6 +37,7 @@ SAME_AS_HERE = (
     *("transformers", "tokenizers", "safetensors", "numpy", "pillow", "PyYAML"),
     *("onnxruntime", "onnx", "onnxscript", "onnx-ir", "ml_dtypes", "protobuf"),  # the vision node's default backend
     *("pydantic", "pydantic-settings"),  # its settings
+    "opencv-python-headless",  # the int8 copy's check frames are drawn with OpenCV (models/vision_int8.py)
 )
 AARCH64 = ["--platform", "manylinux_2_28_aarch64", "--platform", "manylinux_2_17_aarch64", "--python-version", "3.11"]
 
