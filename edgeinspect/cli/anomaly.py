@@ -273,10 +273,11 @@ def banks_list(banks: Path | None = BANKS, as_json: bool = typer.Option(False, "
     store = _store(banks)
     rows = []
     for part in store.list_parts():
-        damaged = store.damaged(part)  # listed, never in the way of the part's other versions or of other parts
+        read = store.read_versions(part)  # a damaged version is listed, never in the way of the others or other parts
+        damaged = {n: why for n, why in read.items() if isinstance(why, str)}
         current = store.current_version(part)
         bank = store.current(part) if current is not None and current not in damaged else None
-        versions = [b.version for b in store.versions(part)]
+        versions = [n for n in read if n not in damaged]
         rows.append({"part": part, "current": current, "staged": store.staged_version(part),
                      "versions": versions, "damaged": {str(n): why for n, why in damaged.items()},
                      "bank_id": bank.bank_id if bank else "", "extractor": bank.extractor.get("name") if bank else "",

@@ -145,21 +145,18 @@ class BankStore:
 
     def versions(self, part: str) -> list[Bank]:
         """Every readable published version of a part, oldest first (features memory-mapped, not read); a damaged
-        one is left out here and named by damaged()."""
-        return [bank for bank in self._each_version(part) if isinstance(bank, Bank)]
+        one is left out here (read_versions says why)."""
+        return [bank for bank in self.read_versions(part).values() if isinstance(bank, Bank)]
 
-    def damaged(self, part: str) -> dict[int, str]:
-        """The versions of a part that cannot be read (a disk error, a file cut short), each with why."""
-        return {n: why for n, why in zip(self._numbers(part), self._each_version(part), strict=True)
-                if isinstance(why, str)}  # fmt: skip
-
-    def _each_version(self, part: str) -> list[Bank | str]:
-        out: list[Bank | str] = []
+    def read_versions(self, part: str) -> dict[int, Bank | str]:
+        """Every published version of a part by number, oldest first: its Bank (features memory-mapped), or why it
+        cannot be read."""
+        out: dict[int, Bank | str] = {}
         for number in self._numbers(check_part(part)):
             try:
-                out.append(self._read(part, number, mmap=True))
+                out[number] = self._read(part, number, mmap=True)
             except (NotFound, FailedPrecondition) as exc:
-                out.append(_reason(exc))
+                out[number] = _reason(exc)
         return out
 
     def remove(self, part: str, version: int) -> None:
@@ -175,8 +172,8 @@ class BankStore:
                                          "another version first")  # fmt: skip
             if self.staged_version(part) == int(version):
                 (part_dir / STAGED).unlink()
-            doomed = part_dir / f".tmp-removed-{_dirname(int(version))}"
-            os.rename(folder, doomed)  # the version disappears whole, then its files go
+            doomed = Path(tempfile.mkdtemp(prefix=".tmp-removed-", dir=part_dir))
+            os.rename(folder, doomed / folder.name)  # the version disappears whole, then its files go
             fsync_dir(part_dir)
             shutil.rmtree(doomed, ignore_errors=True)
 
