@@ -314,6 +314,28 @@ def split_rows(
     return out
 
 
+def join_rows(frames: Sequence[tensor_pb2.TensorFrame], *, name: str = "tensor frame") -> tensor_pb2.TensorFrame:
+    """split_rows' inverse: 2-D frames of one codec, dtype and width as one frame, their rows in order. Where rows are
+    whole codec units the payload bytes are joined (no float is made, block-int8 too); else decoded and re-encoded.
+    Each frame is checked as decode checks it."""
+    encoded = [from_proto(f) for f in frames]
+    checked = [(e, *_checked_raw(e, name, [None, None], None, DEFAULT_MAX_NUMEL)) for e in encoded]
+    first = encoded[0]
+    cols = first.shape[1]
+    for e in encoded:
+        if (e.codec, e.dtype, e.shape[1]) != (first.codec, first.dtype, cols):
+            raise CodecError(f"{name}: cannot join {e.codec.value} {e.dtype} {_fmt_shape(e.shape)} to "
+                             f"{first.codec.value} {first.dtype} {_fmt_shape(first.shape)}")  # fmt: skip
+    rows = sum(e.shape[0] for e in encoded)
+    if not row_nbytes(first.codec, cols):
+        whole = torch.cat([_decode_raw(raw, c, n, d, name).view(e.shape) for e, c, d, n, raw in checked])
+        return encode_frame(whole, first.codec, first.zstd)
+    raw = b"".join(raw for *_, raw in checked)
+    payload = zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(raw) if first.zstd else raw
+    return to_proto(EncodedTensor(first.dtype, (rows, cols), first.codec, first.zstd, payload, zlib.crc32(payload),
+                                  len(raw)))  # fmt: skip
+
+
 # ---------------------------------------------------------------- protobuf
 
 

@@ -100,11 +100,12 @@ def test_a_three_image_prompt_is_the_processors_and_keeps_the_one_image_prefix(t
     assert build_messages("x")[1]["content"] == [{"type": "image"}, {"type": "text", "text": "x"}]  # unchanged
 
 
-@pytest.mark.parametrize("wire", [codec.Codec.fp32, codec.Codec.fp16])
+@pytest.mark.parametrize("wire", [codec.Codec.fp32, codec.Codec.fp16, codec.Codec.int8])
 def test_visual_tokens_join_in_the_prompts_order_exactly(wire):
     parts = [torch.randn(16, 32) + k for k in range(3)]  # [T, C] per image
-    joined = evidence.join_frames([codec.encode_frame(p, wire) for p in parts], wire, False)
-    want = torch.cat([p.to(torch.float16).float() if wire is codec.Codec.fp16 else p for p in parts])
+    frames = [codec.encode_frame(p, wire) for p in parts]
+    joined = codec.join_rows(frames, name="visual tokens")
+    want = torch.cat([codec.decode_frame(f).float() for f in frames])  # what each image's frame holds, not requantized
     assert torch.equal(codec.decode_frame(joined).float(), want)
 
 

@@ -16,11 +16,9 @@ from typing import Protocol
 
 import cv2
 import numpy as np
-import torch
 
-from edgeinspect import codec
 from edgeinspect.services.gateway.reports.reader import ReportReader
-from edgeinspect.v1 import inspection_pb2, tensor_pb2, vision_pb2
+from edgeinspect.v1 import inspection_pb2, vision_pb2
 
 # The words that tell the model which image is which, by role; numbered in the prompt's order.
 CAPTIONS = {
@@ -144,10 +142,3 @@ def collect(image: bytes, score: vision_pb2.AnomalyScore, part: str, reader: Rep
         images.append(good[0])
         shown.append(inspection_pb2.PromptImage(role="reference", report_id=good[1]))
     return Evidence(images, shown)
-
-
-def join_frames(frames: Sequence[tensor_pb2.TensorFrame], wire: codec.Codec, zstd: bool) -> tensor_pb2.TensorFrame:
-    """The images' visual tokens in the prompt's order, one frame: stage 0 scatters its rows over the placeholders in
-    order (fp32 and fp16 frames join exactly; block-int8 is requantized within the codec's error)."""
-    rows = [codec.decode_frame(f, expect_shape=[None, None], name="visual tokens") for f in frames]  # [T_i, C] each
-    return codec.encode_frame(torch.cat(rows), wire, zstd)  # [sum T_i, C]

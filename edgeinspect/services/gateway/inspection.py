@@ -19,6 +19,7 @@ from typing import Protocol
 
 import grpc
 
+from edgeinspect import codec
 from edgeinspect.errors import DeadlineExceeded, EdgeInspectError, Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, load_processor
 from edgeinspect.services.common import metrics
@@ -313,7 +314,7 @@ class Inspector:
             stage_pb2.StageTiming(stage="vision_evidence", compute_ms=ms, wire_ms=(time.perf_counter() - t0) * 1e3 - ms)
         )
         frames = [enc.visual_tokens, *(e.visual_tokens for e in encoded)]
-        return evidence.join_frames(frames, self.codec, self.cfg.zstd), shown
+        return codec.join_rows(frames, name="visual tokens"), shown  # stage 0 fills the placeholders in order
 
     async def _finish(self, req, report, outcome: gate.GateOutcome, t0: float) -> inspection_pb2.InspectEvent:
         """Stores the report (with its frame and the gate's heatmap) and, in the same transaction, its result for the
