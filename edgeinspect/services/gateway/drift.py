@@ -5,17 +5,22 @@ material, a worn fixture) long before they cross it. The watch keeps each (stati
 for the bank in force, and says `drifting` once their 90th percentile reaches WARN_RATIO of the threshold (cleared
 under CLEAR_RATIO, so one noisy frame does not flap it). It says so in the log, in Prometheus
 (`edgeinspect_anomaly_good_score_p90_ratio`, `edgeinspect_anomaly_drift`: alert on it) and in GetClusterStatus
-(`edgeinspect status`). A new bank version starts the window afresh: its threshold is another scale.
+(`edgeinspect status`), and tells the line on MQTT once per flip, either way (`DriftState.changed`: the gateway
+queues `alert(state)` for the MQTT output, services/outputs). A new bank version starts the window afresh: its
+threshold is another scale, and a station that was drifting is cleared (re-teaching is the usual remedy).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from prometheus_client import Gauge
+
+from edgeinspect.services.outputs.result import DriftAlert
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,10 @@ class DriftState:
     frames: int
     p90_ratio: float  # 0 until MIN_FRAMES
     drifting: bool
+    threshold: float
+    p50: float  # median of the window's scores; 0 until MIN_FRAMES
+    p90: float  # 0 until MIN_FRAMES
+    changed: bool = False  # drifting flipped with this frame: the line is told (alert)
 
 
 class DriftWatch:
@@ -62,12 +71,16 @@ class DriftWatch:
         """Records one passed frame's score; returns the (station, part)'s state after it."""
         key = (station, part)
         series = self._series.get(key)
+        was = series is not None and series.drifting
         if series is None or series.bank_id != bank_id:
             series = self._series[key] = _Series(bank_id, threshold)
+            if was:
+                log.info("station %s part %s: bank %s in force; its drift watch starts afresh", station, part, bank_id)
+                P90_RATIO.labels(station=station, part=part).set(0.0)
+                DRIFTING.labels(station=station, part=part).set(0)
         series.scores.append(score)
         state = self._state(key, series)
         if state.frames >= MIN_FRAMES:
-            was = series.drifting
             series.drifting = state.p90_ratio >= WARN_RATIO or (was and state.p90_ratio >= CLEAR_RATIO)
             if series.drifting != was:
                 say = log.warning if series.drifting else log.info
@@ -76,8 +89,7 @@ class DriftWatch:
                     "the OK cut", 100 * state.p90_ratio, state.frames, bank_id)  # fmt: skip
             P90_RATIO.labels(station=station, part=part).set(state.p90_ratio)
             DRIFTING.labels(station=station, part=part).set(int(series.drifting))
-            state = self._state(key, series)
-        return state
+        return replace(state, drifting=series.drifting, changed=series.drifting != was)
 
     def states(self) -> list[DriftState]:
         return [self._state(key, series) for key, series in sorted(self._series.items())]
@@ -85,5 +97,31 @@ class DriftWatch:
     @staticmethod
     def _state(key: tuple[str, str], series: _Series) -> DriftState:
         n = len(series.scores)
-        ratio = float(np.percentile(series.scores, 90)) / series.threshold if n >= MIN_FRAMES else 0.0
-        return DriftState(key[0], key[1], series.bank_id, n, round(ratio, 4), series.drifting)
+        p50, p90 = np.percentile(series.scores, [50, 90]).tolist() if n >= MIN_FRAMES else (0.0, 0.0)
+        return DriftState(
+            station=key[0],
+            part=key[1],
+            bank_id=series.bank_id,
+            frames=n,
+            p90_ratio=round(p90 / series.threshold, 4) if n >= MIN_FRAMES else 0.0,
+            drifting=series.drifting,
+            threshold=series.threshold,
+            p50=round(p50, 6),
+            p90=round(p90, 6),
+        )
+
+
+def alert(state: DriftState) -> DriftAlert:
+    """The line's message for a state whose drifting just flipped (`state.changed`)."""
+    return DriftAlert(
+        station=state.station,
+        part=state.part,
+        bank_id=state.bank_id,
+        drifting=state.drifting,
+        frames=state.frames,
+        p50=state.p50,
+        p90=state.p90,
+        threshold=state.threshold,
+        p90_ratio=state.p90_ratio,
+        time=time.time(),
+    )

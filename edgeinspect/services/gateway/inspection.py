@@ -24,12 +24,11 @@ from edgeinspect.errors import DeadlineExceeded, EdgeInspectError, Unavailable
 from edgeinspect.models.checkpoint import Checkpoint, load_processor
 from edgeinspect.services.common import metrics
 from edgeinspect.services.common.context import deadline_var, request_id_var
-from edgeinspect.services.gateway import evidence, gate
+from edgeinspect.services.gateway import drift, evidence, gate
 from edgeinspect.services.gateway.admission import Admission
 from edgeinspect.services.gateway.decode.session import InferenceSession
 from edgeinspect.services.gateway.decode.stages import StageCluster
 from edgeinspect.services.gateway.decode.text import IncrementalText
-from edgeinspect.services.gateway.drift import DriftWatch
 from edgeinspect.services.gateway.explain import Explanations
 from edgeinspect.services.gateway.prompt import PromptBuilder
 from edgeinspect.services.gateway.replicas.clients import RetrievalClient, VisionClient
@@ -37,6 +36,7 @@ from edgeinspect.services.gateway.reports.build import ModelFacts, vlm_report
 from edgeinspect.services.gateway.reports.reader import ReportReader
 from edgeinspect.services.gateway.settings import AnomalyPolicy, GatewaySettings
 from edgeinspect.services.outputs.fanout import Outputs
+from edgeinspect.services.outputs.result import is_shadow
 from edgeinspect.v1 import inspection_pb2, stage_pb2
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class Inspector:
         self.outputs = Outputs.none()
         # Decide at takt, explain after: the VLM's runs for decisions already on the line (explain.py)
         self.explanations = Explanations(store, lambda: self.outputs.notify())
-        self.drift = DriftWatch()  # passed parts' scores creeping toward the OK cut (drift.py)
+        self.drift = drift.DriftWatch()  # passed parts' scores creeping toward the OK cut (drift.py)
 
     def size_admission(self, per_range_batch: list[int]) -> None:
         """Default limits from the stages' batch limits: two sessions per batch slot of the thinnest range (so a
@@ -320,9 +320,6 @@ class Inspector:
         """Stores the report (with its frame and the gate's heatmap) and, in the same transaction, its result for the
         line's outputs; counts it."""
         heatmap = outcome.score.heatmap_png if outcome.score is not None else b""
-        score = outcome.score
-        if score is not None and score.verdict == gate.NORMAL and not (req.evaluation or req.verification):
-            self.drift.observe(req.station, req.part, score.bank_id, score.score, score.threshold)
         if not req.verification:  # verify's reports are answered only: never stored, never published
             # An eval's labelled frames never reach the plant's systems; a shadow report never does either (store).
             store = functools.partial(
@@ -330,6 +327,9 @@ class Inspector:
             )
             await asyncio.to_thread(store)  # sets anomaly.heatmap_stored when it kept the heatmap
             self.outputs.notify()  # the outbox rows are committed: the drainers send them now
+        score = outcome.score
+        if score is not None and score.verdict == gate.NORMAL and not (req.evaluation or req.verification):
+            await self._watch_drift(req, report, score)
         verdict = inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_")
         metrics.INSPECTIONS.labels(station=req.station, verdict=verdict).inc()
         metrics.INSPECTION_SECONDS.observe(time.perf_counter() - t0)
@@ -339,6 +339,17 @@ class Inspector:
         log.info("report %s stored: %s (decided by %s)", report.report_id, verdict, decided,
                  extra={"report_id": report.report_id, "verdict": verdict, "decided_by": decided})  # fmt: skip
         return inspection_pb2.InspectEvent(report=report)
+
+    async def _watch_drift(self, req, report, score) -> None:
+        """A passed frame's score into the drift watch; a flip of its drifting state is queued for the line (MQTT),
+        never from a shadow run (is_shadow: the store flags it)."""
+        state = self.drift.observe(req.station, req.part, score.bank_id, score.score, score.threshold)
+        if not state.changed or is_shadow(report):
+            return
+        try:
+            await asyncio.to_thread(self.outputs.publish_drift, drift.alert(state))
+        except Exception as exc:  # the report is stored: a lost alert must not fail its inspection (the gauge holds)
+            log.error("station %s part %s: drift alert not queued for the line: %s", req.station, req.part, exc)
 
     def _gate_report(
         self, req, report_id: str, outcome: gate.GateOutcome, timings, build=gate.ok_report

@@ -22,6 +22,11 @@ class MqttConfig(BaseModel):
     last_topic: str = Field(
         "edgeinspect/{station}/last", description="retained last verdict per station ({station}); empty: none"
     )
+    drift_topic: str = Field(
+        "edgeinspect/{station}/drift",
+        description="where a station's drift alert goes, not retained: once when its good parts' anomaly scores "
+        "begin to drift toward the OK cut, once when they are back clear ({station}, {part}); empty: none",
+    )
     status_topic: str = Field(
         "edgeinspect/{node}/status",
         description="retained 'online' on connect; the Last Will sets it 'offline' when this node drops ({node})",

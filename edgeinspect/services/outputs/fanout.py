@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import threading
@@ -21,7 +22,7 @@ from edgeinspect.faults import fault_point
 from edgeinspect.services.common.retry import backoff_delays
 from edgeinspect.services.outputs.config import OutputsConfig
 from edgeinspect.services.outputs.outbox import DROPPED, Backlog, Outbox, OutboxWriter, open_local
-from edgeinspect.services.outputs.result import LineResult
+from edgeinspect.services.outputs.result import DriftAlert, LineResult
 from edgeinspect.services.outputs.webhook import Rejected, WebhookOutput
 from edgeinspect.services.store.database import Database
 
@@ -203,6 +204,16 @@ class Outputs:
         if self.outbox is None:
             return
         self.outbox.put(self.writer, result)
+        self.notify()
+
+    def publish_drift(self, alert: DriftAlert) -> None:
+        """Queues a drift alert for the MQTT output alone (webhooks take results only), in a transaction of its
+        own; durable when this returns. A no-op without an MQTT output or with its drift_topic empty."""
+        mqtt = self.cfg.mqtt
+        if self.outbox is None or mqtt is None or not mqtt.drift_topic:
+            return
+        mqtt_only = dataclasses.replace(self.writer, outputs=self.writer.outputs[:1])  # make_senders: MQTT first
+        self.outbox.put(mqtt_only, alert)
         self.notify()
 
     def backlog(self, station: str) -> list[Backlog]:

@@ -1,5 +1,6 @@
-"""MQTT output (aiomqtt): each result on its topic with QoS 1, the station's last verdict retained, and a
-retained online/offline status that the broker flips to offline (the Last Will) when this node drops."""
+"""MQTT output (aiomqtt): each result on its topic with QoS 1, the station's last verdict retained, a station's
+drift alerts on their own topic, and a retained online/offline status that the broker flips to offline (the Last
+Will) when this node drops."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import aiomqtt
 
 from edgeinspect.errors import InvalidInput
 from edgeinspect.services.outputs.config import MqttConfig
-from edgeinspect.services.outputs.result import EXPLAINED
+from edgeinspect.services.outputs.result import DRIFT, EXPLAINED
 
 logger = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 2.0  # closing a broken connection (best effort)
@@ -37,11 +38,13 @@ def topic_level(value: str) -> str:
 
 
 def result_topics(cfg: MqttConfig, result: dict) -> tuple[str, str | None]:
-    """(topic, retained last-verdict topic or None) for one result; an explanation goes to its own topic and leaves
-    the station's last verdict as its decision set it."""
+    """(topic, retained last-verdict topic or None) for one result; an explanation or a drift alert goes to its own
+    topic and leaves the station's last verdict as its decision set it."""
     levels = {k: topic_level(str(result.get(k) or "")) for k in ("station", "camera", "part")}
     if result.get("event") == EXPLAINED:
         return cfg.explained_topic.format(**levels), None
+    if result.get("event") == DRIFT:
+        return cfg.drift_topic.format(**levels), None
     last = cfg.last_topic.format(**levels) if cfg.last_topic else None
     return cfg.topic.format(**levels), last
 

@@ -19,11 +19,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from prometheus_client import Counter
 
 from edgeinspect.services.outputs.config import OnFull, OutputsConfig
-from edgeinspect.services.outputs.result import LineResult
 from edgeinspect.services.store.database import Database, SQLiteDatabase, Transaction
 from edgeinspect.services.store.schema import OUTBOX_TABLE
 
@@ -35,6 +35,18 @@ LOCAL_FILE = "outbox.db"  # the ingest role's outbox database (the old per-outpu
 
 def _now_us() -> int:
     return time.time_ns() // 1000
+
+
+class Queued(Protocol):
+    """What a row carries: a LineResult, or a DriftAlert (queued for the MQTT output only)."""
+
+    @property
+    def station(self) -> str: ...
+
+    @property
+    def outbox_key(self) -> str: ...
+
+    def to_json(self) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -70,7 +82,7 @@ class OutboxWriter:
         names = cfg.names() if names is None else names
         return cls(tuple(names), cfg.max_queued, cfg.on_full is OnFull.drop_oldest)
 
-    def add(self, db: Database, result: LineResult) -> int:
+    def add(self, db: Database, result: Queued) -> int:
         """Queues `result` for every output; returns how many older rows were dropped to make room."""
         payload, now = result.to_json(), _now_us()
         db.executemany(
@@ -154,7 +166,7 @@ class Outbox:
             ).fetchall()
         return [Backlog(o, s, n, limit) for o, s, n in rows]
 
-    def put(self, writer: OutboxWriter, result: LineResult) -> int:
+    def put(self, writer: OutboxWriter, result: Queued) -> int:
         """Queues a result in a transaction of its own (the ingest role: no report transaction to join)."""
         with self._lock, Transaction(self.db):
             return writer.add(self.db, result)

@@ -1,4 +1,5 @@
-"""The one result contract every output sends: a compact JSON view of a stored DefectReport."""
+"""The one result contract every output sends: a compact JSON view of a stored DefectReport; and the drift alert
+the MQTT output sends beside it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 DECIDED, EXPLAINED = "decided", "explained"  # LineResult.event
+DRIFT = "drift"  # DriftAlert.event
 SEVERITY_ORDER = ("critical", "major", "minor")  # worst first; unknown severities rank below these
 
 
@@ -50,6 +52,35 @@ class LineResult:
         ):  # absent rather than empty: older consumers see the same shape
             if not body[optional]:
                 del body[optional]
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class DriftAlert:
+    """A station's good parts' anomaly scores began or ceased to drift toward the OK cut (services/gateway/drift.py):
+    sent once per flip, on MQTT only (webhooks take results)."""
+
+    station: str
+    part: str
+    bank_id: str  # the bank whose threshold the scores are held against
+    drifting: bool  # True: began to drift; False: back clear of the cut (or a new bank started the watch afresh)
+    frames: int  # passed frames in the window
+    p50: float  # median of their scores (0 under the watch's minimum of frames)
+    p90: float  # 90th percentile of their scores (idem)
+    threshold: float
+    p90_ratio: float  # p90 / threshold (1: at the cut)
+    time: float  # unix seconds
+    event: str = DRIFT
+
+    @property
+    def outbox_key(self) -> str:
+        """Unique per flip; receivers dedupe a redelivery (at least once) by it (`alert_id`)."""
+        return f"{DRIFT}:{self.station}:{self.part}:{self.bank_id}:{int(self.drifting)}:{self.time:.6f}"
+
+    def to_json(self) -> bytes:
+        body = asdict(self)
+        body["time"] = _iso(self.time)
+        body["alert_id"] = self.outbox_key
         return json.dumps(body, separators=(",", ":")).encode()
 
 
