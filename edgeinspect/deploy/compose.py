@@ -60,7 +60,7 @@ def memory_request_bytes(inv: Inventory, inst: Instance) -> int:
     from edgeinspect.deploy.inventory import STAGE_RUNTIME_GIB
 
     if inst.role is Role.stage:
-        need = inst.stage.weight_bytes + inv.plant.kv_budget_mb * 2**20 + int(STAGE_RUNTIME_GIB * GIB)
+        need = inst.stage_placement.weight_bytes + inv.plant.kv_budget_mb * 2**20 + int(STAGE_RUNTIME_GIB * GIB)
         return min(need, inst.box.stage_budget_bytes())
     return int(inst.box.reserve_gib(inst.role) * GIB)
 
@@ -230,7 +230,7 @@ def _database_service(inv: Inventory, inst: Instance, publish: bool) -> dict[str
     """PostgreSQL from the official image, as the image's user (10001) like every role, on a named volume; the
     password from a secret file; published on the box's own address for the gateways on other boxes."""
     svc: dict[str, Any] = {
-        "image": inv.plant.database.image,
+        "image": database.declared(inv).image,
         "command": database.server_args(inv),
         "user": f"{USER}:{USER}",
         "restart": "unless-stopped",

@@ -9,7 +9,7 @@ import secrets
 from pathlib import Path
 
 from edgeinspect.deploy import tls
-from edgeinspect.deploy.inventory import Inventory, Role
+from edgeinspect.deploy.inventory import Database, Inventory, Role
 from edgeinspect.deploy.topology import Addressing, Instance
 
 MOUNT = "/run/secrets/edgeinspect-store"  # the same path in compose and Kubernetes, gateways and PostgreSQL
@@ -28,6 +28,13 @@ def mounted(name: str) -> str:
     return f"{MOUNT}/{name}"
 
 
+def declared(inv: Inventory) -> Database:
+    """plant.database, for the steps that render the shared store (Inventory checks it is set where they run)."""
+    if inv.plant.database is None:
+        raise ValueError("plant.database is not set: the gateways keep their reports in SQLite")
+    return inv.plant.database
+
+
 def store_settings(inv: Inventory, inst: Instance, addressing: Addressing) -> dict:
     """A gateway's `store`: PostgreSQL through the mounted DSN file, under the gateway's own service name (compose
     service or Deployment, pinned to its box): stable across restarts, distinct within the pair. `advertise` is
@@ -36,7 +43,7 @@ def store_settings(inv: Inventory, inst: Instance, addressing: Addressing) -> di
         "backend": "postgres",
         "dsn_file": mounted(DSN_FILE),
         "instance": inst.service,
-        "owner_lease_s": inv.plant.database.owner_lease_s,
+        "owner_lease_s": declared(inv).owner_lease_s,
         "advertise": inst.address(addressing),
     }
 
@@ -57,13 +64,13 @@ def server_args(inv: Inventory) -> list[str]:
 
 
 def ready_command(inv: Inventory) -> list[str]:
-    db = inv.plant.database
+    db = declared(inv)
     return ["pg_isready", "-h", "127.0.0.1", "-p", str(inv.plant.ports.database), "-U", db.user, "-d", db.name]
 
 
 def environment(inv: Inventory) -> dict[str, str]:
     """The official image's settings: the password from the mounted file, the data folder on the volume."""
-    db = inv.plant.database
+    db = declared(inv)
     return {
         "POSTGRES_USER": db.user,
         "POSTGRES_DB": db.name,
@@ -73,7 +80,7 @@ def environment(inv: Inventory) -> dict[str, str]:
 
 
 def dsn(inv: Inventory, host: str, password: str) -> str:
-    db = inv.plant.database
+    db = declared(inv)
     url = f"postgresql://{db.user}:{password}@{host}:{inv.plant.ports.database}/{db.name}"
     if uses_tls(inv):
         url += f"?sslmode=verify-full&sslrootcert={tls.mounted(tls.CA_FILE)}"

@@ -57,28 +57,35 @@ class Box(BaseModel):
     roles: list[Role] = Field(..., min_length=1, description="roles this box runs")
     memory_gb: float = Field(..., gt=0, description="RAM (or unified memory on a Jetson) in GiB")
     stage_memory_gb: float | None = Field(
-        None, gt=0, description="memory a decoder stage may use; default: memory_gb less OS and co-located roles"
+        default=None,
+        gt=0,
+        description="memory a decoder stage may use; default: memory_gb less OS and co-located roles",
     )
-    speed: float = Field(1.0, gt=0, description="relative decode speed, measured (`edgeinspect plan`) or declared")
-    link_gbps: float = Field(1.0, gt=0, description="network link speed of this box in Gbit/s")
-    hailo: bool = Field(False, description="a Hailo-8/8L accelerator is fitted (vision runs on it)")
-    arch: Arch = Field(Arch.amd64, description="CPU architecture: amd64 or arm64 (Raspberry Pi 5, Jetson)")
+    speed: float = Field(
+        default=1.0, gt=0, description="relative decode speed, measured (`edgeinspect plan`) or declared"
+    )
+    link_gbps: float = Field(default=1.0, gt=0, description="network link speed of this box in Gbit/s")
+    hailo: bool = Field(default=False, description="a Hailo-8/8L accelerator is fitted (vision runs on it)")
+    arch: Arch = Field(default=Arch.amd64, description="CPU architecture: amd64 or arm64 (Raspberry Pi 5, Jetson)")
     cameras: str | None = Field(
-        None, description="ingest boxes: cameras YAML for `edgeinspect ingest`, relative to the inventory file"
+        default=None, description="ingest boxes: cameras YAML for `edgeinspect ingest`, relative to the inventory file"
     )
     box_type: str = Field(
-        "generic", pattern=r"^[a-z0-9]([a-z0-9.-]{0,60}[a-z0-9])?$", description="Kubernetes node-selector value"
+        default="generic",
+        pattern=r"^[a-z0-9]([a-z0-9.-]{0,60}[a-z0-9])?$",
+        description="Kubernetes node-selector value",
     )
     metrics_address: str | None = Field(
-        None, description="address this box publishes /metrics on, for the plant's Prometheus (default: address)"
+        default=None,
+        description="address this box publishes /metrics on, for the plant's Prometheus (default: address)",
     )
-    cpus: float = Field(4.0, gt=0, description="CPU cores of the box (Raspberry Pi 5: 4, Jetson Orin NX: 8)")
+    cpus: float = Field(default=4.0, gt=0, description="CPU cores of the box (Raspberry Pi 5: 4, Jetson Orin NX: 8)")
     replicas: list[str] = Field(
         default_factory=list,
         description="stage boxes that each run a copy of this box's layer range (the gateway fails over to them)",
     )
     gpu: GpuSpec | None = Field(
-        None,
+        default=None,
         description="an NVIDIA GPU its stage and vision run on (device cuda): memory_gb in GiB, bandwidth_gb_s; "
         "unified: true on a Jetson, whose GPU shares memory_gb with the OS",
     )
@@ -123,13 +130,13 @@ class Ports(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gateway: int = Field(50051, ge=1, le=65535, description="public InspectionService port")
-    vision: int = Field(50052, ge=1, le=65535)
-    retrieval: int = Field(50053, ge=1, le=65535)
-    stage_base: int = Field(50060, ge=1, le=65535, description="decoder stage k listens on stage_base + k")
-    database: int = Field(5432, ge=1, le=65535, description="PostgreSQL, on the box with role database")
-    metrics_offset: int = Field(1000, ge=0, description="Prometheus port = gRPC port + this (0: no metrics)")
-    console: int = Field(8080, ge=1, le=65535, description="the web console (HTTP) beside each gateway")
+    gateway: int = Field(default=50051, ge=1, le=65535, description="public InspectionService port")
+    vision: int = Field(default=50052, ge=1, le=65535)
+    retrieval: int = Field(default=50053, ge=1, le=65535)
+    stage_base: int = Field(default=50060, ge=1, le=65535, description="decoder stage k listens on stage_base + k")
+    database: int = Field(default=5432, ge=1, le=65535, description="PostgreSQL, on the box with role database")
+    metrics_offset: int = Field(default=1000, ge=0, description="Prometheus port = gRPC port + this (0: no metrics)")
+    console: int = Field(default=8080, ge=1, le=65535, description="the web console (HTTP) beside each gateway")
 
 
 class ModelSizes(BaseModel):
@@ -137,13 +144,13 @@ class ModelSizes(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    num_layers: int = Field(24, gt=0)
-    hidden_size: int = Field(2048, gt=0)
-    intermediate_size: int = Field(5632, gt=0)
-    vocab_size: int = Field(102400, gt=0)
-    num_attention_heads: int = Field(16, gt=0)
-    num_key_value_heads: int = Field(16, gt=0)
-    vision_hidden_size: int = Field(1024, ge=0, description="vision tower width (stage 0 holds the aligner)")
+    num_layers: int = Field(default=24, gt=0)
+    hidden_size: int = Field(default=2048, gt=0)
+    intermediate_size: int = Field(default=5632, gt=0)
+    vocab_size: int = Field(default=102400, gt=0)
+    num_attention_heads: int = Field(default=16, gt=0)
+    num_key_value_heads: int = Field(default=16, gt=0)
+    vision_hidden_size: int = Field(default=1024, ge=0, description="vision tower width (stage 0 holds the aligner)")
 
 
 class Database(BaseModel):
@@ -153,16 +160,23 @@ class Database(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     external_dsn_file: Path | None = Field(
-        None,
+        default=None,
         description="an external PostgreSQL: a file holding its DSN, relative to the inventory file; copied into "
         "the gateways' secrets, never into a rendered YAML (no box may then have role database)",
     )
-    image: str = Field("postgres:16", description="the PostgreSQL image on the database box")
-    storage_gb: int = Field(20, gt=0, description="Kubernetes: size of the database's PersistentVolumeClaim in GiB")
-    user: str = Field("edgeinspect", pattern=r"^[a-z_][a-z0-9_]{0,62}$", description="database role the gateways use")
-    name: str = Field("edgeinspect", pattern=r"^[a-z_][a-z0-9_]{0,62}$", description="database name")
+    image: str = Field(default="postgres:16", description="the PostgreSQL image on the database box")
+    storage_gb: int = Field(
+        default=20, gt=0, description="Kubernetes: size of the database's PersistentVolumeClaim in GiB"
+    )
+    user: str = Field(
+        default="edgeinspect", pattern=r"^[a-z_][a-z0-9_]{0,62}$", description="database role the gateways use"
+    )
+    name: str = Field(default="edgeinspect", pattern=r"^[a-z_][a-z0-9_]{0,62}$", description="database name")
     owner_lease_s: float = Field(
-        10.0, ge=1.0, le=600.0, description="a gateway silent this long is gone; another takes over its inspections"
+        default=10.0,
+        ge=1.0,
+        le=600.0,
+        description="a gateway silent this long is gone; another takes over its inspections",
     )
 
 
@@ -172,47 +186,49 @@ class Plant(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(..., pattern=r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
-    image: str = Field("edgeinspect:0.1.0", description="container image every role runs")
+    image: str = Field(default="edgeinspect:0.1.0", description="container image every role runs")
     hailo_image: str = Field(
-        "edgeinspect:0.1.0-hailo", description="image built with --build-arg HAILO=1, for vision on Hailo boxes"
+        default="edgeinspect:0.1.0-hailo", description="image built with --build-arg HAILO=1, for vision on Hailo boxes"
     )
     gpu_image: str = Field(
-        "edgeinspect:0.1.0-gpu",
+        default="edgeinspect:0.1.0-gpu",
         description="image with CUDA torch (and onnxruntime-gpu) for the roles on a `gpu` box: on a Jetson built FROM "
         "an L4T PyTorch base (compose/DEPLOY.md, Jetson)",
     )
     data_dir: Path = Field(
-        Path("/var/lib/edgeinspect"),
+        default=Path("/var/lib/edgeinspect"),
         description="on every box (and inside the containers, same path): checkpoints/ kb/ reports/ cache/ frames/ "
         "banks/",
     )
     checkpoint: str = Field(..., description="checkpoint folder name under data_dir/checkpoints")
-    vision_hef: str | None = Field(None, description="compiled Hailo HEF under data_dir/checkpoints (Hailo boxes)")
+    vision_hef: str | None = Field(
+        default=None, description="compiled Hailo HEF under data_dir/checkpoints (Hailo boxes)"
+    )
     weights: WeightsDtype = Field(
-        WeightsDtype.bf16,
+        default=WeightsDtype.bf16,
         description="decoder weight format (fp32 | bf16 | int8 | int6 | int4; auto cannot be planned)",
     )
-    codec: WireCodec = Field(WireCodec.fp16, description="tensor codec between nodes (fp32 | fp16 | int8)")
-    zstd: bool = Field(False, description="zstd on top of the codec")
-    max_new_tokens: int = Field(128, gt=0)
-    kv_budget_mb: int = Field(1024, gt=0, description="KV cache each decoder stage may hold across sessions")
+    codec: WireCodec = Field(default=WireCodec.fp16, description="tensor codec between nodes (fp32 | fp16 | int8)")
+    zstd: bool = Field(default=False, description="zstd on top of the codec")
+    max_new_tokens: int = Field(default=128, gt=0)
+    kv_budget_mb: int = Field(default=1024, gt=0, description="KV cache each decoder stage may hold across sessions")
     api_tokens_secret: str = Field(
-        "edgeinspect-api-tokens",
+        default="edgeinspect-api-tokens",
         pattern=r"^[a-z0-9]([a-z0-9-]{0,60}[a-z0-9])?$",
         description="compose secret / Kubernetes Secret holding the gateway's API tokens (a JSON list)",
     )
     tls: bool = Field(
-        True,
+        default=True,
         description="mTLS between the roles and TLS on the public API, one certificate per box from the plant CA "
         "(`deploy render --ca DIR`); false only on a network nobody else can reach",
     )
-    cert_days: int = Field(825, gt=0, description="validity of the box certificates `deploy render` issues")
+    cert_days: int = Field(default=825, gt=0, description="validity of the box certificates `deploy render` issues")
     ports: Ports = Field(default_factory=Ports)
     database: Database | None = Field(
-        None, description="the gateways' shared PostgreSQL; required with more than one gateway (None: SQLite)"
+        default=None, description="the gateways' shared PostgreSQL; required with more than one gateway (None: SQLite)"
     )
     model: ModelSizes = Field(default_factory=ModelSizes, description="sizes for planning without a checkpoint")
-    log_level: str = Field("INFO")
+    log_level: str = Field(default="INFO")
     outputs: OutputsConfig = Field(
         default_factory=OutputsConfig,
         description="where the gateway sends each result (MQTT, webhooks); passwords and secrets via "

@@ -306,7 +306,7 @@ def statefulset(inv: Inventory, inst: Instance) -> dict[str, Any]:
         mounts.append({"name": "tls", "mountPath": tls.MOUNT, "readOnly": True})
     container = {
         "name": "postgres",
-        "image": inv.plant.database.image,
+        "image": database.declared(inv).image,
         "args": database.server_args(inv),
         "env": [{"name": k, "value": v} for k, v in database.environment(inv).items()],
         "ports": [{"name": "postgres", "containerPort": inst.port}],
@@ -328,7 +328,7 @@ def statefulset(inv: Inventory, inst: Instance) -> dict[str, Any]:
         "metadata": {"name": "data", "labels": labels},
         "spec": {
             "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": f"{inv.plant.database.storage_gb}Gi"}},
+            "resources": {"requests": {"storage": f"{database.declared(inv).storage_gb}Gi"}},
         },
     }
     return {

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import yaml
 
@@ -104,7 +105,8 @@ class PlantRun:
                 pending = [(a, w) for a, w in waiters if w.poll() is None]
                 for address, w in waiters:
                     if w.returncode not in (None, 0):
-                        raise TimeoutError(f"{address} not SERVING after {timeout_s:.0f} s: {w.stderr.read().strip()}")
+                        why = w.stderr.read().strip() if w.stderr is not None else ""
+                        raise TimeoutError(f"{address} not SERVING after {timeout_s:.0f} s: {why}")
                 if not pending:
                     return
                 time.sleep(0.2)
@@ -113,14 +115,15 @@ class PlantRun:
                 if w.poll() is None:
                     w.kill()
                 w.wait()
-                w.stderr.close()
+                if w.stderr is not None:
+                    w.stderr.close()
 
     def _check_alive(self) -> None:
         for proc in self.procs:
             if proc.poll() is not None:
                 path = self.log_of[proc.pid]
                 tail = "\n".join(path.read_text(errors="replace").splitlines()[-15:])
-                raise RuntimeError(f"{' '.join(proc.args[-4:])} exited with {proc.returncode}; {path}:\n{tail}")
+                raise RuntimeError(f"{_command_tail(proc)} exited with {proc.returncode}; {path}:\n{tail}")
 
     def inspect(self, box: str, gateway: str, image: Path, token: str, timeout_s: float = 300.0) -> dict:
         """One inspection from inside `box`'s namespace; the smoke command's JSON."""
@@ -146,10 +149,15 @@ class PlantRun:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("%s ignored SIGTERM for %.0f s: killing it", " ".join(proc.args[-4:]), grace_s)
+                log.warning("%s ignored SIGTERM for %.0f s: killing it", _command_tail(proc), grace_s)
                 proc.kill()
                 proc.wait()
         self.procs.clear()
+
+
+def _command_tail(proc: subprocess.Popen) -> str:
+    """The end of a role's command line (`serve ROLE --config FILE`), for messages (lab.popen is given a list)."""
+    return " ".join(cast(list[str], proc.args)[-4:])
 
 
 def role_env(tokens: list[str], threads: int = 1) -> dict[str, str]:

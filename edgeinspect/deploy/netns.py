@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class Lab:
             if done.returncode != 0:
                 log.warning("could not delete netns %s: %s", ns, done.stderr.strip())
 
-    def popen(self, box: str, argv: list[str], **kwargs: object) -> subprocess.Popen:
+    def popen(self, box: str, argv: list[str], **kwargs: Any) -> subprocess.Popen:
         """Starts `argv` inside the box's namespace."""
         return subprocess.Popen(["ip", "netns", "exec", self.netns(box), *argv], **kwargs)  # noqa: S603
 
@@ -139,6 +140,8 @@ class Lab:
         """Bits per second of one TCP stream from `src` to `dst` through the shaped links."""
         sink = self.popen(dst, [sys.executable, "-c", _SINK, self.address(dst)], stdout=subprocess.PIPE, text=True)
         try:
+            if sink.stdout is None:
+                raise RuntimeError("the sink's stdout is not a pipe")
             port = sink.stdout.readline().strip()
             source = self.popen(src, [sys.executable, "-c", _SOURCE, self.address(dst), port, str(nbytes)])
             source.wait(timeout=120)

@@ -52,7 +52,9 @@ def referenced_files(cameras_yaml: str, base: Path) -> dict[str, bytes]:
 
 
 def _camera_sources(settings: dict[str, RoleSettings]) -> dict[str, list[str]]:
-    return {n: [c.source for c in s.cameras] for n, s in settings.items() if hasattr(s, "cameras")}
+    from edgeinspect.services.ingest.config import IngestSettings
+
+    return {n: [c.source for c in s.cameras] for n, s in settings.items() if isinstance(s, IngestSettings)}
 
 
 def _with_ingest_metrics(inv: Inventory, insts: list[Instance], cameras: dict[str, str]) -> list[Instance]:

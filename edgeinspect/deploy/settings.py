@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from pydantic_settings import BaseSettings
 
@@ -18,17 +18,19 @@ from edgeinspect.services.vision.settings import VisionBackend, VisionSettings
 
 log = logging.getLogger(__name__)
 
+S = TypeVar("S", bound=RoleSettings)
+
 INGEST_METRICS_PORT = 9108  # the ingest role's /metrics and HTTP health when the cameras file names none
 
 
-def isolated(cls: type[RoleSettings], data: dict[str, Any]) -> RoleSettings:
+def isolated(cls: type[S], data: dict[str, Any]) -> S:
     """Validates `data` with `cls` without reading the renderer's own EDGEINSPECT_* environment or files."""
 
     def only_init(settings_cls: type[BaseSettings], *sources: Any, **named: Any) -> tuple[Any, ...]:
         return (named["init_settings"] if "init_settings" in named else sources[0],)
 
     bound = type(cls.__name__, (cls,), {"settings_customise_sources": classmethod(only_init)})
-    return bound(**data)
+    return cast(S, bound(**data))  # a subclass of cls made here: pyright cannot follow type()
 
 
 def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addressing: Addressing) -> RoleSettings:
@@ -42,12 +44,14 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
     if plant.tls:
         server["tls"] = tls.server_tls(inst)
     common: dict[str, Any] = {"server": server, "log_level": plant.log_level}
-    stages = sorted((i for i in everyone if i.stage is not None), key=lambda i: i.stage.index)
+    stages = sorted((i for i in everyone if i.stage is not None), key=lambda i: i.stage_placement.index)
 
     if inst.role is Role.vision:
         # the banks in the box's folder, not the container's: taught ones survive recreating the container
         data = {**common, "checkpoint": plant.checkpoint_path, "anomaly": {"banks_dir": plant.banks_dir}}
         if inst.box.hailo:
+            if plant.vision_hef is None:  # Inventory refuses this already
+                raise ValueError(f"box {inst.box.name} runs vision on Hailo: set plant.vision_hef")
             data |= {"backend": VisionBackend.hailo, "hef_path": plant.data_dir / "checkpoints" / plant.vision_hef}
         else:
             data |= {
@@ -58,7 +62,7 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             data["device"] = "cuda"  # the torch tower there, or ONNX Runtime's TensorRT / CUDA providers
         return isolated(VisionSettings, data)
     if inst.role is Role.stage:
-        st = inst.stage
+        st = inst.stage_placement
         data = {
             **common,
             "checkpoint": plant.checkpoint_path,
@@ -86,7 +90,7 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
             "max_new_tokens": plant.max_new_tokens,
             # one micro-batch group per box that holds stages: stages on one box share its memory bus, and decode
             # there gains more from one bigger batch than from groups taking turns (bench/NOTES.md, perf_pipeline)
-            "micro_batches": len({s.box.name for s in stages if s.stage.replica == 0}),
+            "micro_batches": len({s.box.name for s in stages if s.stage_placement.replica == 0}),
         }
         if peers[Role.retrieval]:
             data["retrieval"] = peers[Role.retrieval]

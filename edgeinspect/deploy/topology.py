@@ -41,6 +41,13 @@ class Instance:
     metrics_port: int | None
     stage: StagePlacement | None = None
 
+    @property
+    def stage_placement(self) -> StagePlacement:
+        """`stage` of a decoder stage instance (every one has it; other roles have none)."""
+        if self.stage is None:
+            raise ValueError(f"{self.service} is a {self.role} instance, not a decoder stage")
+        return self.stage
+
     def address(self, addressing: Addressing) -> str:
         host = self.box.address if addressing is Addressing.box else self.service
         return f"{host}:{self.port}"
