@@ -81,7 +81,7 @@ def ingest_command(
             say(f"{camera:12s} frame {frame.index:6d} {at}  {verdict}  {decision.reason}")
         if decision.inspect:
             would_inspect += 1
-            if max_reports is not None and would_inspect >= max_reports:
+            if max_reports is not None and would_inspect >= max_reports and loop is not None and ingestor is not None:
                 loop.call_soon_threadsafe(ingestor.stop)
 
     def on_report(report) -> None:

@@ -93,7 +93,8 @@ def info_command(checkpoint: Path = typer.Argument(..., help="checkpoint folder"
             f"({t.num_key_value_heads} kv), vocab {t.vocab_size}",
         ),
         ("vision tower", f"{v.num_hidden_layers} layers, width {v.hidden_size}, {v.image_size} px / {v.patch_size}"),
-        ("visual tokens", str((v.image_size // v.patch_size) ** 2)),
+        # transformers types both as int | list | tuple; a SigLIP vision config holds ints
+        ("visual tokens", str((v.image_size // v.patch_size) ** 2)),  # pyright: ignore[reportOperatorIssue]
         ("weight files", ", ".join(p.name for p in ckpt.weight_files)),
     ]
     for k, val in rows:

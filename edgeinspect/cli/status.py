@@ -124,7 +124,9 @@ def gateway_rows(client: InspectionClient) -> list[GatewayRow]:
     for i, (address, channel) in enumerate(zip(client.gateways.addresses, client.channels, strict=True)):
         request = health_pb2.HealthCheckRequest(service=GATEWAY_SERVICE)
         try:
-            answer = health_pb2_grpc.HealthStub(channel).Check(request, timeout=HEALTH_TIMEOUT_S)
+            stub = health_pb2_grpc.HealthStub(channel)
+            check = stub.Check  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's stub omits Check
+            answer = check(request, timeout=HEALTH_TIMEOUT_S)
             state = "serving" if answer.status == health_pb2.HealthCheckResponse.SERVING else "not serving"
         except grpc.RpcError as exc:
             state = f"unreachable ({exc.code().name.lower()})"

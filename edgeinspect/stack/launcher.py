@@ -284,13 +284,16 @@ class LocalStack:
         with log_path.open("ab") as logf:
             argv = [sys.executable, "-m", ROLES[role].module, "--config", str(config_path)]
             # A session of its own: a Ctrl-C in the terminal reaches `up`, which stops the roles in order.
-            kw = dict(stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             if self._spawner is None:
                 raise Unavailable("the stack is stopped")
-            return self._spawner.submit(subprocess.Popen, argv, **kw).result()
+            return self._spawner.submit(
+                subprocess.Popen, argv, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            ).result()
 
     def _relaunch(self, role: RoleProcess) -> None:
         """Starts the role again from its run config (the same port: the config carries it)."""
+        if role.config_path is None:
+            raise Unavailable(f"{role.name} has no run config to start again from")
         role.proc = self._popen(role.role, role.config_path, role.log_path)
         role.started_at = time.monotonic()
         role.restarts += 1
@@ -319,6 +322,8 @@ class LocalStack:
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+        if self.creds is None:
+            raise Unavailable("the stack is not started")
         deadline = time.monotonic() + self.opts.start_timeout_s
         with self.creds.probe_channel(address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
@@ -327,7 +332,8 @@ class LocalStack:
                     if r.given_up or (not self._supervising() and r.proc.poll() is not None):
                         raise Unavailable(f"{r.name} exited with code {r.proc.returncode}:\n" + r.log_tail())
                 try:
-                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == 1:
+                    check = stub.Check  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's stub omits Check
+                    if check(health_pb2.HealthCheckRequest(), timeout=2).status == 1:
                         return
                 except grpc.RpcError:
                     pass

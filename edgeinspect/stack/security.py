@@ -12,6 +12,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -59,7 +60,7 @@ class StackCredentials:
         """What the gateway accepts: the stack's one admin token, as its hash."""
         return [ApiToken(name="embedded", role=TokenRole.admin, hash=hash_token(self.token))]
 
-    def _files(self, role: str, **kw: object) -> TLSConfig | None:
+    def _files(self, role: str, **kw: Any) -> TLSConfig | None:
         if self.tls_dir is None:
             return None
         return TLSConfig(cert=self.tls_dir / f"{role}.crt", key=self.tls_dir / f"{role}.key", ca=self.ca, **kw)
