@@ -35,18 +35,24 @@ RELOAD_S = 0.5
 PART = "tile"
 SIZE = 160
 DEFECT_BOX = (96, 40, 124, 68)  # x0, y0, x1, y1 px of the drawn stain
+# A part seen by a station camera at its own resolution: the node's settings name where it sits in the frame.
+CAMERA_PART, CAMERA_SIZE, CAMERA_ROI = "housing", (720, 960), (160, 120, 560, 420)  # (h, w); x, y, w, h
+
+
+def weave(height: int, width: int, rng: np.random.Generator, cast=(0, 0, 0)) -> np.ndarray:
+    """The woven texture (a grating and a checker) over height x width, shifted a few px, with sensor noise."""
+    y, x = np.mgrid[0 : height + 16, 0 : width + 16].astype(np.float32)
+    base = 128 + 40 * np.sin(2 * np.pi * x / 12) * np.cos(2 * np.pi * y / 16)
+    base += 20 * (((x // 22) + (y // 22)) % 2 * 2 - 1)
+    rgb = np.stack([base, base * 0.9 + 10, base * 0.8 + 20], -1) + np.array(cast, np.float32)
+    dx, dy = rng.integers(0, 2, 2)
+    frame = rgb[dy : dy + height, dx : dx + width] + rng.normal(0, 3, (height, width, 3))
+    return np.clip(frame, 0, 255).astype(np.uint8)
 
 
 def good_frame(rng: np.random.Generator, cast: tuple[int, int, int] = (0, 0, 0)) -> np.ndarray:
     """A woven texture (a grating and a checker), shifted a few px, with sensor noise; `cast` tints it."""
-    canvas = SIZE + 16
-    y, x = np.mgrid[0:canvas, 0:canvas].astype(np.float32)
-    base = 128 + 40 * np.sin(2 * np.pi * x / 12) * np.cos(2 * np.pi * y / 16)
-    base += 20 * (((x // 22) + (y // 22)) % 2 * 2 - 1)
-    rgb = np.stack([base, base * 0.9 + 10, base * 0.8 + 20], -1) + np.array(cast, np.float32)  # [C, C, 3]
-    dx, dy = rng.integers(0, 2, 2)
-    frame = rgb[dy : dy + SIZE, dx : dx + SIZE] + rng.normal(0, 3, (SIZE, SIZE, 3))
-    return np.clip(frame, 0, 255).astype(np.uint8)
+    return weave(SIZE, SIZE, rng, cast)
 
 
 def defect_frame(rng: np.random.Generator) -> np.ndarray:
@@ -84,7 +90,11 @@ def node(tiny_checkpoint, tmp_path_factory):
         backend=VisionBackend.torch,
         threads=1,
         anomaly=AnomalySettings(
-            banks_dir=banks, extractor=AnomalyExtractor.raw_pixel, reload_interval_s=RELOAD_S, max_teach_frames=40
+            banks_dir=banks,
+            extractor=AnomalyExtractor.raw_pixel,
+            reload_interval_s=RELOAD_S,
+            max_teach_frames=40,
+            regions={CAMERA_PART: CAMERA_ROI},
         ),
         server=ServerConfig(host="127.0.0.1", port=0, metrics_port=free_port(), port_file=folder / "port"),
     )
@@ -295,3 +305,37 @@ def test_a_version_published_on_disk_by_another_process_is_picked_up(node, taugh
         wait_for(lambda: banks(stub).get("washer", vision_pb2.AnomalyBank()).bank_id == bank_id, 10)  # noqa: B023
         assert time.monotonic() - start < RELOAD_S + 2.0
     assert score(stub, good_frame(rng), "washer").bank_id == published.bank_id
+
+
+def test_a_part_with_a_region_is_tiled_at_camera_resolution_and_scored_there_only(node):
+    """The node's settings give CAMERA_PART a region: Teach tiles it from camera frames, Score finds a 12 px stain
+    inside it in camera coordinates, looks nowhere else, and "add to good set" re-teaches from the kept frames."""
+    stub, rng = node.stub, np.random.default_rng(7)
+    height, width = CAMERA_SIZE
+    reply = stub.Teach(vision_pb2.TeachRequest(part=CAMERA_PART, frames=[png(weave(height, width, rng))
+                                                                          for _ in range(8)]), timeout=120)  # fmt: skip
+    bank = node.store.current(CAMERA_PART)
+    tiles = bank.extractor["options"]["tiles"]
+    assert tiles["roi"] == list(CAMERA_ROI) and tiles["camera"] == [height, width] and bank.stats["tiles"] > 1
+    assert reply.bank.bank_id == bank.bank_id
+
+    def stained(cx: int, cy: int) -> np.ndarray:
+        frame = weave(height, width, rng)
+        cv2.circle(frame, (cx, cy), 6, (40, 30, 20), -1)
+        return frame
+
+    inside = score(stub, stained(420, 300), part=CAMERA_PART, heatmap=True)
+    assert inside.verdict == vision_pb2.ANOMALY_VERDICT_ANOMALOUS
+    top = inside.regions[0]  # fractions of the camera frame
+    assert top.x <= 420 / width <= top.x + top.width and top.y <= 300 / height <= top.y + top.height, top
+    assert top.width * width < 80 and top.height * height < 80  # a box around a 12 px stain
+    assert Image.open(io.BytesIO(inside.heatmap_png)).size == (width, height)
+    outside = score(stub, stained(60, 60), part=CAMERA_PART)  # on the conveyor, outside the region
+    assert outside.verdict == vision_pb2.ANOMALY_VERDICT_NORMAL
+
+    added = stub.Teach(vision_pb2.TeachRequest(part=CAMERA_PART, frames=[png(weave(height, width, rng))],
+                                               add_to_current=True), timeout=120)  # fmt: skip
+    assert added.bank.version == bank.version + 1 and added.bank.frames == 9
+    assert node.store.current(CAMERA_PART).extractor["options"]["tiles"] == tiles
+    error = refused(score, stub, weave(480, 640, rng), part=CAMERA_PART)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "960x720 camera frame" in error.details()

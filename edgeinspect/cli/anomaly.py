@@ -83,6 +83,23 @@ def teach_command(
     stage: bool = typer.Option(
         False, "--stage", help="hold the new version back (staged) until `banks promote` after its go-live figures"
     ),
+    roi: str | None = typer.Option(
+        None,
+        "--roi",
+        metavar="X,Y,W,H",
+        help="where the part sits in the camera frame, in camera pixels: the gate tiles this region only "
+        "(default: the whole frame)",
+    ),
+    max_tiles: int | None = typer.Option(
+        None,
+        "--max-tiles",
+        help="frames past 1.5x the extractor's input side (or with --roi) are cut into tiles at the finest scale "
+        "that keeps to this many per frame (default 4; each tile is one forward: more tiles, smaller defects, "
+        "more ms per frame)",
+    ),
+    scale: float | None = typer.Option(
+        None, "--scale", help="camera pixels per input pixel of the tiles (1 = native), instead of --max-tiles"
+    ),
 ) -> None:
     """Teach a part's bank from good frames and publish it as the part's next version (or stage it)."""
     from edgeinspect.models.anomaly.bank import check_part
@@ -99,10 +116,16 @@ def teach_command(
         features = open_extractor(extractor.value, **_options(option))
         progress.update(task, description=f"teaching {part} from {len(frames)} frames (features, coreset, threshold)")
         ratio = CORESET_RATIO if coreset is None else coreset
-        bank, report = teach(frames, features, part, coreset_ratio=ratio, whiten=whiten)
+        tiling = {"max_tiles": max_tiles} if max_tiles is not None else {}
+        bank, report = teach(frames, features, part, coreset_ratio=ratio, whiten=whiten, roi=_roi(roi),
+                             scale=scale, **tiling)  # fmt: skip
         progress.update(task, description=f"publishing to {store.root}")
         published = store.publish(bank, stage=stage)
     console.print(report.summary())
+    if tiles := bank.extractor["options"].get("tiles"):
+        x, y, w, h = tiles["roi"]
+        console.print(f"region {w}x{h} at ({x}, {y}) of the {tiles['camera'][1]}x{tiles['camera'][0]} camera "
+                      f"frame, {bank.stats['tiles']} tiles at {tiles['scale']:.2f} camera px per input px")  # fmt: skip
     console.print(
         f"{'staged' if stage else 'published'} {published.bank_id} (version {published.version}) in {store.root}"
     )
@@ -110,6 +133,20 @@ def teach_command(
         console.print(f"next: `edgeinspect anomaly eval ROOT --part {part} --version {published.version} --golive`, "
                       f"then `edgeinspect anomaly banks promote {part} {published.version}`")  # fmt: skip
     console.print(f"threshold {published.threshold:.4g}; outliers refused: {len(report.outliers)}")
+
+
+def _roi(text: str | None) -> tuple[int, int, int, int] | None:
+    """--roi X,Y,W,H -> ints (tiles.check_roi checks it against the frames)."""
+    from edgeinspect.errors import InvalidInput
+
+    if text is None:
+        return None
+    try:
+        x, y, w, h = (int(v) for v in text.split(","))
+    except ValueError:
+        example = "e.g. 400,300,1600,1200"
+        raise InvalidInput(f"--roi is X,Y,WIDTH,HEIGHT in camera pixels, {example} (got {text!r})") from None
+    return x, y, w, h
 
 
 @app.command("eval")

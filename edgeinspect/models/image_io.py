@@ -12,6 +12,10 @@ from edgeinspect.errors import FailedPrecondition, InvalidInput
 
 # Formats a camera or an operator sends; everything else (EPS, PSD, ...) is refused unparsed.
 ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "TIFF", "GIF")
+# The default limits on one image (the vision node's settings, and the frames `anomaly teach` reads): a 20 MB
+# encoded file, 40 MP decoded (a 5 MP station camera with room to spare; an image past it is refused unread).
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+MAX_IMAGE_PIXELS = 40_000_000
 _PIL_PIXELS = re.compile(r"\((\d+) pixels\)")
 
 

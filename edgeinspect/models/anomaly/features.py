@@ -378,7 +378,15 @@ EXTRACTORS: dict[str, type] = {
 
 
 def open_extractor(name: str, **options) -> FeatureExtractor:
-    """Builds the extractor `name` with its options (a bank's describe()["options"] rebuilds the same one)."""
+    """Builds the extractor `name` with its options (a bank's describe()["options"] rebuilds the same one; a
+    "tiles" option, {"roi", "scale", "camera"}, runs it tile by tile over a camera frame: tiles.py)."""
+    tiles = options.pop("tiles", None)
+    if tiles is not None:
+        from edgeinspect.models.anomaly.tiles import TiledExtractor
+
+        if not isinstance(tiles, dict) or not {"scale", "camera"} <= tiles.keys():
+            raise InvalidInput(f"the tiles option is {{roi, scale, camera}} (got {tiles!r})")
+        return TiledExtractor(open_extractor(name, **options), tiles["camera"], tiles.get("roi"), tiles["scale"])
     factory = EXTRACTORS.get(name)
     if factory is None:
         raise InvalidInput(f"unknown feature extractor {name!r}: one of {', '.join(EXTRACTORS)}")

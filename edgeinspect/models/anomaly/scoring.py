@@ -111,7 +111,7 @@ class Scorer:
         score = image_score(patch, self.bank.border, self.bank.blur)
         patch = inspected(patch, self.bank.border)
         verdict = verdict_of(score, self.bank.band)
-        heatmap = upsample(patch, self.extractor.input_size, frame_size)  # [H, W]
+        heatmap = heatmap_of(self.extractor, patch, frame_size)  # [H, W]
         regions: list[Region] = []
         if verdict != OK:
             # Blurring shaves a lone hot patch below the threshold; a flagged frame still names its hottest spot.
@@ -143,11 +143,21 @@ def image_score(patch: np.ndarray, border: int, blur: float) -> float:
     return float(cv2.GaussianBlur(inside, (0, 0), blur).max())
 
 
-def upsample(patch: np.ndarray, input_size: int, frame_size: tuple[int, int]) -> np.ndarray:
-    """Patch scores [h, w] -> a smoothed heatmap [H, W] float32 at the frame's size."""
-    at_input = cv2.resize(patch.astype(np.float32), (input_size, input_size), interpolation=cv2.INTER_LINEAR)
-    at_input = cv2.GaussianBlur(at_input, (0, 0), BLUR_SIGMA)  # kernel 33 px at sigma 4, as PatchCore
-    height, width = frame_size
+def heatmap_of(extractor: FeatureExtractor, patch: np.ndarray, frame_size: tuple[int, int]) -> np.ndarray:
+    """Patch scores [h, w] -> a smoothed heatmap [H, W] float32 at the frame's size: over the whole frame where it
+    was squashed to the input, over the region where it was tiled (tiles.TiledExtractor.heatmap)."""
+    place = getattr(extractor, "heatmap", None)
+    if place is not None:
+        return place(patch, frame_size, BLUR_SIGMA)
+    return smooth_to(patch, (extractor.input_size, extractor.input_size), BLUR_SIGMA, frame_size)
+
+
+def smooth_to(patch: np.ndarray, input_size: tuple[int, int], sigma: float, out_size: tuple[int, int]) -> np.ndarray:
+    """Patch scores [h, w] -> up to the input's (H', W') px, Gaussian-smoothed at `sigma` input px (kernel 33 px
+    at sigma 4, as PatchCore), -> [H, W] float32 at out_size."""
+    at_input = cv2.resize(patch.astype(np.float32), (input_size[1], input_size[0]), interpolation=cv2.INTER_LINEAR)
+    at_input = cv2.GaussianBlur(at_input, (0, 0), sigma)
+    height, width = out_size
     return cv2.resize(at_input, (int(width), int(height)), interpolation=cv2.INTER_LINEAR)
 
 

@@ -18,9 +18,9 @@ from edgeinspect.models.anomaly.bank import Bank, check_part
 from edgeinspect.models.anomaly.coreset import greedy_coreset
 from edgeinspect.models.anomaly.features import FeatureExtractor
 from edgeinspect.models.anomaly.scoring import image_score
+from edgeinspect.models.anomaly.tiles import DEFAULT_MAX_TILES, tiled_for
 from edgeinspect.models.anomaly.whiten import SHRINKAGE, apply_whitening, fit_whitening
-from edgeinspect.models.image_io import decode_image
-from edgeinspect.services.vision.settings import VisionSettings
+from edgeinspect.models.image_io import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, decode_image
 
 # Measured 2026-12 on models/anomaly/sample.py's 4 parts (20 good teach frames, 10 good + 18 defective test frames
 # each, efficientnet-lite0): mean image AUROC 0.971 (full bank) / 0.978 (25%) / 0.976 (10%) / 0.975 (5%) / 0.957
@@ -56,9 +56,8 @@ OUTLIER_RATIO = 1.5
 # Frames are squashed to the extractor's square input: one aspect ratio per bank (2%), and none past 4:1.
 ASPECT_TOLERANCE = 0.02
 MAX_ASPECT = 4.0
-# The vision node's limits for an image sent to it (services/vision/settings.py), checked before any pixel is decoded.
-MAX_FRAME_BYTES = VisionSettings.model_fields["max_image_bytes"].default
-MAX_FRAME_PIXELS = VisionSettings.model_fields["max_image_pixels"].default
+# The vision node's default limits for an image sent to it, checked before any pixel is decoded.
+MAX_FRAME_BYTES, MAX_FRAME_PIXELS = MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
 
@@ -121,6 +120,9 @@ def teach(
     max_patches: int = MAX_BANK_PATCHES,
     whiten: bool = True,
     vouched: Collection[str] = (),
+    roi: Sequence[int] | None = None,
+    scale: float | None = None,
+    max_tiles: int = DEFAULT_MAX_TILES,
 ) -> tuple[Bank, TeachReport]:
     """(name, RGB uint8 frame) pairs of good parts -> an unpublished bank (version 0) and what teaching found.
     border: patch rings left out of the image score (None: the extractor's own; see "The border" above).
@@ -128,7 +130,9 @@ def teach(
     taught before 2026-12-07 were cut).
     whiten: fit whiten.py's whitening on the kept frames' patches; the bank stores it and scores in its units.
     max_patches: the coreset keeps coreset_ratio of the patches, at most this many (the bank records the ratio kept).
-    vouched: names of frames a person declared good (the console's "add to good set"): never left out as outliers."""
+    vouched: names of frames a person declared good (the console's "add to good set"): never left out as outliers.
+    roi, scale, max_tiles: where the part sits in the camera frame (x, y, width, height px) and the tiling of it
+    (tiles.tiled_for: frames past 1.5x the input side, or any frame with a region, are tiled, not squashed)."""
     check_part(part)
     border = extractor.border if border is None else border
     blur = float(getattr(extractor, "blur", 0.0))
@@ -140,6 +144,7 @@ def teach(
         raise TeachError(f"coreset ratio must be in (0, 1] and margin >= 0 (got {coreset_ratio}, {margin})")
     names = [name for name, _ in frames]
     _check_frames(frames)
+    extractor = tiled_for(extractor, frames[0][1].shape[:2], roi, scale, max_tiles)
 
     start = time.perf_counter()
     grid = extractor.extract([frame for _, frame in frames])  # [N, h, w, C]
@@ -186,6 +191,7 @@ def teach(
         "timings": timings, "margin": margin, "frame_size": list(frames[keep[0]][1].shape[:2]),
         "patches_taught": int(kept_grid.shape[0]),
         "whitening": {"shrinkage": SHRINKAGE} if whitening is not None else None,
+        "tiles": int(getattr(extractor, "n_tiles", 1)),
     }  # fmt: skip
     bank = Bank(
         part=part, version=0, extractor=extractor.describe(), fingerprint=extractor.fingerprint,

@@ -28,6 +28,7 @@ from edgeinspect.models.anomaly.bank import Bank, BankArchive, BankStore
 from edgeinspect.models.anomaly.features import FeatureExtractor, open_extractor
 from edgeinspect.models.anomaly.scoring import AnomalyResult, Scorer, heatmap_png
 from edgeinspect.models.anomaly.teach import ASPECT_TOLERANCE, MAX_ASPECT, Outlier, TeachError, teach
+from edgeinspect.models.anomaly.tiles import tiled_for
 from edgeinspect.models.image_io import decode_image
 from edgeinspect.services.common.metrics import LATENCY_BUCKETS
 from edgeinspect.services.vision import teach_frames
@@ -401,7 +402,7 @@ class AnomalyGate:
             options = self.settings.extractor_options if name == self.settings.extractor else {}
             extractor, lock = self.extractors.get(name, options)
             base = None
-        new = self._decode_teach_frames(call.frames, extractor.input_size, base)
+        extractor, new = self._decode_teach_frames(call.part, call.frames, extractor, base)
         frames = new if base is None else TeachFrames(base.names + new.names, base.frames + new.frames, base.frame_size)
         # Frames added to a part's good set were vouched for by a person: the outlier rule never drops them.
         vouched = new.names if call.add_to_current else ()
@@ -423,22 +424,35 @@ class AnomalyGate:
                  len(report.outliers), sum(report.timings.values()))  # fmt: skip
         return published, report.outliers, len(report.kept)
 
-    def _decode_teach_frames(self, frames: list[bytes], size: int, base: TeachFrames | None) -> TeachFrames:
-        """Encoded frames -> the extractor's input size, one at a time (a Teach never holds them all full size);
-        refuses frames of another aspect than the set (or the current bank's frames)."""
+    def _decode_teach_frames(
+        self, part: str, frames: list[bytes], extractor: FeatureExtractor, base: TeachFrames | None
+    ) -> tuple[FeatureExtractor, TeachFrames]:
+        """Encoded frames -> as the extractor sees them, one at a time (a Teach never holds them all full size);
+        a fresh teach tiles the part's region, or frames past 1.5x the input side (tiles.tiled_for, decided on
+        the first frame); refuses frames of another aspect than the set (or the current bank's frames)."""
         start = len(base.names) if base is not None else 0
-        names, resized, sizes = [], [], []
+        names, seen, sizes = [], [], []
         for i, data in enumerate(frames):
             try:
                 frame = self._decode(data)
             except InvalidInput as exc:
                 raise TeachError(f"frame {i}: {exc}") from exc
+            if i == 0 and base is None:
+                roi = self.settings.regions.get(part)
+                try:
+                    extractor = tiled_for(extractor, frame.shape[:2], roi=roi, max_tiles=self.settings.max_tiles)
+                except InvalidInput as exc:
+                    raise TeachError(f"part {part!r}'s region (this node's anomaly.regions setting): {exc}") from exc
             names.append(f"frame-{start + i:04d}")
             sizes.append(frame.shape[:2])
-            resized.append(teach_frames.to_input_size(frame, size))
+            try:
+                seen.append(teach_frames.as_seen(extractor, frame))
+            except InvalidInput as exc:
+                raise TeachError(f"frame {i}: {exc}") from exc
         _check_aspects(sizes, base.frame_size if base is not None else None)
+        size = extractor.input_size
         frame_size = base.frame_size if base is not None else (tuple(sizes[0]) if sizes else (size, size))
-        return TeachFrames(names, resized, frame_size)
+        return extractor, TeachFrames(names, seen, frame_size)
 
 
 def _check_aspects(sizes: list[tuple[int, int]], reference: tuple[int, int] | None) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from edgeinspect.config import RoleSettings, WeightsDtype
+from edgeinspect.models.image_io import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 
 
 class VisionBackend(StrEnum):
@@ -55,6 +56,17 @@ class AnomalySettings(BaseModel):
         5.0, gt=0, description="how often to look for a part's new CURRENT version on disk (another node, the CLI)"
     )
     max_teach_frames: int = Field(200, ge=2, description="frames one Teach may carry (each held decoded while taught)")
+    max_tiles: int = Field(
+        4,
+        ge=1,
+        description="a fresh Teach of frames past 1.5x the extractor's input side (or of a part with a region) cuts "
+        "them into tiles at the finest scale that keeps to this many per frame (models/anomaly/tiles.py)",
+    )
+    regions: dict[str, tuple[int, int, int, int]] = Field(
+        default_factory=dict,
+        description="part -> x, y, width, height in camera pixels: where that part sits in its station camera's "
+        "frame; a fresh Teach of the part tiles this region only (the bank records it and scores the same way)",
+    )
 
 
 class VisionSettings(RoleSettings):
@@ -69,8 +81,8 @@ class VisionSettings(RoleSettings):
         description="torch: fp32 | bf16 | int8; onnxruntime: fp32, or int8 = the static QDQ copy (calibrated on the "
         "sample set at first start; the int8 a GPU runs)",
     )
-    max_image_bytes: int = Field(20 * 1024 * 1024, description="largest encoded image accepted")
-    max_image_pixels: int = Field(40_000_000, description="largest decoded image (width*height) accepted")
+    max_image_bytes: int = Field(MAX_IMAGE_BYTES, description="largest encoded image accepted")
+    max_image_pixels: int = Field(MAX_IMAGE_PIXELS, description="largest decoded image (width*height) accepted")
     cache_entries: int = Field(64, description="visual tokens kept by image hash (0 disables)")
     threads: int = Field(0, description="intra-op threads (0 = library default)")
     device: str = Field(

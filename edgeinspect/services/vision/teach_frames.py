@@ -1,12 +1,13 @@
 """A bank's teach frames, kept beside the bank store so "add to good set" re-teaches from exactly the same frames.
 
-    <banks>/<part>/frames/<content hash 16>/0000.png ...   kept teach frames at the extractor's input size
+    <banks>/<part>/frames/<content hash 16>/0000.png ...   kept teach frames as the extractor sees them
     <banks>/<part>/frames/<content hash 16>/frames.json    {"frame_size": [h, w], "names": [...]}
 
 Keyed by the bank's content hash (known before publish, independent of the version number), written whole under a
 temporary name and renamed into place before the bank is published: a bank that becomes CURRENT already has its
-frames. Frames are stored at the extractor's square input size, which is all the extractor ever sees of them
-(resizing an input-sized frame to the input size is the identity), so a re-teach reproduces their features exactly.
+frames. Frames are stored as the extractor sees them: squashed to its square input size (resizing an input-sized
+frame to the input size is the identity), or for a tiled bank its region at the tiles' scale (tiles.py: a prepared
+frame passes as it is), so a re-teach reproduces their features exactly.
 """
 
 from __future__ import annotations
@@ -32,12 +33,17 @@ class TeachFrames:
     """The frames a bank was taught from, as the extractor saw them."""
 
     names: list[str]
-    frames: list[np.ndarray]  # each [S, S, 3] uint8 RGB, S = the extractor's input size
+    frames: list[np.ndarray]  # each uint8 RGB as the extractor sees it (see as_seen)
     frame_size: tuple[int, int]  # (h, w) of the camera frames they were made from: new frames must match its aspect
 
 
-def to_input_size(frame: np.ndarray, size: int) -> np.ndarray:
-    """[H, W, 3] uint8 -> [size, size, 3] uint8, exactly as the extractors resize (features.resize_batch)."""
+def as_seen(extractor, frame: np.ndarray) -> np.ndarray:
+    """A camera frame [H, W, 3] uint8 -> what `extractor` sees of it: its region at the tiles' scale (tiled), or
+    [S, S, 3] squashed exactly as the extractors resize (features.resize_batch)."""
+    prepare = getattr(extractor, "prepare", None)
+    if prepare is not None:
+        return prepare(frame)
+    size = extractor.input_size
     return cv2.resize(frame, (size, size), interpolation=cv2.INTER_AREA)
 
 
