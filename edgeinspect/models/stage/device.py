@@ -49,6 +49,9 @@ GRAPHS_KEPT = 16  # captured graphs (one per bucket and set of session caches), 
 class Int8PackLinear(nn.Module):
     """y = x @ (q * s).T: int8 weights [N, K], one scale per output channel, `_weight_int8pack_mm` (weight-only)."""
 
+    weight: torch.Tensor  # [N, K] int8 buffer
+    scales: torch.Tensor  # [N] buffer
+
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, device: torch.device):
         super().__init__()
         q, scales = quantize_per_channel(linear.weight.detach())  # [N, K] int8, [N] fp32
@@ -58,7 +61,8 @@ class Int8PackLinear(nn.Module):
         self.out_features, self.in_features = q.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int8pack_mm(x.reshape(-1, self.in_features), self.weight, self.scales)  # [R, N]
+        mm = torch._weight_int8pack_mm  # pyright: ignore[reportPrivateImportUsage]  # torch leaves it out of __all__
+        y = mm(x.reshape(-1, self.in_features), self.weight, self.scales)  # [R, N]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -92,8 +96,8 @@ class Int4PackLinear(nn.Module):
         w = linear.weight.detach()
         self.out_features, self.in_features = w.shape
         q, scales = quantize_q4(w)  # [N, K] uint8 in [0, 15], [N, K/32] fp16
-        self.cpu = device.type == "cpu"
-        if self.cpu:
+        self.on_cpu = device.type == "cpu"  # not `cpu`: that would hide nn.Module.cpu()
+        if self.on_cpu:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
         else:
             pairs = (q[:, ::2] << 4 | q[:, 1::2]).to(device)  # [N, K/2] uint8, the first of a pair high
@@ -103,7 +107,7 @@ class Int4PackLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().to(device, torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mm = torch.ops.aten._weight_int4pack_mm_for_cpu if self.cpu else torch.ops.aten._weight_int4pack_mm
+        mm = torch.ops.aten._weight_int4pack_mm_for_cpu if self.on_cpu else torch.ops.aten._weight_int4pack_mm
         y = mm(x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
         if self.bias is not None:
             y = y + self.bias

@@ -116,7 +116,8 @@ class StageExecutor:
         self.kv_dtype = KV_CACHE_FORMATS[kv_cache] if self.native else self.dtype
         # prompt chunks of native stages attend with bf16 dot products where the CPU has them (~5x SDPA fp32 here)
         self.prompt_kernel = self.native and bindings.prompt_attention_fast()
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        # LlamaConfig fills an unset num_key_value_heads with the head count itself; it is typed Optional only
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads or cfg.num_attention_heads
         # The layer path, chosen here once from LAYER_PATHS (stage/layers.py); no step re-decides it.
         path = choose_layer_path(self.native, getattr(cfg, "hidden_act", ""), module.weights, module.layers, device)
         self.path: LayerPath = LAYER_PATHS[path].build(self)

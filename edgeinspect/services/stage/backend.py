@@ -129,7 +129,8 @@ class StageBackend:
         self._jobs: dict[int, Job] = {}
         self._seq = 0
         self._drainer: asyncio.Task | None = None
-        self._arrived: asyncio.Event | None = None  # set whenever a step is queued (made by the drain task's loop)
+        # set whenever a step is queued; each drain task makes its own (a backend may outlive one asyncio.run)
+        self._arrived = asyncio.Event()
         # sessions of the last two forward passes of each micro-batch group
         self._recent: dict[int, deque[set[str]]] = {}
         self.steps_run = 0  # forward passes

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # backend.py imports this module
+    from edgeinspect.services.stage.backend import SessionWork
 
 
 @dataclass
@@ -13,7 +17,7 @@ class Job:
     """One session's step from one request, waiting or partly run (a long prompt runs in chunks)."""
 
     seq: int
-    work: object  # SessionWork
+    work: SessionWork
     future: asyncio.Future
     total: int  # positions this step adds
     done: int = 0  # positions already run
