@@ -9,6 +9,7 @@ from pathlib import Path
 from edgeinspect.services.common.entry import run_role
 from edgeinspect.services.common.server import RunningServer, serve_until_signal, start_server
 from edgeinspect.services.vision.anomaly import AnomalyGate
+from edgeinspect.services.vision.banks import BankKeeper
 from edgeinspect.services.vision.encoder import VisionEncoder
 from edgeinspect.services.vision.servicer import ROLE, VisionServicer
 from edgeinspect.services.vision.settings import VisionSettings
@@ -43,7 +44,8 @@ async def start_vision(cfg: VisionSettings) -> tuple[RunningServer, VisionServic
         servicer.encoder = await asyncio.to_thread(_load_and_check, cfg)
         if cfg.anomaly.enabled:
             encoder = servicer.encoder
-            servicer.gate = await asyncio.to_thread(AnomalyGate.open, cfg, encoder.ckpt.path, encoder.backend)
+            keeper = await asyncio.to_thread(BankKeeper.open, cfg, encoder.ckpt.path, encoder.backend)
+            servicer.keeper, servicer.gate = keeper, AnomalyGate(cfg, keeper)
     except BaseException:
         await running.stop(0)
         if servicer.encoder is not None:
@@ -59,8 +61,8 @@ async def serve(cfg: VisionSettings) -> None:
     try:
         await serve_until_signal(running, cfg.server.grace_s)
     finally:
-        if servicer.gate is not None:
-            servicer.gate.close()
+        if servicer.keeper is not None:
+            servicer.keeper.close()
         if servicer.encoder is not None:
             servicer.encoder.close()
 

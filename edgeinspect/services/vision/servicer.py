@@ -1,4 +1,4 @@
-"""VisionService over gRPC: protobuf in, the encoder's or the anomaly gate's domain call, protobuf out."""
+"""VisionService over gRPC: protobuf in, a domain call (encoder, anomaly gate, bank keeper), protobuf out."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import grpc
 
 import edgeinspect
 from edgeinspect.codec import Codec, codec_from_proto, encode_frame, wire_nbytes
-from edgeinspect.errors import FailedPrecondition, InvalidInput, Unavailable
+from edgeinspect.errors import EdgeInspectError, FailedPrecondition, InvalidInput, Unavailable
 from edgeinspect.models.anomaly.bank import Bank, BankArchive, check_part
 from edgeinspect.services.common.metrics import WIRE_BYTES
-from edgeinspect.services.vision.anomaly import AnomalyGate, ScoreCall, TeachCall
+from edgeinspect.services.vision.anomaly import AnomalyGate, ScoreCall
+from edgeinspect.services.vision.banks import BankKeeper, TeachCall
 from edgeinspect.services.vision.encoder import EncodeResult, VisionEncoder
 from edgeinspect.v1 import common_pb2, tensor_pb2, vision_pb2, vision_pb2_grpc
 
@@ -25,7 +26,8 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
 
     def __init__(self, anomaly_enabled: bool = True) -> None:
         self.encoder: VisionEncoder | None = None
-        self.gate: AnomalyGate | None = None  # set after the encoder; stays None with anomaly.enabled off
+        self.keeper: BankKeeper | None = None  # set after the encoder; stays None with anomaly.enabled off
+        self.gate: AnomalyGate | None = None  # scores against `keeper`; set with it
         self.gate_enabled = anomaly_enabled
 
     def _ready(self) -> VisionEncoder:
@@ -36,10 +38,19 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
     def _gate(self) -> AnomalyGate:
         self._ready()
         if self.gate is None:
-            if not self.gate_enabled:
-                raise FailedPrecondition("the anomaly gate is off on this vision node (anomaly.enabled is false)")
-            raise Unavailable("vision node is still loading its anomaly banks; retry once health is SERVING")
+            raise self._no_anomaly()
         return self.gate
+
+    def _keeper(self) -> BankKeeper:
+        self._ready()
+        if self.keeper is None:
+            raise self._no_anomaly()
+        return self.keeper
+
+    def _no_anomaly(self) -> EdgeInspectError:
+        if not self.gate_enabled:
+            return FailedPrecondition("the anomaly gate is off on this vision node (anomaly.enabled is false)")
+        return Unavailable("vision node is still loading its anomaly banks; retry once health is SERVING")
 
     async def Encode(
         self, request: vision_pb2.EncodeRequest, context: grpc.aio.ServicerContext
@@ -79,12 +90,14 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
             tokenizer_fingerprint=encoder.ckpt.tokenizer_fingerprint,
             role=ROLE,
         )
+        held = self.keeper.banks() if self.keeper is not None else []
+        staged = self.keeper.staged() if self.keeper is not None else []
         return vision_pb2.VisionInfo(
             identity=identity,
             backend=encoder.backend.name,
             output_shape=list(encoder.output_shape),
-            banks=[_bank_proto(h.bank, h.frames) for h in (self.gate.banks() if self.gate is not None else ())],
-            staged_banks=[_bank_proto(b, _frames(b), staged=True) for b in (self.gate.staged() if self.gate else ())],
+            banks=[_bank_proto(h.bank, h.frames) for h in held],
+            staged_banks=[_bank_proto(b, _frames(b), staged=True) for b in staged],
         )
 
     async def Score(
@@ -125,11 +138,11 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
         self, request: vision_pb2.TeachRequest, context: grpc.aio.ServicerContext
     ) -> vision_pb2.TeachResponse:
         """Teaches the part's next bank version from good frames and publishes it; a refusal changes nothing."""
-        gate = self._gate()
+        keeper = self._keeper()
         call = TeachCall(
             check_part(request.part), list(request.frames), request.add_to_current, request.extractor, request.stage
         )
-        outcome = await asyncio.to_thread(gate.teach, call)
+        outcome = await asyncio.to_thread(keeper.teach, call)
         return vision_pb2.TeachResponse(
             bank=_bank_proto(outcome.bank, outcome.frames, staged=outcome.staged),
             outliers=[
@@ -142,16 +155,18 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
         self, request: vision_pb2.PromoteRequest, context: grpc.aio.ServicerContext
     ) -> vision_pb2.AnomalyBank:
         """Makes the part's staged bank version current (its go-live figures checked unless forced)."""
-        gate = self._gate()
-        bank = await asyncio.to_thread(gate.promote, check_part(request.part), _version(request.version), request.force)
+        keeper = self._keeper()
+        bank = await asyncio.to_thread(
+            keeper.promote, check_part(request.part), _version(request.version), request.force
+        )
         return _bank_proto(bank, _frames(bank))
 
     async def ExportBank(
         self, request: vision_pb2.ExportBankRequest, context: grpc.aio.ServicerContext
     ) -> vision_pb2.BankArchive:
         """One published bank version as a deterministic tar and its sha256."""
-        gate = self._gate()
-        archive = await asyncio.to_thread(gate.export_bank, check_part(request.part), _version(request.version))
+        keeper = self._keeper()
+        archive = await asyncio.to_thread(keeper.export_bank, check_part(request.part), _version(request.version))
         return vision_pb2.BankArchive(part=archive.part, version=archive.version, bank_id=archive.bank_id,
                                       sha256=archive.sha256, archive=archive.data, staged=archive.staged)  # fmt: skip
 
@@ -159,10 +174,10 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
         self, request: vision_pb2.BankArchive, context: grpc.aio.ServicerContext
     ) -> vision_pb2.AnomalyBank:
         """Installs another node's bank version, checked against its sha256 (same content held: a no-op)."""
-        gate = self._gate()
+        keeper = self._keeper()
         archive = BankArchive(check_part(request.part), _version(request.version), request.bank_id, request.staged,
                               request.archive, request.sha256)  # fmt: skip
-        bank, staged = await asyncio.to_thread(gate.import_bank, archive)
+        bank, staged = await asyncio.to_thread(keeper.import_bank, archive)
         return _bank_proto(bank, _frames(bank), staged=staged)
 
 
