@@ -144,12 +144,12 @@ def build_index(
         bounded: list[tuple[str, str]] = []
         to_embed: list[Chunk] = []
         new_docs, changed_docs = [], []
-        con = store.open_chunks_db(prev_path / store.CHUNKS_DB) if prev else None
-        prev_vectors = np.load(prev_path / store.VECTORS, mmap_mode="r") if prev else None
+        con = store.open_chunks_db(prev_path / store.CHUNKS_DB) if prev and prev_path else None
+        prev_vectors = np.load(prev_path / store.VECTORS, mmap_mode="r") if prev and prev_path else None
         try:
             for doc in docs:
                 old = prev_docs.get(doc.doc_id)
-                if old and old["sha256"] == doc.sha256 and con is not None:
+                if old and old["sha256"] == doc.sha256 and con is not None and prev_vectors is not None:
                     rows, chunks = store.read_doc_chunks(con, doc.doc_id)
                     plan.append((doc, chunks, np.asarray(prev_vectors[rows], dtype=np.float32)))
                     if old.get("note"):

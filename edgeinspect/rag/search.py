@@ -55,8 +55,8 @@ class Searcher:
             )
         self.embedder = embedder
         self.index = faiss.read_index(str(self.path / store.INDEX))
-        if hasattr(self.index, "hnsw"):
-            self.index.hnsw.efSearch = self.manifest["hnsw"]["ef_search"]
+        if hasattr(self.index, "hnsw"):  # faiss's stubs know only the base Index (and not its HNSW parts)
+            self.index.hnsw.efSearch = self.manifest["hnsw"]["ef_search"]  # pyright: ignore[reportAttributeAccessIssue]
         self._con = store.open_chunks_db(self.path / store.CHUNKS_DB)
         self._lock = threading.Lock()  # one sqlite connection, many gRPC worker threads
         rows = self._con.execute("SELECT row, doc_id, station, product FROM chunks ORDER BY row").fetchall()
@@ -102,9 +102,12 @@ class Searcher:
             sel = faiss.IDSelectorBatch(allowed.astype(np.int64))
             if hasattr(self.index, "hnsw"):
                 # A selective filter starves HNSW's beam: widen it so filtered recall holds up.
-                params = faiss.SearchParametersHNSW(sel=sel, efSearch=max(self.index.hnsw.efSearch, 4 * k, 256))
+                hnsw_ef = self.index.hnsw.efSearch  # pyright: ignore[reportAttributeAccessIssue]  # stubs: Index only
+                ef = max(hnsw_ef, 4 * k, 256)
+                hnsw = faiss.SearchParametersHNSW  # pyright: ignore[reportAttributeAccessIssue]  # not in faiss's stubs
+                params = hnsw(sel=sel, efSearch=ef)
             else:
-                params = faiss.SearchParameters(sel=sel)
+                params = faiss.SearchParameters(sel=sel)  # pyright: ignore[reportCallIssue]  # stubs lack its keywords
         k_eff = min(k, self.chunk_count)
         if k_eff == 0:
             return []
