@@ -30,7 +30,8 @@ MB = 1 << 20
 class FrameKeeper(Protocol):
     """What the guard needs of the report store: where frames live and how to prune them (ReportStore)."""
 
-    frames: FrameFiles | None
+    @property
+    def frames(self) -> FrameFiles | None: ...  # read only here: a store whose frames are always set fits too
 
     def prune_frames(self, free_bytes: int = 0) -> list[str]: ...
 

@@ -80,7 +80,9 @@ def decode(image: bytes, flags: int = cv2.IMREAD_COLOR) -> np.ndarray | None:
 def crop(image: bytes, regions: Sequence[Region]) -> tuple[bytes, inspection_pb2.BoundingBox] | None:
     """The flagged region cut from the full-resolution frame as JPEG, and the cut as fractions of the frame."""
     frame = decode(image)  # [H, W, 3]
-    box = None if frame is None else crop_box(regions, frame.shape[1], frame.shape[0])
+    if frame is None:
+        return None
+    box = crop_box(regions, frame.shape[1], frame.shape[0])
     if box is None:
         return None
     height, width = frame.shape[:2]

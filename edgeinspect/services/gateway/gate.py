@@ -51,6 +51,12 @@ class GateOutcome:
         """A good part under `gate`: answered without the VLM."""
         return self.policy is AnomalyPolicy.gate and self.score is not None and self.score.verdict == NORMAL
 
+    def required_score(self) -> vision_pb2.AnomalyScore:
+        """The score of a frame the gate scored (one it passed or flagged: the caller has checked which)."""
+        if self.score is None:
+            raise ValueError(f"the anomaly gate has no score for this frame ({self.note or 'no note'})")
+        return self.score
+
     @property
     def flagged(self) -> bool:
         """Under `gate`, a frame the gate did not pass: the VLM explains it and may not simply clear it."""
@@ -148,7 +154,7 @@ def gate_instruction(score: vision_pb2.AnomalyScore) -> str:
     )
 
 
-def combine(gate: int, vlm: int, may_clear: bool) -> tuple[int, str]:
+def combine(gate: int, vlm: int, may_clear: bool) -> tuple[inspection_pb2.Verdict, str]:
     """The final verdict of a frame the gate flagged (gate: AnomalyVerdict, vlm: Verdict) and why, when the VLM's
     own verdict was not kept. Above the band the gate is sure: DEFECT unless the station lets the VLM clear it;
     inside the band the VLM's DEFECT stands and anything else stays UNCERTAIN for a person."""
@@ -170,7 +176,9 @@ def boxes(score: vision_pb2.AnomalyScore) -> list[inspection_pb2.BoundingBox]:
     return [inspection_pb2.BoundingBox(x=r.x, y=r.y, width=r.width, height=r.height) for r in score.regions]
 
 
-def finding(outcome: GateOutcome, decided_by: int, heatmap_stored: bool) -> inspection_pb2.AnomalyFinding:
+def finding(
+    outcome: GateOutcome, decided_by: inspection_pb2.DecidedBy, heatmap_stored: bool
+) -> inspection_pb2.AnomalyFinding:
     out = inspection_pb2.AnomalyFinding(
         decided_by=decided_by, policy=outcome.policy.value, note=outcome.note, heatmap_stored=heatmap_stored
     )
@@ -199,7 +207,7 @@ def settle(report: inspection_pb2.DefectReport, outcome: GateOutcome, heatmap_st
     report.anomaly.CopyFrom(finding(outcome, decided_by, heatmap_stored))
     if not flagged:
         return
-    score = outcome.score
+    score = outcome.required_score()
     verdict, reason = combine(score.verdict, report.verdict, outcome.station.vlm_may_clear)
     if verdict != report.verdict or reason:
         report.verdict = verdict
@@ -246,7 +254,7 @@ def ok_report(
     req: inspection_pb2.InspectRequest, report_id: str, outcome: GateOutcome, **fields
 ) -> inspection_pb2.DefectReport:
     """The report of a good part the gate passed: OK, its finding, and no VLM text (fields: ids, model, timings)."""
-    score = outcome.score
+    score = outcome.required_score()
     description = (
         f"The anomaly gate found this frame within the part's good set (score {score.score:.3g} below "
         f"{score.threshold:.3g}, bank {score.bank_id}): a good part, no VLM report was made."
@@ -254,7 +262,7 @@ def ok_report(
     return _gate_report(req, report_id, outcome, verdict=OK, description=description, **fields)
 
 
-def decided_verdict(gate_verdict: int) -> tuple[int, str]:
+def decided_verdict(gate_verdict: int) -> tuple[inspection_pb2.Verdict, str]:
     """A flagged frame's verdict before the VLM has spoken: DEFECT above the band, UNCERTAIN inside it (for a
     person); what combine() gives for a VLM that sees no defect, so the explanation never contradicts the line."""
     if gate_verdict == UNCERTAIN:
@@ -267,7 +275,7 @@ def decision_report(
 ) -> inspection_pb2.DefectReport:
     """The report of a flagged frame decided at takt: the gate's verdict, its regions as anomaly defects, and the
     explanation PENDING (fields: ids, model, timings). The VLM's explanation completes it (explain.py)."""
-    score = outcome.score
+    score = outcome.required_score()
     verdict, reason = decided_verdict(score.verdict)
     places = "; ".join(where_in_words(r) for r in score.regions) or "the whole frame"
     description = (

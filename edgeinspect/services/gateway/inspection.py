@@ -251,13 +251,15 @@ class Inspector:
         if scoring is not None:
             outcome = await scoring
             timings.extend(gate.timing(outcome, t1))
+        if outcome is None:  # never: the gate scored before this (the caller's outcome) or alongside Encode
+            raise RuntimeError("the anomaly gate gave no outcome for this frame")
         yield Hop("retrieval")
         degraded: list[str] = []
         chunks, index_version = [], ""
         if not req.verification:
             chunks, index_version = await self._spec_context(req, timings, deadline, degraded)
         visual_tokens, shown = await self._evidence(req, outcome, enc, deadline, timings)
-        extra = gate.gate_instruction(outcome.score) if outcome.flagged else ""
+        extra = gate.gate_instruction(outcome.required_score()) if outcome.flagged else ""
         prompt = self.prompts.prompt(req, chunks, extra, shown.captions if shown else ())
         prompt.degraded[:0] = degraded
         yield Hop("decoder stages")
@@ -289,7 +291,7 @@ class Inspector:
         vlm_verdict = report.verdict
         gate.settle(report, outcome, heatmap_stored=False)
         if outcome.decides_at_takt:  # two moments (also when run in one go: an eval's frame): the decision stands
-            report.verdict, report.verdict_reason = gate.decided_verdict(outcome.score.verdict)
+            report.verdict, report.verdict_reason = gate.decided_verdict(outcome.required_score().verdict)
             report.vlm_verdict, report.explanation = vlm_verdict, inspection_pb2.EXPLANATION_DONE
             report.explained_time.GetCurrentTime()
         log.info("report %s: %d tokens, %d failovers", report_id, len(journal.generated), len(session.failovers),
@@ -302,7 +304,9 @@ class Inspector:
         (evidence.py), encoded on the vision node and joined after the frame's in the prompt's order."""
         if not (outcome.decides_at_takt and self.cfg.explain_with_evidence):
             return enc.visual_tokens, None
-        shown = await asyncio.to_thread(evidence.collect, req.image, outcome.score, req.part, self.good_frames)
+        shown = await asyncio.to_thread(
+            evidence.collect, req.image, outcome.required_score(), req.part, self.good_frames
+        )
         if not shown.images:
             return enc.visual_tokens, None
         t0, timeout = time.perf_counter(), _share(deadline, self.cfg.vision_timeout_s)
@@ -362,7 +366,7 @@ class Inspector:
         )
         return build(
             req, report_id, outcome, request_id=request_id_var.get() or "", model=model, timings=timings,
-            image_sha256=outcome.score.image_sha256 or hashlib.sha256(req.image).hexdigest(),
+            image_sha256=outcome.required_score().image_sha256 or hashlib.sha256(req.image).hexdigest(),
         )  # fmt: skip
 
     async def _generate(self, session: InferenceSession, budget: int, deadline: float, timings, t0):

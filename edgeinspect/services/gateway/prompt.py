@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from edgeinspect.errors import InvalidInput
 from edgeinspect.models.checkpoint import Checkpoint
 from edgeinspect.models.prompt import DEFAULT_INSTRUCTION, build_messages, prompt_ids, prompt_text
-from edgeinspect.services.gateway.reports.schema import build_report_grammar, schema_instruction
+from edgeinspect.services.gateway.reports.schema import ReportGrammar, build_report_grammar, schema_instruction
 from edgeinspect.services.gateway.settings import GatewaySettings
 from edgeinspect.v1 import inspection_pb2, retrieval_pb2
 
@@ -41,7 +41,7 @@ def prompt_digest(ids: list[int], grammar_id: str) -> str:
 class Prompt:
     ids: list[int]
     chunks: list[retrieval_pb2.SpecChunk]
-    grammar: object | None
+    grammar: ReportGrammar | None
     budget: int
     degraded: list[str] = field(default_factory=list)
 

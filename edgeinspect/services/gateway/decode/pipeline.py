@@ -33,6 +33,7 @@ from edgeinspect.services.gateway.decode.step_spans import (
 from edgeinspect.v1 import stage_pb2, tensor_pb2
 
 MAX_KNOWN_PREFIXES = 1024
+EOF = grpc.aio.EOF  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's grpc.aio stub omits EOF
 # Statuses that say "this stage box is gone or broken", as opposed to "this request is wrong".
 STAGE_FAILURE_CODES = frozenset(
     {
@@ -154,7 +155,7 @@ class RouteSession:
             for call in self.calls:
                 await call.done_writing()
             for call in self.calls:
-                while await call.read() is not grpc.aio.EOF:  # read(), not `async for`: one API style per call
+                while await call.read() is not EOF:  # read(), not `async for`: one API style per call
                     pass
         except grpc.aio.AioRpcError:
             self.cancel()  # a stage that died after the last step: nothing is left to release there
@@ -181,7 +182,7 @@ class RouteSession:
             raise StageFailure(ep, f"stalled: no answer within {timeout_s:.1f} s") from None
         except grpc.aio.AioRpcError as exc:
             raise _classify(ep, exc) from None
-        if response is grpc.aio.EOF:
+        if response is EOF:
             raise StageFailure(ep, "closed the stream")
         return response
 

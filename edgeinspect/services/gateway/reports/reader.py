@@ -54,7 +54,7 @@ class Holder:
 
 @dataclass(frozen=True)
 class FrameAnswer:
-    state: int  # inspection_pb2.ImageState
+    state: inspection_pb2.ImageState
     frame: StoredFrame | None = None
     data: bytes = b""
     holder: Holder | None = None  # EXPIRED here, but another gateway's report: that gateway may still hold it

@@ -75,7 +75,7 @@ _STRIP = " \t\r\n\"'`*_{}[],;"
 
 @dataclass
 class ParsedReport:
-    verdict: int  # inspection_pb2.VERDICT_OK / VERDICT_DEFECT / VERDICT_UNCERTAIN
+    verdict: inspection_pb2.Verdict  # VERDICT_OK / VERDICT_DEFECT / VERDICT_UNCERTAIN
     defects: list[dict] = field(default_factory=list)  # defect_class, severity, location, evidence
     description: str = ""
     verdict_reason: str = ""  # why UNCERTAIN, when it is
@@ -124,7 +124,7 @@ def parse_report_text(text: str, *, truncated: bool = False) -> ParsedReport:
     )
 
 
-def _verdict(value: str | None) -> tuple[int | None, str]:
+def _verdict(value: str | None) -> tuple[inspection_pb2.Verdict | None, str]:
     """(verdict, the text after the verdict word) or (None, "") when the value names no verdict."""
     if value is None:
         return None, ""

@@ -35,7 +35,12 @@ def review_classes(verdict: int, classes: list[str], comment: str) -> list[str]:
 
 
 def new_review(
-    model: DefectReport, verdict: int, classes: list[str], comment: str, reviewer: str, reviewer_role: str
+    model: DefectReport,
+    verdict: inspection_pb2.Verdict,
+    classes: list[str],
+    comment: str,
+    reviewer: str,
+    reviewer_role: str,
 ) -> Review:
     """A review of the model's finished report, stamped now; a DEFECT review naming no class takes the model's."""
     wanted = review_classes(verdict, classes, comment)

@@ -46,6 +46,7 @@ from edgeinspect.v1.inspection_pb2 import (
     DefectReport,
     Explanation,
     Review,
+    Verdict,
 )
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ class ReportStore(ReportReader):
         # The file is written before its row commits: a crash in between leaves an unreferenced file, never a row
         # pointing at nothing.
         frame = self.frames.write(image) if image and self.frames is not None else None
-        if frame is not None and heatmap and report.anomaly.bank_id:
+        if frame is not None and self.frames is not None and heatmap and report.anomaly.bank_id:
             extra = self.frames.write_heatmap(frame.sha256, report.anomaly.bank_id, heatmap)
             frame = dataclasses.replace(frame, nbytes=frame.nbytes + extra)  # retention counts it with the frame
             report.anomaly.heatmap_stored = True
@@ -316,7 +317,7 @@ class ReportStore(ReportReader):
         return doomed
 
     def review(
-        self, report_id: str, verdict: int, classes: list[str], comment: str, reviewer: str, reviewer_role: str
+        self, report_id: str, verdict: Verdict, classes: list[str], comment: str, reviewer: str, reviewer_role: str
     ) -> Review:
         """Stores a review as its own record (the model's report is untouched) and returns it."""
         review = reviews.new_review(self._get_done(report_id), verdict, classes, comment, reviewer, reviewer_role)

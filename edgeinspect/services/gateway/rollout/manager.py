@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -341,7 +341,7 @@ class VersionRouter:
     def live(self) -> Inspector:
         return self.manager.live_inspector()
 
-    async def run(self, req: inspection_pb2.InspectRequest) -> AsyncIterator[inspection_pb2.InspectEvent]:
+    async def run(self, req: inspection_pb2.InspectRequest) -> AsyncGenerator[inspection_pb2.InspectEvent, None]:
         if req.idempotency_key.startswith(v.SHADOW_KEY):
             raise InvalidInput(f"idempotency keys starting with {v.SHADOW_KEY!r} are reserved for shadow runs")
         inspector, version = self.manager.route(req.station)
