@@ -44,7 +44,7 @@ def taught(tmp_path_factory):
     banks = base / "banks"
     out = _ok(_cli("anomaly", "teach", "--part", PART, "--from", str(base / "set" / PART / "train" / "good"),
                    "--extractor", "raw-pixel", "--banks", str(banks)))  # fmt: skip
-    assert "version 1" in out and "threshold" in out and "outliers refused: 0" in out
+    assert "version 1" in out and "OK cut" in out and "outliers refused: 0" in out
     return base, banks
 
 

@@ -16,7 +16,7 @@ from edgeinspect.errors import FailedPrecondition, InvalidInput, NotFound
 from edgeinspect.models.anomaly.bank import BankStore
 from edgeinspect.models.anomaly.coreset import greedy_coreset
 from edgeinspect.models.anomaly.features import open_extractor
-from edgeinspect.models.anomaly.scoring import ANOMALOUS, BankMismatch, Scorer, heatmap_png, heatmap_scores, pixel_grid
+from edgeinspect.models.anomaly.scoring import DEFECT, BankMismatch, Scorer, heatmap_png, heatmap_scores, pixel_grid
 from edgeinspect.models.anomaly.teach import TeachError, load_frames, teach
 
 SIZE = 160
@@ -78,9 +78,9 @@ def test_a_drawn_defect_is_flagged_where_it_is_and_held_out_good_frames_pass(nam
     assert report.outliers == [] and len(report.kept) == 10 and bank.version == 0
     results = Scorer(bank, extractor).score([*held_out, defect])
     for good in results[:3]:  # at most UNCERTAIN: above every teach frame's LOO score, under the threshold
-        assert good.score < good.threshold and good.verdict != ANOMALOUS
+        assert good.score < good.threshold and good.verdict != DEFECT
     flagged = results[3]
-    assert flagged.score > flagged.threshold and flagged.verdict == ANOMALOUS
+    assert flagged.score > flagged.threshold and flagged.verdict == DEFECT
     assert flagged.heatmap.shape == (SIZE, SIZE) and flagged.heatmap.dtype == np.float32
     assert _overlaps(flagged.regions[0], DEFECT_BOX), flagged.regions
     assert flagged.bank_id == bank.bank_id and flagged.fingerprint == extractor.fingerprint

@@ -103,6 +103,8 @@ def test_good_part_is_answered_by_the_gate_without_a_decoder_step(stack, api, sa
     a = report.anomaly
     assert a.decided_by == inspection_pb2.DECIDED_BY_GATE and a.policy == "gate"
     assert 0 < a.score < a.threshold and a.bank_id.startswith(f"{PART}@v1") and a.extractor_fingerprint
+    assert a.score < a.ok_cut < a.threshold < a.defect_cut  # OK below the OK cut, the one number reports name
+    assert f"below the OK cut {a.ok_cut:.3g}" in report.description
     assert not report.generated_token_ids and not a.regions
     assert gate_s < vlm_s, f"gate {gate_s:.2f} s is not faster than a VLM report {vlm_s:.2f} s"
     image = heatmap(api, report.report_id)
@@ -195,7 +197,9 @@ async def test_the_plc_reads_the_gates_score_and_regions_over_opc_ua(stack, api,
     seen = cycle.anomaly
     assert seen["decided_by"] == "GATE" and seen["score"] > seen["threshold"] > 0  # decided at takt
     assert seen["score"] == pytest.approx(stored.score, rel=1e-5)
-    assert seen["threshold"] == pytest.approx(stored.threshold, rel=1e-5)
+    # The PLC's AnomalyThreshold node is the OK cut, the one number that decides OK (below the band's threshold).
+    assert seen["threshold"] == pytest.approx(stored.ok_cut, rel=1e-5)
+    assert 0 < stored.ok_cut < stored.threshold < stored.defect_cut
     assert len(seen["regions"]) == len(stored.regions) >= 1
     for box, region in zip(seen["regions"], stored.regions, strict=True):
         assert box == pytest.approx([region.x, region.y, region.width, region.height], abs=1e-4)

@@ -110,6 +110,9 @@ def test_report_page_shows_the_heatmap_and_an_admin_adds_the_frame_to_the_good_s
     assert _heatmap_loaded(page) == 256  # the sample frame's width: the heatmap is drawn over the whole frame
     gate = page.text_content("[data-testid=anomaly-gate]")
     assert f"{report.anomaly.score:.4g}" in gate and report.anomaly.bank_id in gate and "the anomaly gate" in gate
+    # The one number beside a score is the OK cut (below it OK), not the threshold inside the UNCERTAIN band.
+    assert page.text_content("[data-testid=gate-ok-cut]") == f"{report.anomaly.ok_cut:.4g}"
+    assert report.anomaly.ok_cut < report.anomaly.threshold
     assert "explained at" in page.text_content("[data-testid=explained]")  # decided at takt, explained after
     page.screenshot(path=str(tmp_path / "report-heatmap.png"), full_page=True)
     assert (tmp_path / "report-heatmap.png").stat().st_size > 0

@@ -1,6 +1,6 @@
 """The drift watch tells the line (services/gateway/drift.py, through the MQTT output of services/outputs): good
 parts' scores rising toward the OK cut put one `drifting` alert on the station's drift topic of a real Mosquitto,
-with the bank and the window's median, p90 and threshold; scores falling back put one clear alert there; the
+with the bank and the window's median, p90 and OK cut; scores falling back put one clear alert there; the
 Prometheus gauge follows. A new bank clears a drifting station, and webhooks never get drift alerts."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_scores_rising_toward_the_cut_send_one_drifting_alert_and_falling_back_o
     for body, scores in zip((drifting, clear), line.window_at_flip, strict=True):
         p50, p90 = np.percentile(scores, [50, 90])
         assert body["event"] == "drift" and body["station"] == "press-drift-1" and body["part"] == "bracket"
-        assert body["bank_id"] == "bracket@v1:aa" and body["threshold"] == THRESHOLD
+        assert body["bank_id"] == "bracket@v1:aa" and body["ok_cut"] == THRESHOLD
         assert body["frames"] == len(scores) >= MIN_FRAMES and len(scores) <= WINDOW
         assert body["p50"] == pytest.approx(p50, abs=1e-5) and body["p90"] == pytest.approx(p90, abs=1e-5)
         assert body["p90_ratio"] == pytest.approx(p90 / THRESHOLD, abs=1e-4)
@@ -142,5 +142,5 @@ def test_a_new_bank_clears_a_drifting_station_on_mqtt_and_webhooks_get_no_drift_
     drifting, clear = subscriber.bodies()
     assert drifting["drifting"] is True and drifting["bank_id"] == "housing@v1:aa"
     assert clear["drifting"] is False and clear["bank_id"] == "housing@v2:bb" and clear["frames"] == 1
-    assert clear["threshold"] == 30.0
+    assert clear["ok_cut"] == 30.0
     assert hook.requests == []

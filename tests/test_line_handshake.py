@@ -94,11 +94,13 @@ def test_flags_that_drop_are_written_first_and_flags_that_rise_last():
 
 def test_the_gates_finding_is_written_with_the_result_and_cleared_on_the_next_cycle():
     hs = Handshake("s", StationLineConfig())
-    finding = {"score": 3.5, "threshold": 2.0, "decided_by": "GATE_AND_VLM", "regions": [[0.1, 0.2, 0.3, 0.4]]}
+    finding = {"score": 3.5, "ok_cut": 1.9, "threshold": 2.0, "decided_by": "GATE_AND_VLM",
+               "regions": [[0.1, 0.2, 0.3, 0.4]]}  # fmt: skip
     hs.inputs(True, False, 0.0, "c1")
     hs.outcome(Outcome(1, verdict="DEFECT", report_id="r1", anomaly=finding), 0.1)
     s = hs.signals
-    assert (s.anomaly_score, s.anomaly_threshold, s.decided_by) == (3.5, 2.0, "GATE_AND_VLM")
+    # AnomalyThreshold carries the OK cut (what decides OK), not the threshold inside the UNCERTAIN band.
+    assert (s.anomaly_score, s.anomaly_threshold, s.decided_by) == (3.5, 1.9, "GATE_AND_VLM")
     assert s.region_count == 1 and s.regions == (0.1, 0.2, 0.3, 0.4)
     hs.inputs(False, True, 0.2)  # ack
     hs.inputs(True, False, 0.3, "c2")

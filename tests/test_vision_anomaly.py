@@ -194,7 +194,7 @@ def test_teach_publishes_version_1_and_info_lists_it(node, taught):
 def test_a_good_frame_scores_normal_below_the_threshold(node, taught):
     stub = node.stub
     reply = score(stub, good_frame(np.random.default_rng(100)))
-    assert reply.verdict == vision_pb2.ANOMALY_VERDICT_NORMAL
+    assert reply.verdict == vision_pb2.ANOMALY_VERDICT_OK
     assert reply.score < reply.threshold and reply.band_low <= reply.threshold <= reply.band_high
     assert reply.bank_id == taught.bank.bank_id and reply.extractor_fingerprint == taught.bank.extractor_fingerprint
     assert not reply.regions and reply.heatmap_png == b""  # no heatmap unless asked
@@ -203,7 +203,7 @@ def test_a_good_frame_scores_normal_below_the_threshold(node, taught):
 def test_a_drawn_defect_is_anomalous_with_a_region_over_it_and_a_heatmap(node, taught):
     stub = node.stub
     reply = score(stub, defect_frame(np.random.default_rng(101)), heatmap=True)
-    assert reply.verdict == vision_pb2.ANOMALY_VERDICT_ANOMALOUS and reply.score > reply.threshold
+    assert reply.verdict == vision_pb2.ANOMALY_VERDICT_DEFECT and reply.score > reply.threshold
     x0, y0, x1, y1 = (v / SIZE for v in DEFECT_BOX)
     top = reply.regions[0]
     assert top.x < x1 and top.x + top.width > x0 and top.y < y1 and top.y + top.height > y0, top
@@ -278,17 +278,17 @@ def test_add_to_current_makes_the_next_version_and_the_added_frames_then_score_n
     # A tinted batch of good parts (a new coil of material): the bank has never seen the tint.
     tinted = [good_frame(rng, cast=(30, 0, -30)) for _ in range(5)]
     version = banks(stub)[PART].version
-    assert score(stub, tinted[0]).verdict != vision_pb2.ANOMALY_VERDICT_NORMAL
+    assert score(stub, tinted[0]).verdict != vision_pb2.ANOMALY_VERDICT_OK
     reply = stub.Teach(vision_pb2.TeachRequest(part=PART, frames=[png(f) for f in tinted], add_to_current=True))
     assert reply.bank.version == version + 1 and reply.bank.frames == 15 and not reply.outliers
     assert banks(stub)[PART] == reply.bank and store.current(PART).bank_id == reply.bank.bank_id
     assert metric(node, "edgeinspect_anomaly_bank_version", f'part="{PART}"') == version + 1
-    anomalous = metric(node, "edgeinspect_anomaly_scores_total", f'part="{PART}",verdict="ANOMALOUS"')
+    flagged = metric(node, "edgeinspect_anomaly_scores_total", f'part="{PART}",verdict="DEFECT"')
     for frame in tinted:
-        assert score(stub, frame, expect_bank_id=reply.bank.bank_id).verdict == vision_pb2.ANOMALY_VERDICT_NORMAL
-    assert score(stub, good_frame(rng)).verdict == vision_pb2.ANOMALY_VERDICT_NORMAL  # still knows the plain part
-    assert score(stub, defect_frame(rng)).verdict == vision_pb2.ANOMALY_VERDICT_ANOMALOUS
-    assert metric(node, "edgeinspect_anomaly_scores_total", f'part="{PART}",verdict="ANOMALOUS"') == anomalous + 1
+        assert score(stub, frame, expect_bank_id=reply.bank.bank_id).verdict == vision_pb2.ANOMALY_VERDICT_OK
+    assert score(stub, good_frame(rng)).verdict == vision_pb2.ANOMALY_VERDICT_OK  # still knows the plain part
+    assert score(stub, defect_frame(rng)).verdict == vision_pb2.ANOMALY_VERDICT_DEFECT
+    assert metric(node, "edgeinspect_anomaly_scores_total", f'part="{PART}",verdict="DEFECT"') == flagged + 1
     assert metric(node, "edgeinspect_anomaly_teaches_total", 'result="published"') >= 2
 
 
@@ -325,13 +325,13 @@ def test_a_part_with_a_region_is_tiled_at_camera_resolution_and_scored_there_onl
         return frame
 
     inside = score(stub, stained(420, 300), part=CAMERA_PART, heatmap=True)
-    assert inside.verdict == vision_pb2.ANOMALY_VERDICT_ANOMALOUS
+    assert inside.verdict == vision_pb2.ANOMALY_VERDICT_DEFECT
     top = inside.regions[0]  # fractions of the camera frame
     assert top.x <= 420 / width <= top.x + top.width and top.y <= 300 / height <= top.y + top.height, top
     assert top.width * width < 80 and top.height * height < 80  # a box around a 12 px stain
     assert Image.open(io.BytesIO(inside.heatmap_png)).size == (width, height)
     outside = score(stub, stained(60, 60), part=CAMERA_PART)  # on the conveyor, outside the region
-    assert outside.verdict == vision_pb2.ANOMALY_VERDICT_NORMAL
+    assert outside.verdict == vision_pb2.ANOMALY_VERDICT_OK
 
     added = stub.Teach(vision_pb2.TeachRequest(part=CAMERA_PART, frames=[png(weave(height, width, rng))],
                                                add_to_current=True), timeout=120)  # fmt: skip

@@ -149,7 +149,7 @@ def teach_command(
     if stage:
         console.print(f"next: `edgeinspect anomaly eval ROOT --part {part} --version {published.version} --golive`, "
                       f"then `edgeinspect anomaly banks promote {part} {published.version}`")  # fmt: skip
-    console.print(f"threshold {published.threshold:.4g}; outliers refused: {len(report.outliers)}")
+    console.print(f"OK cut {published.band[0]:.4g}; outliers refused: {len(report.outliers)}")
 
 
 def _roi(text: str | None) -> tuple[int, int, int, int] | None:

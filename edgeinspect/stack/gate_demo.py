@@ -77,11 +77,11 @@ def _line(what: str, report: inspection_pb2.DefectReport, seconds: float) -> str
     decided = {"GATE": "the gate", "GATE_AND_VLM": "the gate and the VLM", "VLM": "the VLM"}.get(
         inspection_pb2.DecidedBy.Name(a.decided_by).removeprefix("DECIDED_BY_"), "-"
     )
-    peak = "no region above the threshold"
+    peak = "no region above the OK cut"
     if a.regions:
         peak = "heatmap peaks " + where_in_words(a.regions[0])
     return (f"{what} frame: [bold]{verdict}[/bold] in {seconds:.2f} s, decided by {decided}; score {a.score:.3g} "
-            f"(threshold {a.threshold:.3g}, bank {a.bank_id}); {peak}")  # fmt: skip
+            f"(OK below {a.ok_cut or a.threshold:.3g}, bank {a.bank_id}); {peak}")  # fmt: skip
 
 
 def _run(console: Console, args: list[str]) -> None:

@@ -265,7 +265,7 @@ class DefectReport(_message.Message):
     def __init__(self, report_id: _Optional[str] = ..., request_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., station: _Optional[str] = ..., part: _Optional[str] = ..., camera_id: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., defects: _Optional[_Iterable[_Union[Defect, _Mapping]]] = ..., description: _Optional[str] = ..., references: _Optional[_Iterable[_Union[Reference, _Mapping]]] = ..., model: _Optional[_Union[ModelInfo, _Mapping]] = ..., timings: _Optional[_Iterable[_Union[_stage_pb2.StageTiming, _Mapping]]] = ..., raw_text: _Optional[str] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., verdict_reason: _Optional[str] = ..., image_sha256: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., review: _Optional[_Union[Review, _Mapping]] = ..., previous_attempt_id: _Optional[str] = ..., failovers: _Optional[_Iterable[_Union[Failover, _Mapping]]] = ..., degraded: _Optional[_Iterable[str]] = ..., decode_steps: _Optional[int] = ..., jump_forward_tokens: _Optional[int] = ..., anomaly: _Optional[_Union[AnomalyFinding, _Mapping]] = ..., explanation: _Optional[_Union[Explanation, str]] = ..., vlm_verdict: _Optional[_Union[Verdict, str]] = ..., explained_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., explanation_error: _Optional[str] = ...) -> None: ...
 
 class AnomalyFinding(_message.Message):
-    __slots__ = ("score", "threshold", "bank_id", "extractor_fingerprint", "decided_by", "regions", "heatmap_stored", "policy", "note")
+    __slots__ = ("score", "threshold", "bank_id", "extractor_fingerprint", "decided_by", "regions", "heatmap_stored", "policy", "note", "ok_cut", "defect_cut")
     SCORE_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     BANK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +275,8 @@ class AnomalyFinding(_message.Message):
     HEATMAP_STORED_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    OK_CUT_FIELD_NUMBER: _ClassVar[int]
+    DEFECT_CUT_FIELD_NUMBER: _ClassVar[int]
     score: float
     threshold: float
     bank_id: str
@@ -284,7 +286,9 @@ class AnomalyFinding(_message.Message):
     heatmap_stored: bool
     policy: str
     note: str
-    def __init__(self, score: _Optional[float] = ..., threshold: _Optional[float] = ..., bank_id: _Optional[str] = ..., extractor_fingerprint: _Optional[str] = ..., decided_by: _Optional[_Union[DecidedBy, str]] = ..., regions: _Optional[_Iterable[_Union[BoundingBox, _Mapping]]] = ..., heatmap_stored: _Optional[bool] = ..., policy: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+    ok_cut: float
+    defect_cut: float
+    def __init__(self, score: _Optional[float] = ..., threshold: _Optional[float] = ..., bank_id: _Optional[str] = ..., extractor_fingerprint: _Optional[str] = ..., decided_by: _Optional[_Union[DecidedBy, str]] = ..., regions: _Optional[_Iterable[_Union[BoundingBox, _Mapping]]] = ..., heatmap_stored: _Optional[bool] = ..., policy: _Optional[str] = ..., note: _Optional[str] = ..., ok_cut: _Optional[float] = ..., defect_cut: _Optional[float] = ...) -> None: ...
 
 class AddToGoodSetRequest(_message.Message):
     __slots__ = ("report_id", "stage")

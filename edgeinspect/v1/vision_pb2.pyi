@@ -12,12 +12,12 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class AnomalyVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ANOMALY_VERDICT_UNSPECIFIED: _ClassVar[AnomalyVerdict]
-    ANOMALY_VERDICT_NORMAL: _ClassVar[AnomalyVerdict]
-    ANOMALY_VERDICT_ANOMALOUS: _ClassVar[AnomalyVerdict]
+    ANOMALY_VERDICT_OK: _ClassVar[AnomalyVerdict]
+    ANOMALY_VERDICT_DEFECT: _ClassVar[AnomalyVerdict]
     ANOMALY_VERDICT_UNCERTAIN: _ClassVar[AnomalyVerdict]
 ANOMALY_VERDICT_UNSPECIFIED: AnomalyVerdict
-ANOMALY_VERDICT_NORMAL: AnomalyVerdict
-ANOMALY_VERDICT_ANOMALOUS: AnomalyVerdict
+ANOMALY_VERDICT_OK: AnomalyVerdict
+ANOMALY_VERDICT_DEFECT: AnomalyVerdict
 ANOMALY_VERDICT_UNCERTAIN: AnomalyVerdict
 
 class EncodeRequest(_message.Message):

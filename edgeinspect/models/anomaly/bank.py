@@ -62,7 +62,7 @@ class Bank:
     features: np.ndarray  # [K, C] float32 coreset of good patch features
     grid: tuple[int, int]  # the extractor's patch grid (h, w)
     threshold: float  # image score above which a frame is not OK
-    band: tuple[float, float]  # scores in [low, high] are UNCERTAIN; below OK, above ANOMALOUS
+    band: tuple[float, float]  # (the OK cut, the DEFECT cut): below low OK, above high DEFECT, between UNCERTAIN
     teach_hashes: list[str]  # sha256 of each kept teach frame's bytes
     coreset_ratio: float
     created_at: str  # ISO 8601 UTC

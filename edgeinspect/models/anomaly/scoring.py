@@ -17,7 +17,8 @@ from edgeinspect.models.anomaly.bank import Bank
 from edgeinspect.models.anomaly.features import FeatureExtractor
 from edgeinspect.models.anomaly.whiten import apply_whitening
 
-OK, ANOMALOUS, UNCERTAIN = "OK", "ANOMALOUS", "UNCERTAIN"
+# The gate's verdicts in the report's own words (inspection.proto Verdict; vision.proto AnomalyVerdict): one vocabulary.
+OK, DEFECT, UNCERTAIN = "OK", "DEFECT", "UNCERTAIN"
 # PatchCore's smoothing, sigma 4 px at the extractor's input size (224 px: half a stride-8 patch), applied there
 # and not at the frame's size so the same bank smooths the same way whatever the camera resolution.
 BLUR_SIGMA = 4.0
@@ -52,7 +53,7 @@ class AnomalyResult:
 
     score: float  # max patch distance to the bank
     threshold: float
-    verdict: str  # OK | ANOMALOUS | UNCERTAIN
+    verdict: str  # OK | DEFECT | UNCERTAIN
     heatmap: np.ndarray  # [H, W] float32 at the frame's size, same units as score
     regions: list[Region]  # hottest first
     bank_id: str
@@ -61,9 +62,9 @@ class AnomalyResult:
 
 
 def verdict_of(score: float, band: tuple[float, float]) -> str:
-    """Below the band OK, above it ANOMALOUS, inside it UNCERTAIN."""
+    """Below the band (the OK cut) OK, above it DEFECT, inside it UNCERTAIN."""
     low, high = band
-    return OK if score < low else ANOMALOUS if score > high else UNCERTAIN
+    return OK if score < low else DEFECT if score > high else UNCERTAIN
 
 
 class Scorer:

@@ -94,8 +94,8 @@ class TeachReport:
     def summary(self) -> str:
         """A few lines for a person at the line."""
         lines = [f"part {self.part}: taught from {len(self.kept)} good frames, {self.patches} bank patches",
-                 f"threshold {self.threshold:.4g} (max held-out score x {1 + self.margin:.2f}), "
-                 f"UNCERTAIN band {self.band[0]:.4g}..{self.band[1]:.4g}"]  # fmt: skip
+                 f"OK cut {self.band[0]:.4g} (the highest held-out good score): OK below it, UNCERTAIN up to "
+                 f"{self.band[1]:.4g}, DEFECT above"]  # fmt: skip
         lines += [f"left out {o.name}: score {o.score:.4g}, {o.robust_z:.1f} MADs above the set's median "
                   "(a defect, another part or a bad shot? check it)" for o in self.outliers]  # fmt: skip
         return "\n".join(lines)

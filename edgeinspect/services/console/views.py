@@ -73,8 +73,10 @@ def gate_facts(report: inspection_pb2.DefectReport) -> dict | None:
         ),
         "policy": a.policy or "-",
         "score": f"{a.score:.4g}" if a.bank_id else "-",
-        "threshold": f"{a.threshold:.4g}" if a.bank_id else "-",
-        "over": a.bank_id != "" and a.score >= a.threshold,
+        # The OK cut, not the threshold inside the band: a score at or past it is not OK (0 in reports stored
+        # before it was recorded: their threshold).
+        "ok_cut": f"{a.ok_cut or a.threshold:.4g}" if a.bank_id else "-",
+        "over": a.bank_id != "" and a.score >= (a.ok_cut or a.threshold),
         "bank": a.bank_id or "-",
         "heatmap": a.heatmap_stored,
         "note": a.note,

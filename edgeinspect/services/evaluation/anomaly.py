@@ -49,6 +49,7 @@ def finding_record(report: inspection_pb2.DefectReport) -> dict | None:
     return {
         "score": float(a.score) if scored else None,
         "threshold": float(a.threshold) if scored else None,
+        "ok_cut": float(a.ok_cut or a.threshold) if scored else None,  # reports before it was recorded: threshold
         "bank_id": a.bank_id,
         "extractor_fingerprint": a.extractor_fingerprint,
         "decided_by": inspection_pb2.DecidedBy.Name(a.decided_by).removeprefix("DECIDED_BY_"),

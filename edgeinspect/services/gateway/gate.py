@@ -2,7 +2,7 @@
 the VLM's report. The gate decides where and whether; the VLM explains what and why; good parts never wait for it.
 
 Policies (GatewayAnomalySettings, per station):
-- gate: Score first. NORMAL -> an OK report at once, no decoder step. ANOMALOUS / UNCERTAIN -> the VLM path with the
+- gate: Score first. OK -> an OK report at once, no decoder step. DEFECT / UNCERTAIN -> the VLM path with the
   flagged regions named in its prompt; the final verdict is never OK unless the station lets the VLM clear it.
 - vlm: today's path; Score runs alongside Encode and its finding is recorded (decided_by VLM).
 - off: no Score.
@@ -28,8 +28,7 @@ from edgeinspect.v1 import inspection_pb2, stage_pb2, vision_pb2
 log = logging.getLogger(__name__)
 
 GATE_PUSHBACK_MS = 2000
-NORMAL = vision_pb2.ANOMALY_VERDICT_NORMAL
-UNCERTAIN = vision_pb2.ANOMALY_VERDICT_UNCERTAIN
+GATE_OK, UNCERTAIN = vision_pb2.ANOMALY_VERDICT_OK, vision_pb2.ANOMALY_VERDICT_UNCERTAIN
 OK, DEFECT, UNSURE = inspection_pb2.VERDICT_OK, inspection_pb2.VERDICT_DEFECT, inspection_pb2.VERDICT_UNCERTAIN
 
 
@@ -49,7 +48,7 @@ class GateOutcome:
     @property
     def decides_ok(self) -> bool:
         """A good part under `gate`: answered without the VLM."""
-        return self.policy is AnomalyPolicy.gate and self.score is not None and self.score.verdict == NORMAL
+        return self.policy is AnomalyPolicy.gate and self.score is not None and self.score.verdict == GATE_OK
 
     def required_score(self) -> vision_pb2.AnomalyScore:
         """The score of a frame the gate scored (one it passed or flagged: the caller has checked which)."""
@@ -60,7 +59,7 @@ class GateOutcome:
     @property
     def flagged(self) -> bool:
         """Under `gate`, a frame the gate did not pass: the VLM explains it and may not simply clear it."""
-        return self.policy is AnomalyPolicy.gate and self.score is not None and self.score.verdict != NORMAL
+        return self.policy is AnomalyPolicy.gate and self.score is not None and self.score.verdict != GATE_OK
 
     @property
     def decides_at_takt(self) -> bool:
@@ -149,8 +148,8 @@ def gate_instruction(score: vision_pb2.AnomalyScore) -> str:
     """The sentence a flagged frame's prompt gains: where the gate saw something, so the VLM looks there."""
     places = "; ".join(where_in_words(r) for r in score.regions) or "no single region (the whole frame is unusual)"
     return (
-        f"An anomaly detector taught from good parts flagged this frame (score {score.score:.3g}, threshold "
-        f"{score.threshold:.3g}) at: {places}. Look there: classify and describe the defect against the specifications."
+        f"An anomaly detector taught from good parts flagged this frame (score {score.score:.3g}, OK cut "
+        f"{score.band_low:.3g}) at: {places}. Look there: classify and describe the defect against the specifications."
     )
 
 
@@ -167,7 +166,7 @@ def combine(gate: int, vlm: int, may_clear: bool) -> tuple[inspection_pb2.Verdic
         return UNSURE, f"the anomaly gate scored this frame inside its uncertainty band; the VLM saw {said}"
     said = "no defect" if vlm == OK else "no clear defect"
     return DEFECT, (
-        f"the anomaly gate flagged this frame above its threshold; the VLM saw {said} and this station does not let "
+        f"the anomaly gate flagged this frame above its band; the VLM saw {said} and this station does not let "
         "the VLM clear a flagged frame"
     )
 
@@ -190,6 +189,7 @@ def finding(
             s.bank_id,
             s.extractor_fingerprint,
         )
+        out.ok_cut, out.defect_cut = s.band_low, s.band_high
         out.regions.extend(boxes(s))
     return out
 
@@ -223,7 +223,7 @@ def settle(report: inspection_pb2.DefectReport, outcome: GateOutcome, heatmap_st
 
 def anomaly_defects(score: vision_pb2.AnomalyScore) -> list[inspection_pb2.Defect]:
     """The gate's regions as defects of class `anomaly` (boxes, where in words, the score as evidence)."""
-    evidence = f"anomaly gate score {score.score:.3g} over threshold {score.threshold:.3g}"
+    evidence = f"anomaly gate score {score.score:.3g}, OK cut {score.band_low:.3g}"
     return [
         inspection_pb2.Defect(defect_class="anomaly", location=where_in_words(region), evidence=evidence, box=box)
         for region, box in zip(score.regions, boxes(score), strict=True)
@@ -256,8 +256,8 @@ def ok_report(
     """The report of a good part the gate passed: OK, its finding, and no VLM text (fields: ids, model, timings)."""
     score = outcome.required_score()
     description = (
-        f"The anomaly gate found this frame within the part's good set (score {score.score:.3g} below "
-        f"{score.threshold:.3g}, bank {score.bank_id}): a good part, no VLM report was made."
+        f"The anomaly gate found this frame within the part's good set (score {score.score:.3g} below the OK cut "
+        f"{score.band_low:.3g}, bank {score.bank_id}): a good part, no VLM report was made."
     )
     return _gate_report(req, report_id, outcome, verdict=OK, description=description, **fields)
 
@@ -267,7 +267,7 @@ def decided_verdict(gate_verdict: int) -> tuple[inspection_pb2.Verdict, str]:
     person); what combine() gives for a VLM that sees no defect, so the explanation never contradicts the line."""
     if gate_verdict == UNCERTAIN:
         return UNSURE, "the anomaly gate scored this frame inside its uncertainty band (decided at takt)"
-    return DEFECT, "the anomaly gate flagged this frame above its threshold (decided at takt)"
+    return DEFECT, "the anomaly gate flagged this frame above its band (decided at takt)"
 
 
 def decision_report(
@@ -279,7 +279,7 @@ def decision_report(
     verdict, reason = decided_verdict(score.verdict)
     places = "; ".join(where_in_words(r) for r in score.regions) or "the whole frame"
     description = (
-        f"The anomaly gate flagged this frame (score {score.score:.3g} over threshold {score.threshold:.3g}, "
+        f"The anomaly gate flagged this frame (score {score.score:.3g}, OK cut {score.band_low:.3g}, "
         f"bank {score.bank_id}) at: {places}. The verdict went to the line at once; the VLM's explanation "
         "completes this report."
     )

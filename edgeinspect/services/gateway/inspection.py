@@ -332,7 +332,7 @@ class Inspector:
             await asyncio.to_thread(store)  # sets anomaly.heatmap_stored when it kept the heatmap
             self.outputs.notify()  # the outbox rows are committed: the drainers send them now
         score = outcome.score
-        if score is not None and score.verdict == gate.NORMAL and not (req.evaluation or req.verification):
+        if score is not None and score.verdict == gate.GATE_OK and not (req.evaluation or req.verification):
             await self._watch_drift(req, report, score)
         verdict = inspection_pb2.Verdict.Name(report.verdict).removeprefix("VERDICT_")
         metrics.INSPECTIONS.labels(station=req.station, verdict=verdict).inc()
@@ -347,7 +347,7 @@ class Inspector:
     async def _watch_drift(self, req, report, score) -> None:
         """A passed frame's score into the drift watch; a flip of its drifting state is queued for the line (MQTT),
         never from a shadow run (is_shadow: the store flags it)."""
-        state = self.drift.observe(req.station, req.part, score.bank_id, score.score, score.threshold)
+        state = self.drift.observe(req.station, req.part, score.bank_id, score.score, score.band_low)
         if not state.changed or is_shadow(report):
             return
         try:

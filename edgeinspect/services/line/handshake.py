@@ -85,7 +85,9 @@ def anomaly_signals(anomaly: dict) -> dict:
     regions = [float(v) for box in anomaly.get("regions", ()) for v in box]
     return {
         "anomaly_score": float(anomaly.get("score", -1.0)),
-        "anomaly_threshold": float(anomaly.get("threshold", -1.0)),
+        # The node a PLC compares the score with is the OK cut (at or above it the part is not OK); results from
+        # before the OK cut was recorded carry only the threshold.
+        "anomaly_threshold": float(anomaly.get("ok_cut", anomaly.get("threshold", -1.0))),
         "decided_by": str(anomaly.get("decided_by", "")),
         "region_count": len(regions) // 4,
         "regions": tuple(regions),

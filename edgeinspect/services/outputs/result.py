@@ -25,7 +25,7 @@ class LineResult:
     created_time: float  # unix seconds the gateway stored the report
     latency_ms: float | None  # capture -> stored
     line: dict = field(default_factory=dict)  # ingest-hosted: cycle id, lot, what the line was told
-    # The anomaly gate's finding (score, threshold, bank, decided_by, regions as [x, y, w, h] fractions); empty when
+    # The anomaly gate's finding (score, ok_cut, threshold, bank, decided_by, regions as [x, y, w, h] fractions); empty when
     # the station's policy is off.
     anomaly: dict = field(default_factory=dict)
     # Decide at takt, explain after: "decided" (the verdict, its explanation to follow), "explained" (the same
@@ -62,13 +62,13 @@ class DriftAlert:
 
     station: str
     part: str
-    bank_id: str  # the bank whose threshold the scores are held against
+    bank_id: str  # the bank whose OK cut the scores are held against
     drifting: bool  # True: began to drift; False: back clear of the cut (or a new bank started the watch afresh)
     frames: int  # passed frames in the window
     p50: float  # median of their scores (0 under the watch's minimum of frames)
     p90: float  # 90th percentile of their scores (idem)
-    threshold: float
-    p90_ratio: float  # p90 / threshold (1: at the cut)
+    ok_cut: float  # below it the gate calls a part OK
+    p90_ratio: float  # p90 / ok_cut (1: at the cut)
     time: float  # unix seconds
     event: str = DRIFT
 
@@ -154,7 +154,9 @@ def anomaly_of(report) -> dict:
     out = {"decided_by": inspection_pb2.DecidedBy.Name(a.decided_by).removeprefix("DECIDED_BY_"), "policy": a.policy}
     if a.bank_id:
         regions = [[round(r.x, 4), round(r.y, 4), round(r.width, 4), round(r.height, 4)] for r in a.regions]
-        out.update(score=round(a.score, 6), threshold=round(a.threshold, 6), bank_id=a.bank_id, regions=regions)
+        # ok_cut: below it the gate calls a part OK (0 in reports stored before it was recorded: the threshold).
+        out.update(score=round(a.score, 6), ok_cut=round(a.ok_cut or a.threshold, 6), threshold=round(a.threshold, 6),
+                   bank_id=a.bank_id, regions=regions)  # fmt: skip
     if a.note:
         out["note"] = a.note
     return out

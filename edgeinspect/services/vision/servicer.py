@@ -182,8 +182,8 @@ class VisionServicer(vision_pb2_grpc.VisionServiceServicer):
 
 
 VERDICTS = {
-    "OK": vision_pb2.ANOMALY_VERDICT_NORMAL,
-    "ANOMALOUS": vision_pb2.ANOMALY_VERDICT_ANOMALOUS,
+    "OK": vision_pb2.ANOMALY_VERDICT_OK,
+    "DEFECT": vision_pb2.ANOMALY_VERDICT_DEFECT,
     "UNCERTAIN": vision_pb2.ANOMALY_VERDICT_UNCERTAIN,
 }
 
