@@ -67,8 +67,8 @@ def five_mp(base, frame: np.ndarray, max_tiles: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tiles", type=int, nargs="+", default=[1, 4, 9, 16])
-    ap.add_argument("--time-tiles", type=int, nargs="+", default=[1, 2, 4, 6, 9, 12, 20])
+    ap.add_argument("--tiles", type=int, nargs="*", default=[1, 4, 9, 16])
+    ap.add_argument("--time-tiles", type=int, nargs="*", default=[1, 2, 4, 6, 9, 12, 20])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
