@@ -67,31 +67,34 @@ class TLSConfig(BaseModel):
     """Certificate files of one end of a TLS connection (PEM; `edgeinspect certs` makes them)."""
 
     cert: Path | None = Field(
-        None, description="this process's certificate (server: presented to callers; client: to servers)"
+        default=None, description="this process's certificate (server: presented to callers; client: to servers)"
     )
-    key: Path | None = Field(None, description="its private key (keep it 0600, mounted as a secret)")
+    key: Path | None = Field(default=None, description="its private key (keep it 0600, mounted as a secret)")
     ca: Path | None = Field(
-        None, description="CA that signs the peers (server: client certificates; client: the server's); None: system"
+        default=None,
+        description="CA that signs the peers (server: client certificates; client: the server's); None: system",
     )
     require_client_auth: bool = Field(
-        True, description="servers: only callers with a certificate from `ca` (False: the public API, tokens instead)"
+        default=True,
+        description="servers: only callers with a certificate from `ca` (False: the public API, tokens instead)",
     )
     allowed_roles: list[str] | None = Field(
-        None, description="servers: caller roles admitted (None: the role's callers, services/common/tls.py CALLERS)"
+        default=None,
+        description="servers: caller roles admitted (None: the role's callers, services/common/tls.py CALLERS)",
     )
 
 
 class ServerConfig(BaseModel):
-    host: str = Field("127.0.0.1", description="address to bind; 0.0.0.0 on a box that serves others")
-    port: int = Field(0, description="gRPC port; 0 picks a free one (tests)")
-    metrics_port: int | None = Field(None, description="Prometheus /metrics port; None disables it")
+    host: str = Field(default="127.0.0.1", description="address to bind; 0.0.0.0 on a box that serves others")
+    port: int = Field(default=0, description="gRPC port; 0 picks a free one (tests)")
+    metrics_port: int | None = Field(default=None, description="Prometheus /metrics port; None disables it")
     metrics_host: str | None = Field(
-        None, description="address /metrics binds (None: `host`); the box's internal address in a plant"
+        default=None, description="address /metrics binds (None: `host`); the box's internal address in a plant"
     )
-    grace_s: float = Field(5.0, description="seconds in-flight calls get on shutdown")
-    max_message_mb: int = Field(64, description="largest gRPC message accepted or sent")
-    port_file: Path | None = Field(None, description="write the bound port here once serving (port 0)")
-    tls: TLSConfig | None = Field(None, description="serve over TLS (None: plaintext, loopback only)")
+    grace_s: float = Field(default=5.0, description="seconds in-flight calls get on shutdown")
+    max_message_mb: int = Field(default=64, description="largest gRPC message accepted or sent")
+    port_file: Path | None = Field(default=None, description="write the bound port here once serving (port 0)")
+    tls: TLSConfig | None = Field(default=None, description="serve over TLS (None: plaintext, loopback only)")
 
 
 class TraceExporter(StrEnum):
@@ -103,18 +106,20 @@ class TraceExporter(StrEnum):
 class TracingConfig(BaseModel):
     """OpenTelemetry traces of one role (services/common/tracing.py); off unless an exporter is named."""
 
-    exporter: TraceExporter = Field(TraceExporter.none, description="none | otlp | jsonl")
+    exporter: TraceExporter = Field(default=TraceExporter.none, description="none | otlp | jsonl")
     endpoint: str = Field(
-        "http://127.0.0.1:4317", description="otlp: the collector's OTLP/gRPC address (https://...: TLS)"
+        default="http://127.0.0.1:4317", description="otlp: the collector's OTLP/gRPC address (https://...: TLS)"
     )
     jsonl_path: Path = Field(
-        Path("var/traces/{role}.jsonl"),
+        default=Path("var/traces/{role}.jsonl"),
         description="jsonl: spans are appended here, one per line ({role} and {pid} are filled in)",
     )
     sample_rate: float = Field(
-        1.0, ge=0, le=1, description="share of new traces recorded; a call joins its caller's decision"
+        default=1.0, ge=0, le=1, description="share of new traces recorded; a call joins its caller's decision"
     )
-    decode_every: int = Field(8, ge=1, description="trace every Nth decode step of a session (prefill: every chunk)")
+    decode_every: int = Field(
+        default=8, ge=1, description="trace every Nth decode step of a session (prefill: every chunk)"
+    )
 
 
 class RoleSettings(BaseSettings):
@@ -124,13 +129,16 @@ class RoleSettings(BaseSettings):
     retired: ClassVar[dict[str, str | None]] = {}  # settings the role no longer has: name -> why (refuse_retired)
 
     server: ServerConfig = Field(default_factory=ServerConfig)
-    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING, ERROR")
-    log_json: bool = Field(True, description="JSON log lines (False: human-readable console)")
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING, ERROR")
+    log_json: bool = Field(default=True, description="JSON log lines (False: human-readable console)")
     log_file: Path | None = Field(
-        None, description="write logs to this file, rotated by size (None: stderr, for journald or a container log)"
+        default=None,
+        description="write logs to this file, rotated by size (None: stderr, for journald or a container log)",
     )
-    log_max_mb: float = Field(20.0, gt=0, description="log_file: rotate once it reaches this many MB")
-    log_backups: int = Field(3, ge=1, description="log_file: rotated files kept (FILE.1 ... FILE.N), oldest dropped")
+    log_max_mb: float = Field(default=20.0, gt=0, description="log_file: rotate once it reaches this many MB")
+    log_backups: int = Field(
+        default=3, ge=1, description="log_file: rotated files kept (FILE.1 ... FILE.N), oldest dropped"
+    )
     tracing: TracingConfig = Field(default_factory=TracingConfig, description="OpenTelemetry traces (off by default)")
 
     @model_validator(mode="before")
@@ -187,5 +195,7 @@ class ApiToken(BaseModel):
     name: str = Field(..., min_length=1, description="who holds it (logs, reviews record it)")
     role: TokenRole = Field(..., description="inspect | read | admin")
     hash: str = Field(..., pattern=r"^sha256:[0-9a-f]{64}$", description="sha256 of the token, 'sha256:<hex>'")
-    revoked: bool = Field(False, description="refused from now on (kept so the logs can name it)")
-    rate_per_s: float | None = Field(None, gt=0, description="calls per second (None: the gateway's token_rate_per_s)")
+    revoked: bool = Field(default=False, description="refused from now on (kept so the logs can name it)")
+    rate_per_s: float | None = Field(
+        default=None, gt=0, description="calls per second (None: the gateway's token_rate_per_s)"
+    )

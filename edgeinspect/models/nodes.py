@@ -16,8 +16,8 @@ class MeasuredSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     layer_ms: float | list[float] = Field(..., description="ms per token per layer: one value or one per layer")
-    head_ms: float = Field(0.0, ge=0, description="embedding lookup (+ aligner) on the first stage")
-    tail_ms: float = Field(0.0, ge=0, description="final norm + lm_head + sampling on the last stage")
+    head_ms: float = Field(default=0.0, ge=0, description="embedding lookup (+ aligner) on the first stage")
+    tail_ms: float = Field(default=0.0, ge=0, description="final norm + lm_head + sampling on the last stage")
 
 
 class NodeSpec(BaseModel):
@@ -26,11 +26,11 @@ class NodeSpec(BaseModel):
     name: str
     address: str
     memory_gb: float = Field(..., gt=0, description="decimal GB (1e9 bytes) this stage may spend on weights")
-    speed: float = Field(1.0, gt=0, description="relative decode speed (1.0 = 7.5 GB/s of weight reads)")
-    link_gbps: float = Field(1.0, gt=0, description="link to the next node, Gbit/s")
-    link_latency_ms: float = Field(0.3, ge=0, description="one message to the next node (gRPC stream ~0.2 ms)")
+    speed: float = Field(default=1.0, gt=0, description="relative decode speed (1.0 = 7.5 GB/s of weight reads)")
+    link_gbps: float = Field(default=1.0, gt=0, description="link to the next node, Gbit/s")
+    link_latency_ms: float = Field(default=0.3, ge=0, description="one message to the next node (gRPC stream ~0.2 ms)")
     gpu: GpuSpec | None = Field(
-        None,
+        default=None,
         description="the stage runs on this GPU: memory_gb (decimal GB it may spend on weights), bandwidth_gb_s, "
         "unified (a Jetson: one memory pool with the OS)",
     )

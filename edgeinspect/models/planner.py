@@ -151,7 +151,7 @@ class GpuSpec(BaseModel):
     bandwidth_gb_s: float = Field(
         ..., gt=0, description="peak memory bandwidth, GB/s (Orin NX ~102, AGX Orin ~205, L4 ~300)"
     )
-    unified: bool = Field(False, description="Jetson: the GPU shares the box's RAM with the OS and the CPU")
+    unified: bool = Field(default=False, description="Jetson: the GPU shares the box's RAM with the OS and the CPU")
 
     def to_gpu(self, unit_bytes: float, reserve_bytes: int = 0) -> Gpu:
         """The planner's Gpu: memory_gb in units of `unit_bytes`, less `reserve_bytes` (KV cache, CUDA context)."""

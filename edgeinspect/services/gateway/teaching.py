@@ -1,7 +1,7 @@
 """Teaching the anomaly gate from the gateway's own stored frames (admin RPCs AddToGoodSet, TeachFromReports,
 PromoteBank).
 
-The vision node owns the banks and publishes every new version atomically (services/vision/anomaly.py); the gateway
+The vision node owns the banks and publishes every new version atomically (services/vision/banks.py); the gateway
 only picks the frames: a falsely rejected report's frame added to the part's current good set, or the frames of the
 last N reports a person reviewed OK, taught afresh. With stage the new version is held back (the go-live gate runs
 on it first) until PromoteBank makes it current.

@@ -21,23 +21,26 @@ class RtspTransport(StrEnum):
 class GatingConfig(BaseModel):
     """Change gating on a downscaled grayscale copy of each frame (values 0..255)."""
 
-    threshold: float = Field(8.0, description="mean abs diff vs the last inspected frame that counts as a change")
+    threshold: float = Field(
+        default=8.0, description="mean abs diff vs the last inspected frame that counts as a change"
+    )
     settle_threshold: float | None = Field(
-        3.0, description="inspect only once the scene is still (diff vs the previous frame below this); None: off"
+        default=3.0,
+        description="inspect only once the scene is still (diff vs the previous frame below this); None: off",
     )
     background: Path | None = Field(
-        None, description="image of the empty station; frames that match it (below threshold) are not inspected"
+        default=None, description="image of the empty station; frames that match it (below threshold) are not inspected"
     )
-    size: tuple[int, int] = Field((64, 36), description="thumbnail (width, height) the diffs are computed on")
+    size: tuple[int, int] = Field(default=(64, 36), description="thumbnail (width, height) the diffs are computed on")
 
 
 class SamplingConfig(BaseModel):
     """Which frames are inspected. Rules apply in order: trigger, every_n, max_rate_hz, gating."""
 
-    every_n: int = Field(1, ge=1, description="consider only every Nth frame read")
-    max_rate_hz: float | None = Field(None, gt=0, description="at most this many inspections per second")
-    gating: GatingConfig | None = Field(None, description="change gating; None inspects every considered frame")
-    trigger_only: bool = Field(False, description="inspect only the next frame after each external trigger")
+    every_n: int = Field(default=1, ge=1, description="consider only every Nth frame read")
+    max_rate_hz: float | None = Field(default=None, gt=0, description="at most this many inspections per second")
+    gating: GatingConfig | None = Field(default=None, description="change gating; None inspects every considered frame")
+    trigger_only: bool = Field(default=False, description="inspect only the next frame after each external trigger")
 
 
 class CameraConfig(BaseModel):
@@ -48,34 +51,38 @@ class CameraConfig(BaseModel):
         ...,
         description="video file, image folder, http(s)://, rtsp://, tcp://, udp:// URL, or a V4L2 index (usb:0)",
     )
-    rtsp_transport: RtspTransport = Field(RtspTransport.tcp, description="RTSP transport for rtsp:// sources")
+    rtsp_transport: RtspTransport = Field(default=RtspTransport.tcp, description="RTSP transport for rtsp:// sources")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="which frames are inspected")
-    jpeg_quality: int = Field(90, ge=10, le=100, description="JPEG quality of frames sent to the gateway")
-    max_in_flight: int = Field(1, ge=1, description="inspections of this camera running at once")
-    prompt: str = Field("", description="instruction sent with each frame (empty: the gateway's default)")
-    max_new_tokens: int = Field(0, ge=0, description="generation budget per report (0: the gateway's default)")
-    realtime: bool = Field(True, description="files and folders: pace frames at their frame rate, like a camera")
-    loop: bool = Field(False, description="files and folders: start again at the end")
-    folder_fps: float = Field(2.0, gt=0, description="frame rate of an image-folder source")
-    open_timeout_s: float = Field(5.0, gt=0, description="give up opening a stream after this long")
-    stall_timeout_s: float = Field(5.0, gt=0, description="watchdog: reopen a stream that sends no frame this long")
-    reconnect_base_s: float = Field(0.5, gt=0, description="first reconnect delay; doubles per failure")
-    reconnect_max_s: float = Field(10.0, gt=0, description="reconnect delays never exceed this")
+    jpeg_quality: int = Field(default=90, ge=10, le=100, description="JPEG quality of frames sent to the gateway")
+    max_in_flight: int = Field(default=1, ge=1, description="inspections of this camera running at once")
+    prompt: str = Field(default="", description="instruction sent with each frame (empty: the gateway's default)")
+    max_new_tokens: int = Field(default=0, ge=0, description="generation budget per report (0: the gateway's default)")
+    realtime: bool = Field(
+        default=True, description="files and folders: pace frames at their frame rate, like a camera"
+    )
+    loop: bool = Field(default=False, description="files and folders: start again at the end")
+    folder_fps: float = Field(default=2.0, gt=0, description="frame rate of an image-folder source")
+    open_timeout_s: float = Field(default=5.0, gt=0, description="give up opening a stream after this long")
+    stall_timeout_s: float = Field(
+        default=5.0, gt=0, description="watchdog: reopen a stream that sends no frame this long"
+    )
+    reconnect_base_s: float = Field(default=0.5, gt=0, description="first reconnect delay; doubles per failure")
+    reconnect_max_s: float = Field(default=10.0, gt=0, description="reconnect delays never exceed this")
     line: StationLineConfig | None = Field(
-        None, description="this camera's station on the PLC handshake (OPC UA object, takt budget); None: not"
+        default=None, description="this camera's station on the PLC handshake (OPC UA object, takt budget); None: not"
     )
 
 
 class RetentionConfig(BaseModel):
-    max_age_days: float | None = Field(7.0, gt=0, description="delete saved frames older than this")
-    max_count: int | None = Field(10_000, ge=1, description="keep at most this many saved frames (newest)")
+    max_age_days: float | None = Field(default=7.0, gt=0, description="delete saved frames older than this")
+    max_count: int | None = Field(default=10_000, ge=1, description="keep at most this many saved frames (newest)")
 
 
 class TriggerConfig(BaseModel):
-    host: str = Field("127.0.0.1", description="address of the trigger HTTP endpoint")
-    port: int | None = Field(None, description="port of POST /trigger/<camera_id>; None disables, 0 picks one")
+    host: str = Field(default="127.0.0.1", description="address of the trigger HTTP endpoint")
+    port: int | None = Field(default=None, description="port of POST /trigger/<camera_id>; None disables, 0 picks one")
     token: str = Field(
-        "",
+        default="",
         description="bearer token every trigger must send (or its 'sha256:<hex>' hash); empty: every trigger is "
         "refused (env EDGEINSPECT_TRIGGER__TOKEN)",
     )
@@ -86,20 +93,24 @@ class IngestSettings(RoleSettings):
 
     cameras: list[CameraConfig] = Field(..., min_length=1, description="the cameras to follow")
     gateway: str = Field(
-        "127.0.0.1:50051",
+        default="127.0.0.1:50051",
         description="host:port of the gateway's InspectionService; a gateway pair (or more) as 'a:50051,b:50051'",
     )
-    api_token: str = Field("", description="bearer token for the gateway (env EDGEINSPECT_API_TOKEN)")
-    gateway_tls: TLSConfig | None = Field(None, description="TLS to the gateway: `ca` verifies it (None: plaintext)")
-    frames_dir: Path | None = Field(Path("var/frames"), description="inspected frames are saved here; None: not")
+    api_token: str = Field(default="", description="bearer token for the gateway (env EDGEINSPECT_API_TOKEN)")
+    gateway_tls: TLSConfig | None = Field(
+        default=None, description="TLS to the gateway: `ca` verifies it (None: plaintext)"
+    )
+    frames_dir: Path | None = Field(
+        default=Path("var/frames"), description="inspected frames are saved here; None: not"
+    )
     retention: RetentionConfig = Field(default_factory=RetentionConfig, description="what saved frames are kept")
-    max_in_flight: int = Field(4, ge=1, description="inspections running at once across all cameras")
-    request_timeout_s: float = Field(120.0, gt=0, description="deadline of one Inspect call")
-    retry_attempts: int = Field(4, ge=1, description="tries per frame on UNAVAILABLE / DEADLINE_EXCEEDED")
-    retry_base_s: float = Field(0.5, gt=0, description="first delay between tries; doubles per try")
-    retry_max_s: float = Field(4.0, gt=0, description="delays between tries never exceed this")
+    max_in_flight: int = Field(default=4, ge=1, description="inspections running at once across all cameras")
+    request_timeout_s: float = Field(default=120.0, gt=0, description="deadline of one Inspect call")
+    retry_attempts: int = Field(default=4, ge=1, description="tries per frame on UNAVAILABLE / DEADLINE_EXCEEDED")
+    retry_base_s: float = Field(default=0.5, gt=0, description="first delay between tries; doubles per try")
+    retry_max_s: float = Field(default=4.0, gt=0, description="delays between tries never exceed this")
     trigger: TriggerConfig = Field(default_factory=TriggerConfig, description="external trigger endpoint")
-    opcua: OpcUaConfig | None = Field(None, description="OPC UA server for the PLC handshake; None: off")
+    opcua: OpcUaConfig | None = Field(default=None, description="OPC UA server for the PLC handshake; None: off")
     outputs: OutputsConfig = Field(
         default_factory=OutputsConfig, description="where each report goes next (MQTT, webhooks), from this role"
     )

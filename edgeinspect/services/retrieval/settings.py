@@ -12,5 +12,5 @@ from edgeinspect.config import RoleSettings
 
 class RetrievalSettings(RoleSettings):
     kb_dir: Path = Field(..., description="knowledge-base folder written by `edgeinspect kb index`")
-    max_k: int = Field(20, description="largest k a Search may ask for")
-    reload_interval_s: float = Field(5.0, description="how often to look for a new index version on disk")
+    max_k: int = Field(default=20, description="largest k a Search may ask for")
+    reload_interval_s: float = Field(default=5.0, description="how often to look for a new index version on disk")

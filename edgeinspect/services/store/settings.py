@@ -19,28 +19,30 @@ class StoreBackend(StrEnum):
 class StoreSettings(BaseModel):
     """Where the gateway keeps its reports (services/store/database.py)."""
 
-    backend: StoreBackend = Field(StoreBackend.sqlite, description="sqlite (db_path) | postgres (dsn or dsn_file)")
+    backend: StoreBackend = Field(
+        default=StoreBackend.sqlite, description="sqlite (db_path) | postgres (dsn or dsn_file)"
+    )
     dsn: SecretStr | None = Field(
-        None,
+        default=None,
         description="postgres: libpq conninfo or postgresql:// URL, e.g. from EDGEINSPECT_STORE__DSN (never logged)",
     )
-    dsn_file: Path | None = Field(None, description="postgres: a file holding the DSN (a mounted secret)")
+    dsn_file: Path | None = Field(default=None, description="postgres: a file holding the DSN (a mounted secret)")
     instance: str = Field(
-        "",
+        default="",
         max_length=128,
         description="postgres: this gateway's name among those sharing the database, stable across its restarts "
         "(a restart fails only its own pending rows); '': the host name. Two gateways on one host need their own",
     )
-    connect_timeout_s: int = Field(10, ge=1, description="postgres: seconds to wait for a connection")
+    connect_timeout_s: int = Field(default=10, ge=1, description="postgres: seconds to wait for a connection")
     owner_lease_s: float = Field(
-        10.0,
+        default=10.0,
         ge=1.0,
         le=600.0,
         description="postgres: a gateway of the pair silent (no heartbeat) this long is gone, and another gateway "
         "takes over the inspections it was running when a client retries them there",
     )
     advertise: str = Field(
-        "",
+        default="",
         max_length=255,
         description="postgres: host:port at which the other gateways of the pair reach this one's public API, to "
         "read the frames it holds ('': server.host and the bound port). A server bound to 0.0.0.0 or :: needs it: "

@@ -39,13 +39,13 @@ def _default_banks_dir() -> Path:
 class AnomalySettings(BaseModel):
     """The anomaly gate on the vision node: the banks it scores against and how it teaches new ones."""
 
-    enabled: bool = Field(True, description="serve Score and Teach (False: both answer FAILED_PRECONDITION)")
+    enabled: bool = Field(default=True, description="serve Score and Teach (False: both answer FAILED_PRECONDITION)")
     banks_dir: Path = Field(
         default_factory=_default_banks_dir,
         description="bank store root, one folder per part (default: EDGEINSPECT_BANKS, else var/embedded/banks)",
     )
     extractor: AnomalyExtractor = Field(
-        AnomalyExtractor.efficientnet_lite0, description="features a Teach that names none is taught with"
+        default=AnomalyExtractor.efficientnet_lite0, description="features a Teach that names none is taught with"
     )
     extractor_options: dict[str, Any] = Field(
         default_factory=dict,
@@ -53,11 +53,15 @@ class AnomalySettings(BaseModel):
         "always this node's",
     )
     reload_interval_s: float = Field(
-        5.0, gt=0, description="how often to look for a part's new CURRENT version on disk (another node, the CLI)"
+        default=5.0,
+        gt=0,
+        description="how often to look for a part's new CURRENT version on disk (another node, the CLI)",
     )
-    max_teach_frames: int = Field(200, ge=2, description="frames one Teach may carry (each held decoded while taught)")
+    max_teach_frames: int = Field(
+        default=200, ge=2, description="frames one Teach may carry (each held decoded while taught)"
+    )
     max_tiles: int = Field(
-        4,
+        default=4,
         ge=1,
         description="a fresh Teach of frames past 1.5x the extractor's input side (or of a part with a region) cuts "
         "them into tiles at the finest scale that keeps to this many per frame (models/anomaly/tiles.py)",
@@ -71,22 +75,22 @@ class AnomalySettings(BaseModel):
 
 class VisionSettings(RoleSettings):
     checkpoint: Path = Field(..., description="DeepSeek-VL checkpoint folder (Hugging Face format)")
-    backend: VisionBackend = Field(VisionBackend.onnxruntime, description="torch | onnxruntime | hailo | auto")
+    backend: VisionBackend = Field(default=VisionBackend.onnxruntime, description="torch | onnxruntime | hailo | auto")
     onnx_path: Path | None = Field(
-        None, description="exported vision tower (onnxruntime); exported on first start if missing"
+        default=None, description="exported vision tower (onnxruntime); exported on first start if missing"
     )
-    hef_path: Path | None = Field(None, description="compiled Hailo HEF (hailo backend)")
+    hef_path: Path | None = Field(default=None, description="compiled Hailo HEF (hailo backend)")
     weights: WeightsDtype = Field(
-        WeightsDtype.fp32,
+        default=WeightsDtype.fp32,
         description="torch: fp32 | bf16 | int8; onnxruntime: fp32, or int8 = the static QDQ copy (calibrated on the "
         "sample set at first start; the int8 a GPU runs)",
     )
-    max_image_bytes: int = Field(MAX_IMAGE_BYTES, description="largest encoded image accepted")
-    max_image_pixels: int = Field(MAX_IMAGE_PIXELS, description="largest decoded image (width*height) accepted")
-    cache_entries: int = Field(64, description="visual tokens kept by image hash (0 disables)")
-    threads: int = Field(0, description="intra-op threads (0 = library default)")
+    max_image_bytes: int = Field(default=MAX_IMAGE_BYTES, description="largest encoded image accepted")
+    max_image_pixels: int = Field(default=MAX_IMAGE_PIXELS, description="largest decoded image (width*height) accepted")
+    cache_entries: int = Field(default=64, description="visual tokens kept by image hash (0 disables)")
+    threads: int = Field(default=0, description="intra-op threads (0 = library default)")
     device: str = Field(
-        "cpu",
+        default="cpu",
         pattern=r"^(cpu|auto|cuda(:\d+)?)$",
         description="cpu | cuda | cuda:N | auto (CUDA when torch sees one): the torch tower's device; onnxruntime "
         "then uses the CUDA / TensorRT providers where installed",
