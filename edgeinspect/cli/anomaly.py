@@ -108,6 +108,7 @@ def teach_command(
     from edgeinspect.models.anomaly.features import lite_pip, open_extractor
     from edgeinspect.models.anomaly.select import AUROC_TIE, installed_candidates, pick_on_held_out
     from edgeinspect.models.anomaly.teach import CORESET_RATIO, load_frames, teach
+    from edgeinspect.models.anomaly.tiles import DEFAULT_MAX_TILES
 
     check_part(part)  # before minutes of work
     store = _store(banks)
@@ -130,15 +131,19 @@ def teach_command(
         features = open_extractor(name, **_options(option))
         progress.update(task, description=f"teaching {part} from {len(frames)} frames (features, coreset, threshold)")
         ratio = CORESET_RATIO if coreset is None else coreset
-        tiling = {"max_tiles": max_tiles} if max_tiles is not None else {}
+        tile_limit = DEFAULT_MAX_TILES if max_tiles is None else max_tiles
         bank, report = teach(frames, features, part, coreset_ratio=ratio, whiten=whiten, roi=_roi(roi),
-                             scale=scale, **tiling)  # fmt: skip
+                             scale=scale, max_tiles=tile_limit)  # fmt: skip
         progress.update(task, description=f"publishing to {store.root}")
         published = store.publish(bank, stage=stage)
     if compared:
         _print_candidates(console, f"{part}: extractors on held-out good frames and painted defects", compared)
         console.print(f"chose {name} (the best image AUROC; within {AUROC_TIE} the cheaper)")
     console.print(report.summary())
+    if expected := bank.stats.get("held_out", {}).get("expected_overkill"):
+        console.print(f"expected overkill on new good parts like these: {expected['rate']:.1%} (up to "
+                      f"{expected['ci95'][1]:.1%} at 95%, {expected['n']} frames held out)")  # fmt: skip
+        console.print("new light or a new batch can raise it: `edgeinspect status` shows drift toward the OK cut")
     if tiles := bank.extractor["options"].get("tiles"):
         x, y, w, h = tiles["roi"]
         console.print(f"region {w}x{h} at ({x}, {y}) of the {tiles['camera'][1]}x{tiles['camera'][0]} camera "
