@@ -190,6 +190,17 @@ def test_the_inventorys_anomaly_policies_reach_every_gateway(example, tmp_path):
     assert "anomaly:" not in example_gateway.files["line-server/config/gateway.yaml"]  # unset: the gateway's defaults
 
 
+def test_the_inventorys_part_regions_reach_every_vision_box(example, tmp_path):
+    data = example.model_dump(mode="json")
+    data["plant"]["regions"] = {"HSG-210": [400, 300, 1600, 1200]}
+    inv = Inventory.model_validate(data)
+    render.write(render.render(inv, placements(inv, [0, 14, 24]), render.Target.all, {"cell-pi": CAMERAS}), tmp_path)
+    configs = sorted(tmp_path.rglob("config/vision*.yaml"))
+    assert configs
+    for path in configs:
+        assert VisionSettings.load(path).anomaly.regions == {"HSG-210": (400, 300, 1600, 1200)}, path
+
+
 def test_stages_sharing_one_box_batch_as_one_group(rendered):
     gateway = GatewaySettings.load(rendered / "all-in-one" / "config" / "gateway.yaml")
     assert len(gateway.stages) >= 2 and gateway.micro_batches == 1

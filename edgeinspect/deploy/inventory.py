@@ -239,6 +239,11 @@ class Plant(BaseModel):
         description="the anomaly gate per station, as the gateway's `anomaly` settings: `default` and `stations` "
         "(name -> policy gate | vlm | off, vlm_may_clear, vlm_when_gate_fails); unset: every station gates",
     )
+    regions: dict[str, tuple[int, int, int, int]] = Field(
+        default_factory=dict,
+        description="part -> x, y, width, height in camera pixels: where the part sits in its station camera's "
+        "frame; every vision box tiles that region when it teaches the part (the vision settings' anomaly.regions)",
+    )
 
     @model_validator(mode="before")
     @classmethod

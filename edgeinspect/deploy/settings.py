@@ -49,6 +49,8 @@ def role_settings(inv: Inventory, inst: Instance, everyone: list[Instance], addr
     if inst.role is Role.vision:
         # the banks in the box's folder, not the container's: taught ones survive recreating the container
         data = {**common, "checkpoint": plant.checkpoint_path, "anomaly": {"banks_dir": plant.banks_dir}}
+        if plant.regions:  # where each part sits in its camera's frame: a Teach tiles that region only
+            data["anomaly"]["regions"] = {part: list(box) for part, box in plant.regions.items()}
         if inst.box.hailo:
             if plant.vision_hef is None:  # Inventory refuses this already
                 raise ValueError(f"box {inst.box.name} runs vision on Hailo: set plant.vision_hef")
