@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,8 +87,8 @@ def issue(
     ca: Issued,
     name: str,
     roles: list[str],
-    hosts: list[str] = (),
-    ips: list[str] = (),
+    hosts: Sequence[str] = (),
+    ips: Sequence[str] = (),
     days: int = DEFAULT_CERT_DAYS,
 ) -> Issued:
     """A box certificate signed by `ca`: CN `name`, SANs = DNS `name` + `hosts`, IPs `ips`, one URI per role."""

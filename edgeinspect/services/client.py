@@ -38,7 +38,8 @@ class InspectionClient:
         from edgeinspect.services.common.channel import channel_options
 
         options = channel_options(64)  # the roles' own limits and keepalive (a dead gateway noticed in ~40 s)
-        ca = ca if ca is not None else (os.environ.get(CA_ENV) or None)
+        env_ca = os.environ.get(CA_ENV)
+        ca = ca if ca is not None else (Path(env_ca) if env_ca else None)
         creds = grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes()) if ca is not None else None
         self.channels: list[grpc.Channel] = []
 

@@ -266,7 +266,7 @@ def serve_metrics(
     class Server(ThreadingWSGIServer):
         address_family = family
 
-    server = make_server(addr, port, _app(ready), Server, handler_class=_QuietHandler)
+    server = make_server(str(addr), port, _app(ready), Server, handler_class=_QuietHandler)
     thread = Thread(target=server.serve_forever, name="metrics-http", daemon=True)
     thread.start()
     bound = server.server_address[1]

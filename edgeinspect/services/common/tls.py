@@ -70,7 +70,7 @@ def peer_roles(context: grpc.aio.ServicerContext) -> frozenset[str] | None:
     pems = context.auth_context().get("x509_pem_cert")
     if not pems:
         return None
-    return _roles_of(pems[0])
+    return _roles_of(next(iter(pems)))  # grpc's stub types the values as Iterable[bytes]; they are lists
 
 
 def guarded(handler: grpc.RpcMethodHandler, check: Check, method: str) -> grpc.RpcMethodHandler:

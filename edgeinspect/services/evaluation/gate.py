@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgeinspect.services.evaluation.stats import rate
+from edgeinspect.services.evaluation.stats import rate, wilson_interval
 
 # Uncertain is gated too: a model that answers UNCERTAIN to every part sends the whole line to manual recheck.
 GATED = ("escape", "overkill", "uncertain")
@@ -51,7 +51,7 @@ def check(current: dict, baseline: dict, tolerance: float = 0.0, metrics: tuple[
         if name not in base_counts or not n or not base_counts[name][1]:
             continue  # nothing measured on one side (e.g. a set without good parts has no overkill)
         base_k, base_n = base_counts[name]
-        limit = rate(base_k, base_n).high + tolerance
+        limit = wilson_interval(base_k, base_n)[1] + tolerance  # the baseline's 95% upper bound (base_n > 0)
         if k / n > limit + 1e-12:
             out.append(Regression(name, k, n, base_k, base_n, min(limit, 1.0)))
     return out

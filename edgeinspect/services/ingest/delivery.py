@@ -53,6 +53,7 @@ class ReportSummary:
 class ReportSink(Protocol):
     async def inspect(self, job: InspectionJob) -> ReportSummary:
         """Creates (or, for a known idempotency key, returns) the report for one frame; typed errors on failure."""
+        ...
 
     async def close(self) -> None: ...
 

@@ -16,7 +16,7 @@ T = TypeVar("T")
 class LatestSlot(Generic[T]):
     """Holds at most one item; `put` replaces (and returns) an item nobody took yet. Thread-safe."""
 
-    def __init__(self, on_put: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_put: Callable[[], object] | None = None) -> None:
         self._lock = threading.Lock()
         self._item: T | None = None
         self._on_put = on_put  # wakes the consumer (e.g. loop.call_soon_threadsafe(event.set))

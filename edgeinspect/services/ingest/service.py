@@ -204,6 +204,9 @@ class Ingestor:
         """Inspect with retries of transient failures; a RESOURCE_EXHAUSTED pushback holds every delivery of the
         role that long (counted) and then tries again, at most retry_attempts times per frame: never at once."""
         s = self.settings
+        sink = self._sink
+        if sink is None:
+            raise RuntimeError("ingest: _send called on a dry run (no sink to inspect with)")
 
         def count_retry(_attempt: int, exc: BaseException, _delay: float) -> None:
             self.metrics.delivery_errors.labels(camera=cam.id, code=status_for(exc).name).inc()
@@ -214,7 +217,7 @@ class Ingestor:
                 await asyncio.sleep(hold)
             try:
                 return await retry_async(
-                    lambda: self._sink.inspect(job),
+                    lambda: sink.inspect(job),
                     attempts=s.retry_attempts,
                     base_s=s.retry_base_s,
                     max_s=s.retry_max_s,

@@ -150,7 +150,7 @@ class Outputs:
         self._loop = asyncio.new_event_loop()
         self._tasks: list[asyncio.Task] = []
         self.workers = [OutputWorker(sender, self.outbox, cfg) for sender in senders]
-        self._thread = threading.Thread(target=self._run, name="outputs", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self._loop,), name="outputs", daemon=True)
         self._thread.start()
 
     @classmethod
@@ -186,11 +186,11 @@ class Outputs:
         """A full queue refuses that station's inspections (instead of dropping its oldest results)."""
         return self.enabled and not self.writer.drop_oldest
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
         # Workers are made outside the loop (their Events bind to it on first use), tasks inside it.
-        self._tasks = [self._loop.create_task(w.run()) for w in self.workers]
-        self._loop.run_forever()
+        self._tasks = [loop.create_task(w.run()) for w in self.workers]
+        loop.run_forever()
 
     def notify(self) -> None:
         """Rows were committed: the drainers look now instead of at their next poll. Thread-safe."""

@@ -51,7 +51,8 @@ async def _refresh(live: LiveIndex, running: RunningServer) -> None:
     swapped = await asyncio.to_thread(live.refresh)
     if swapped:
         KB_RELOADS.inc()
-        KB_CHUNKS.set(live.searcher.chunk_count)
+        if live.searcher is not None:  # always, after a swap
+            KB_CHUNKS.set(live.searcher.chunk_count)
     if live.searcher is not None and not running.health.serving:
         await running.health.set_serving(True)
 

@@ -71,12 +71,15 @@ class AnomalyGate:
                 f"part {call.part!r}: expected anomaly bank {call.expect_bank_id}, this vision node holds "
                 f"{bank.bank_id}"
             )
+        scorer, lock = held.scorer, held.lock
+        if scorer is None or lock is None:  # a refused version: held.bank above has already raised
+            raise FailedPrecondition(held.refused)
         frame = decode_rgb(call.image, self.cfg)  # [H, W, 3] uint8
-        with held.lock:
-            result = held.scorer.score([frame])[0]
+        with lock:
+            result = scorer.score([frame])[0]
         png = heatmap_png(frame, result.heatmap, result.threshold) if call.heatmap else b""
         elapsed = time.perf_counter() - start
         SCORES.labels(call.part, result.verdict).inc()
         SCORE_SECONDS.labels(bank.extractor["name"]).observe(elapsed)
         digest = hashlib.sha256(call.image).hexdigest()
-        return ScoreOutcome(result, tuple(bank.band), png, digest, 1e3 * elapsed)
+        return ScoreOutcome(result, (bank.band[0], bank.band[1]), png, digest, 1e3 * elapsed)
