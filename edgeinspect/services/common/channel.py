@@ -123,13 +123,13 @@ async def wait_for_serving(address: str, timeout_s: float, tls: TLSConfig | None
     # Quick polls first (a server that is just starting), then every 0.5 s.
     delays = itertools.chain(backoff_delays(0.05, 2.0, 0.5, attempts=6), itertools.repeat(0.5))
     async with make_channel(address, 1, tls) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+        check = health_pb2_grpc.HealthStub(channel).Check  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's stub omits Check
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Unavailable(f"{address} not SERVING after {timeout_s:.1f}s (last: {last})")
             try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=min(left, 2.0))
+                reply = await check(health_pb2.HealthCheckRequest(service=""), timeout=min(left, 2.0))
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

@@ -44,10 +44,10 @@ def check(
         )
         channel = grpc.secure_channel(address, creds, options=RECONNECT_OPTIONS)
     with channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+        check = health_pb2_grpc.HealthStub(channel).Check  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's stub omits Check
         while True:
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+                reply = check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
                 status, ok = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status), reply.status == serving
             except grpc.RpcError as err:
                 status, ok = f"{err.code().name}: {err.details()}", False

@@ -50,7 +50,7 @@ class HealthState:
     """grpc.health.v1 status of one server: the overall "" entry and each registered service move together."""
 
     def __init__(self, service_names: Sequence[str]) -> None:
-        self.servicer = grpc_health.aio.HealthServicer()
+        self.servicer = grpc_health.aio.HealthServicer()  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's health stub omits aio
         self.service_names = ["", *service_names]
         self.serving = False
 

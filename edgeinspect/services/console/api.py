@@ -116,7 +116,7 @@ class GatewayApi:
                 return f"gateway: {exc.code().name.lower()}"
         try:
             health = await self.gateways.call(
-                lambda channel, left: health_pb2_grpc.HealthStub(channel).Check(
+                lambda channel, left: health_pb2_grpc.HealthStub(channel).Check(  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's stub omits Check
                     health_pb2.HealthCheckRequest(service=SERVICE), timeout=left
                 ),
                 3.0,
@@ -131,7 +131,8 @@ class GatewayApi:
         async def health(channel: grpc.aio.Channel) -> str:
             request = health_pb2.HealthCheckRequest(service=SERVICE)
             try:
-                answer = await health_pb2_grpc.HealthStub(channel).Check(request, timeout=HEALTH_TIMEOUT_S)
+                check = health_pb2_grpc.HealthStub(channel).Check  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's stub omits Check
+                answer = await check(request, timeout=HEALTH_TIMEOUT_S)
             except grpc.aio.AioRpcError as exc:
                 return f"unreachable ({exc.code().name.lower()})"
             return "serving" if answer.status == health_pb2.HealthCheckResponse.SERVING else "not serving"

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from asyncua import Server, ua
+from asyncua import Server, ua  # pyright: ignore[reportPrivateImportUsage]  # asyncua re-exports it without __all__
 
 from edgeinspect.services.ingest.delivery import idempotency_key
 from edgeinspect.services.line.config import OpcUaConfig, Security, StationLineConfig

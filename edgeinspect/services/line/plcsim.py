@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asyncua import Client, ua
+from asyncua import Client, ua  # pyright: ignore[reportPrivateImportUsage]  # asyncua re-exports it without __all__
 
 from edgeinspect.errors import Unavailable
 from edgeinspect.services.line.handshake import ErrorCode

@@ -56,7 +56,8 @@ async def probe_until_serving(health: health_pb2_grpc.HealthStub, ep: Bannable) 
     while True:
         await asyncio.sleep(max(0.0, ep.banned_until - time.monotonic()))
         try:
-            reply = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=PROBE_TIMEOUT_S)
+            check = health.Check  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's stub omits Check
+            reply = await check(health_pb2.HealthCheckRequest(service=""), timeout=PROBE_TIMEOUT_S)
             if reply.status == health_pb2.HealthCheckResponse.SERVING:
                 break
         except grpc.aio.AioRpcError:
@@ -76,7 +77,8 @@ async def follow_health(
     attempt = 0
     while True:
         try:
-            async for reply in health.Watch(health_pb2.HealthCheckRequest(service="")):
+            watch = health.Watch  # pyright: ignore[reportAttributeAccessIssue]  # typeshed's stub omits Watch
+            async for reply in watch(health_pb2.HealthCheckRequest(service="")):
                 attempt = 0
                 await on_status(reply.status == health_pb2.HealthCheckResponse.SERVING)
         except grpc.aio.AioRpcError as exc:
