@@ -75,7 +75,8 @@ def filters(
     for name, value in (("station", station), ("part", part), ("camera_id", camera_id), ("class", defect_class)):
         if len(value) > MAX_CLASS_CHARS:
             raise InvalidInput(f"{name} filter is {len(value)} characters; at most {MAX_CLASS_CHARS}")
-    where, args = ["r.status = ?"], [DONE]
+    where: list[str] = ["r.status = ?"]
+    args: list[object] = [DONE]
     for column, value in (("station", station), ("part", part), ("camera_id", camera_id), ("verdict", verdict)):
         if value:
             where.append(f"r.{column} = ?")
@@ -83,11 +84,12 @@ def filters(
     if defect_class:
         where.append("EXISTS (SELECT 1 FROM report_classes c WHERE c.report_id = r.report_id AND c.defect_class = ?)")
         args.append(defect_class.strip().lower())
-    where += {
+    review_terms: dict[int, list[str]] = {
         inspection_pb2.REVIEW_FILTER_REVIEWED: ["r.reviewed = 1"],
         inspection_pb2.REVIEW_FILTER_UNREVIEWED: ["r.reviewed = 0"],
         inspection_pb2.REVIEW_FILTER_DISAGREED: ["r.disagreed = 1"],
-    }.get(review, [])
+    }
+    where += review_terms.get(review, [])
     if since is not None:
         where.append("r.created_us >= ?")
         args.append(as_us(since))
