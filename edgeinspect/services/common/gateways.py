@@ -48,7 +48,7 @@ def gateway_addresses(spec: str | Sequence[str]) -> list[str]:
 def pushback_s(error: grpc.RpcError) -> float:
     """The server's grpc-retry-pushback-ms, in seconds (0 when it sent none)."""
     trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
-    for key, value in trailers or ():
+    for key, value in trailers or ():  # pyright: ignore[reportGeneralTypeIssues]  # typeshed: _Metadatum; grpc: (key, value)
         if key == RETRY_PUSHBACK_KEY:
             try:
                 return min(MAX_PUSHBACK_S, max(0.0, int(value) / 1000.0))
