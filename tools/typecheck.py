@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "edgeinspect"
 # The package's non-import diagnostics today (pyright 1.1.414, basic mode). Lower it as they are fixed (0 is the
 # goal); raising it to let a change through undoes the ratchet.
-MAX_DIAGNOSTICS = 136
+MAX_DIAGNOSTICS = 127
 
 
 def is_import_failure(diag: dict) -> bool:

@@ -164,7 +164,7 @@ def fastest_within(
     eligible = [c for c in ms if c == reference or cosines.get(c, 0.0) >= bound]
     best = min(eligible, key=lambda c: ms[c])
     refused = [f"{c} ({what} {cosines[c]:.4f} < {bound})" for c in ms if c not in eligible]
-    timing = ", ".join(f"{c} {ms[c]:{digits}}" for c in sorted(ms, key=ms.get))
+    timing = ", ".join(f"{c} {ms[c]:{digits}}" for c in sorted(ms, key=lambda c: ms[c]))
     why = f"fastest within the accuracy bound; {unit}: {timing}"
     if refused:
         why += f"; refused: {', '.join(refused)}"

@@ -218,7 +218,7 @@ def default_kernel() -> str:
             t0 = time.perf_counter()
             lin4(x)
             best[k] = min(best[k], time.perf_counter() - t0)
-    chosen = min(best, key=best.get)
+    chosen = min(best, key=lambda k: best[k])
     log.info(
         "int4 kernel -> %s (%s; a [%d, 2048] weight)",
         chosen, ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in best.items()), rows,

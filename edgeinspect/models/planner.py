@@ -221,7 +221,7 @@ class _Stages:
 
 
 def _prefix(values: Sequence[float]) -> list[float]:
-    out = [0]
+    out: list[float] = [0]
     for v in values:
         out.append(out[-1] + v)
     return out

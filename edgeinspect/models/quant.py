@@ -156,7 +156,7 @@ def vnni_available() -> bool:
     if kernels_simd() < 2:
         return True
     try:
-        torch._int_mm(torch.ones(17, 64, dtype=torch.int8), torch.ones(64, 8, dtype=torch.int8))
+        torch._int_mm(torch.ones(17, 64, dtype=torch.int8), torch.ones(64, 8, dtype=torch.int8))  # pyright: ignore[reportPrivateImportUsage]  # torch leaves it out of __all__
         return True
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
@@ -180,7 +180,7 @@ def _fbgemm_pack(q: torch.Tensor, scales: torch.Tensor):
     zeros = torch.zeros(q.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # quantized tensor creation is flagged deprecated, but still the fbgemm entry
         warnings.simplefilter("ignore")
-        qw = torch._make_per_channel_quantized_tensor(q, scales.double(), zeros, 0)
+        qw = torch._make_per_channel_quantized_tensor(q, scales.double(), zeros, 0)  # pyright: ignore[reportPrivateImportUsage]  # torch leaves it out of __all__
         return torch.ops.quantized.linear_prepack(qw, None)
 
 

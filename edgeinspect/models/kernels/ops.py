@@ -55,7 +55,7 @@ def q8_int_mm(xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     AVX2 or NEON GEMM (ei_q8_mm) gives the same int32 sums."""
     lib = bindings.q8_library()
     if lib.ei_q8_simd() == 2:
-        return torch._int_mm(xq, weight.t())
+        return torch._int_mm(xq, weight.t())  # pyright: ignore[reportPrivateImportUsage]  # torch leaves it out of __all__
     acc = torch.empty(xq.shape[0], weight.shape[0], dtype=torch.int32)
     rc = lib.ei_q8_mm(
         xq.shape[0], weight.shape[0], xq.shape[1], xq.data_ptr(), weight.data_ptr(), acc.data_ptr(),
