@@ -47,7 +47,8 @@ def reference_tokens(ckpt_path, report: inspection_pb2.DefectReport, images: lis
     processor, model = load_processor(ckpt), load_reference_model(ckpt)
     a = report.anomaly
     regions = [vision_pb2.AnomalyRegion(x=r.x, y=r.y, width=r.width, height=r.height) for r in a.regions]
-    said = gate.gate_instruction(vision_pb2.AnomalyScore(score=a.score, threshold=a.threshold, regions=regions))
+    score = vision_pb2.AnomalyScore(score=a.score, threshold=a.threshold, band_low=a.ok_cut, regions=regions)
+    said = gate.gate_instruction(score)
     context = "\n".join(f"[{c.doc_id} / {c.section}] {c.text}" for c in report.references)
     captions = evidence.Evidence([], list(report.model.images)).captions
     text = prompt_text(processor, build_messages(f"{DEFAULT_INSTRUCTION}\n{said}", context, captions=captions))
