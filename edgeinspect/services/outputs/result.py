@@ -25,8 +25,8 @@ class LineResult:
     created_time: float  # unix seconds the gateway stored the report
     latency_ms: float | None  # capture -> stored
     line: dict = field(default_factory=dict)  # ingest-hosted: cycle id, lot, what the line was told
-    # The anomaly gate's finding (score, ok_cut, threshold, bank, decided_by, regions as [x, y, w, h] fractions); empty when
-    # the station's policy is off.
+    # The anomaly gate's finding (score, ok_cut, threshold, bank, decided_by, regions as [x, y, w, h] fractions);
+    # empty when the station's policy is off.
     anomaly: dict = field(default_factory=dict)
     # Decide at takt, explain after: "decided" (the verdict, its explanation to follow), "explained" (the same
     # report completed: the VLM's classes, `explanation` with its state), "" (decided and explained at once).
