@@ -74,11 +74,23 @@ def owners(length: int, starts: Sequence[int], tile: int) -> list[tuple[int, int
     return runs
 
 
-def tiles_for_scale(size: tuple[int, int], scale: float, input_size: int, stride: int, overlap: int) -> int:
-    """How many tiles a region of (height, width) camera px takes at `scale`."""
-    tile = input_size // stride
+def cuts(base: FeatureExtractor) -> tuple[int, int, int]:
+    """(stride px per patch, patches per tile side, least overlap in patches) of tiles for `base`: neighbours
+    overlap past both their zero-padded borders."""
+    stride = base.input_size // int(base.describe()["grid"][0])
+    return stride, base.input_size // stride, 2 * base.border + MIN_OVERLAP
+
+
+def region_grid(size: tuple[int, int], scale: float, stride: int, tile: int) -> tuple[int, int]:
+    """Patches (rows, columns) of a region of (height, width) camera px at `scale`: never shorter than one tile (a
+    small region is scaled up to the tile, as squashing did)."""
     h, w = (max(tile, round(side / scale / stride)) for side in size)
-    return len(tile_starts(h, tile, overlap)) * len(tile_starts(w, tile, overlap))
+    return h, w
+
+
+def tiles_for_scale(size: tuple[int, int], scale: float, stride: int, tile: int, overlap: int) -> int:
+    """How many tiles a region of (height, width) camera px takes at `scale` (stride, tile, overlap: cuts())."""
+    return math.prod(len(tile_starts(n, tile, overlap)) for n in region_grid(size, scale, stride, tile))
 
 
 class TiledExtractor:
@@ -95,16 +107,14 @@ class TiledExtractor:
         self.roi = check_roi(roi if roi is not None else (0, 0, self.camera[1], self.camera[0]), self.camera)
         described = base.describe()
         self.input_size = base.input_size
-        self.stride = base.input_size // int(described["grid"][0])
-        self.tile = base.input_size // self.stride  # patches per tile side
+        self.stride, self.tile, self.overlap = cuts(base)  # px per patch, patches per tile side, least overlap
         self.border, self.blur = base.border, float(getattr(base, "blur", 0.0))
-        self.overlap = 2 * base.border + MIN_OVERLAP
         _, _, w, h = self.roi
         # Never a region side shorter than one tile: a small region is scaled up to the tile, as squashing did.
         self.scale = round(min(float(scale), min(w, h) / self.input_size), 6)  # as the bank records it
         if not self.scale > 0:
             raise InvalidInput(f"tile scale must be > 0 (got {scale})")
-        self.grid = tuple(max(self.tile, round(side / self.scale / self.stride)) for side in (h, w))  # patches
+        self.grid = region_grid((h, w), self.scale, self.stride, self.tile)  # patches
         self.size = (self.grid[0] * self.stride, self.grid[1] * self.stride)  # (H', W') input px of the region
         self.starts = [tile_starts(n, self.tile, self.overlap) for n in self.grid]  # rows, columns
         self.runs = [owners(n, s, self.tile) for n, s in zip(self.grid, self.starts, strict=True)]
@@ -131,9 +141,8 @@ class TiledExtractor:
         return cv2.resize(region, (self.size[1], self.size[0]), interpolation=cv2.INTER_AREA)
 
     def extract(self, frames: Sequence[np.ndarray]) -> np.ndarray:
-        """Camera frames -> [N, H'/stride, W'/stride, C]: every tile of every frame through the base in batches."""
-        if len(frames) == 0:
-            raise InvalidInput("no frames to extract features from")
+        """Camera frames -> [N, H'/stride, W'/stride, C]: every tile of every frame through the base in batches (the
+        base refuses an empty list)."""
         s, t = self.stride, self.tile * self.stride
         crops = []
         for frame in frames:
@@ -190,10 +199,8 @@ def tiled_for(
     if scale is None:
         if max_tiles < 1:
             raise InvalidInput(f"max tiles must be >= 1 (got {max_tiles})")
-        stride = extractor.input_size // int(extractor.describe()["grid"][0])
-        overlap = 2 * extractor.border + MIN_OVERLAP
         # An elongated region keeps its aspect: past the scale where its short side is one tile, no fewer tiles.
-        scale, finest = 1.0, min(size) / extractor.input_size
-        while scale < finest and tiles_for_scale(size, scale, extractor.input_size, stride, overlap) > max_tiles:
+        scale, finest, geometry = 1.0, min(size) / extractor.input_size, cuts(extractor)
+        while scale < finest and tiles_for_scale(size, scale, *geometry) > max_tiles:
             scale *= 1.05
     return TiledExtractor(extractor, camera, roi, scale)
