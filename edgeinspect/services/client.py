@@ -10,6 +10,7 @@ from pathlib import Path
 import grpc
 from google.protobuf.json_format import MessageToDict
 
+from edgeinspect.services.common.findings import ok_cut
 from edgeinspect.services.common.gateways import GatewayFailover, gateway_addresses
 from edgeinspect.v1 import inspection_pb2, inspection_pb2_grpc
 
@@ -142,7 +143,7 @@ def print_report(report: inspection_pb2.DefectReport) -> None:
     if report.HasField("anomaly"):
         a = report.anomaly
         decided = inspection_pb2.DecidedBy.Name(a.decided_by).removeprefix("DECIDED_BY_").lower()
-        score = f"score {a.score:.3g} (OK below {a.ok_cut or a.threshold:.3g}), " if a.bank_id else ""
+        score = f"score {a.score:.3g} (OK below {ok_cut(a):.3g}), " if a.bank_id else ""
         table.add_row(
             "anomaly gate", f"{score}policy {a.policy}, decided by {decided}" + (f": {a.note}" if a.note else "")
         )

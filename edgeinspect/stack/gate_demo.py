@@ -16,6 +16,7 @@ import grpc
 from rich.console import Console
 
 from edgeinspect.services.client import InspectionClient
+from edgeinspect.services.common.findings import ok_cut
 from edgeinspect.services.gateway.gate import where_in_words
 from edgeinspect.v1 import inspection_pb2, vision_pb2, vision_pb2_grpc
 
@@ -81,7 +82,7 @@ def _line(what: str, report: inspection_pb2.DefectReport, seconds: float) -> str
     if a.regions:
         peak = "heatmap peaks " + where_in_words(a.regions[0])
     return (f"{what} frame: [bold]{verdict}[/bold] in {seconds:.2f} s, decided by {decided}; score {a.score:.3g} "
-            f"(OK below {a.ok_cut or a.threshold:.3g}, bank {a.bank_id}); {peak}")  # fmt: skip
+            f"(OK below {ok_cut(a):.3g}, bank {a.bank_id}); {peak}")  # fmt: skip
 
 
 def _run(console: Console, args: list[str]) -> None:

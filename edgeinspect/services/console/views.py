@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from edgeinspect.services.common.findings import ok_cut
 from edgeinspect.v1 import inspection_pb2
 
 VERDICTS = {"": 0, "ok": inspection_pb2.VERDICT_OK, "defect": inspection_pb2.VERDICT_DEFECT,
@@ -73,10 +74,9 @@ def gate_facts(report: inspection_pb2.DefectReport) -> dict | None:
         ),
         "policy": a.policy or "-",
         "score": f"{a.score:.4g}" if a.bank_id else "-",
-        # The OK cut, not the threshold inside the band: a score at or past it is not OK (0 in reports stored
-        # before it was recorded: their threshold).
-        "ok_cut": f"{a.ok_cut or a.threshold:.4g}" if a.bank_id else "-",
-        "over": a.bank_id != "" and a.score >= (a.ok_cut or a.threshold),
+        # The OK cut, not the threshold inside the band: a score at or past it is not OK.
+        "ok_cut": f"{ok_cut(a):.4g}" if a.bank_id else "-",
+        "over": a.bank_id != "" and a.score >= ok_cut(a),
         "bank": a.bank_id or "-",
         "heatmap": a.heatmap_stored,
         "note": a.note,

@@ -30,6 +30,7 @@ from edgeinspect.models.anomaly.evaluate import (
     roc_curve,
 )
 from edgeinspect.models.anomaly.scoring import heatmap_scores
+from edgeinspect.services.common.findings import ok_cut
 from edgeinspect.services.evaluation.datasets import DEFECT, GOOD, Sample
 from edgeinspect.services.evaluation.stats import Rate, rate
 from edgeinspect.v1 import inspection_pb2
@@ -49,7 +50,7 @@ def finding_record(report: inspection_pb2.DefectReport) -> dict | None:
     return {
         "score": float(a.score) if scored else None,
         "threshold": float(a.threshold) if scored else None,
-        "ok_cut": float(a.ok_cut or a.threshold) if scored else None,  # reports before it was recorded: threshold
+        "ok_cut": float(ok_cut(a)) if scored else None,
         "bank_id": a.bank_id,
         "extractor_fingerprint": a.extractor_fingerprint,
         "decided_by": inspection_pb2.DecidedBy.Name(a.decided_by).removeprefix("DECIDED_BY_"),

@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
+from edgeinspect.services.common.findings import ok_cut
+
 DECIDED, EXPLAINED = "decided", "explained"  # LineResult.event
 DRIFT = "drift"  # DriftAlert.event
 SEVERITY_ORDER = ("critical", "major", "minor")  # worst first; unknown severities rank below these
@@ -154,8 +156,7 @@ def anomaly_of(report) -> dict:
     out = {"decided_by": inspection_pb2.DecidedBy.Name(a.decided_by).removeprefix("DECIDED_BY_"), "policy": a.policy}
     if a.bank_id:
         regions = [[round(r.x, 4), round(r.y, 4), round(r.width, 4), round(r.height, 4)] for r in a.regions]
-        # ok_cut: below it the gate calls a part OK (0 in reports stored before it was recorded: the threshold).
-        out.update(score=round(a.score, 6), ok_cut=round(a.ok_cut or a.threshold, 6), threshold=round(a.threshold, 6),
+        out.update(score=round(a.score, 6), ok_cut=round(ok_cut(a), 6), threshold=round(a.threshold, 6),
                    bank_id=a.bank_id, regions=regions)  # fmt: skip
     if a.note:
         out["note"] = a.note
